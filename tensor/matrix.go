@@ -1,0 +1,96 @@
+package tensor
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// Matrix is a row-major weight matrix of Rows × Cols values in any supported
+// type: y = W·x reads one row per output.
+type Matrix struct {
+	Type DType
+	Rows int    // outputs
+	Cols int    // inputs
+	Data []byte // [Rows][RowBytes(Cols)]
+
+	rowBytes int
+	f32      []float32 // Data viewed as [Rows][Cols] float32 when Type is F32
+}
+
+// NewMatrix wraps data (not copied) as a Rows × Cols matrix of type t.
+func NewMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
+	if !t.Supported() {
+		return nil, fmt.Errorf("tensor type %s is not supported", t)
+	}
+	if rows <= 0 || cols <= 0 {
+		return nil, fmt.Errorf("matrix shape %d×%d is not positive", rows, cols)
+	}
+	rb, err := t.RowBytes(cols)
+	if err != nil {
+		return nil, err
+	}
+	if len(data) != rows*rb {
+		return nil, fmt.Errorf("%s matrix %d×%d needs %d bytes, got %d", t, rows, cols, rows*rb, len(data))
+	}
+	m := &Matrix{Type: t, Rows: rows, Cols: cols, Data: data, rowBytes: rb}
+	if t == F32 {
+		if uintptr(unsafe.Pointer(unsafe.SliceData(data)))%4 != 0 {
+			return nil, fmt.Errorf("F32 matrix data is not 4-byte aligned")
+		}
+		m.f32 = unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(data))), rows*cols)
+	}
+	return m, nil
+}
+
+// MatrixF32 wraps float32 data (not copied) as a Rows × Cols F32 matrix.
+func MatrixF32(rows, cols int, data []float32) *Matrix {
+	if len(data) != rows*cols {
+		panic(fmt.Sprintf("tensor: MatrixF32 %d×%d given %d values", rows, cols, len(data)))
+	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(data))), 4*len(data))
+	return &Matrix{Type: F32, Rows: rows, Cols: cols, Data: b, rowBytes: 4 * cols, f32: data}
+}
+
+// F32 returns the matrix data as float32 values when its type is F32.
+func (m *Matrix) F32() []float32 { return m.f32 }
+
+// Row writes row i, converted to float32, to dst[:Cols].
+func (m *Matrix) Row(i int, dst []float32) {
+	if m.f32 != nil {
+		copy(dst[:m.Cols], m.f32[i*m.Cols:(i+1)*m.Cols])
+		return
+	}
+	if err := Dequantize(m.Type, m.Data[i*m.rowBytes:(i+1)*m.rowBytes], dst[:m.Cols]); err != nil {
+		panic(err) // shapes were checked by NewMatrix
+	}
+}
+
+// MatVec computes dst[:Rows] = W·x.
+func (m *Matrix) MatVec(dst, x []float32) { m.MatMul(dst, x, 1) }
+
+// MatMul computes dst[t] = W·x[t] for n inputs: x is [n][Cols], dst is
+// [n][Rows]. Each weight row is read once for all n inputs.
+func (m *Matrix) MatMul(dst, x []float32, n int) {
+	cols, rows := m.Cols, m.Rows
+	_ = x[n*cols-1]
+	_ = dst[n*rows-1]
+	grain := max(1, 16384/(cols*n))
+	Parallel(rows, grain, func(lo, hi int) {
+		var buf []float32
+		if m.f32 == nil {
+			buf = make([]float32, cols)
+		}
+		for r := lo; r < hi; r++ {
+			var w []float32
+			if m.f32 != nil {
+				w = m.f32[r*cols : (r+1)*cols]
+			} else {
+				m.Row(r, buf)
+				w = buf
+			}
+			for t := 0; t < n; t++ {
+				dst[t*rows+r] = Dot(w, x[t*cols:(t+1)*cols])
+			}
+		}
+	})
+}
