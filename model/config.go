@@ -1,0 +1,89 @@
+// Package model holds the Llama-family transformer: its configuration, its
+// weights and the forward pass (prefill of a chunk of tokens as a matrix,
+// decode of one token) over a kvcache.
+package model
+
+import (
+	"fmt"
+	"math"
+)
+
+// RopeStyle says which pairs of a head's dimensions RoPE rotates together.
+type RopeStyle int
+
+const (
+	// RopeInterleaved rotates adjacent pairs (x[2i], x[2i+1]): Meta's
+	// original Llama layout, llama2.c, and GGUF architecture "llama".
+	RopeInterleaved RopeStyle = iota
+	// RopeNeoX rotates (x[i], x[i+d/2]): the Hugging Face layout, used by
+	// GGUF architecture "qwen2".
+	RopeNeoX
+)
+
+func (s RopeStyle) String() string {
+	if s == RopeNeoX {
+		return "neox"
+	}
+	return "interleaved"
+}
+
+// Config is the shape of a Llama-family model.
+type Config struct {
+	Arch      string    // GGUF general.architecture, e.g. "llama"
+	Dim       int       // embedding width
+	HiddenDim int       // SwiGLU inner width
+	Layers    int       // transformer blocks
+	Heads     int       // query heads
+	KVHeads   int       // key/value heads (GQA: Heads is a multiple)
+	HeadDim   int       // values per head
+	Vocab     int       // token embedding rows
+	CtxLen    int       // trained context length
+	NormEps   float32   // RMSNorm epsilon
+	RopeTheta float32   // RoPE base frequency
+	Rope      RopeStyle // which dimension pairs RoPE rotates
+}
+
+// GroupSize is the number of query heads that share one KV head.
+func (c Config) GroupSize() int { return c.Heads / c.KVHeads }
+
+// QDim is the width of all query heads together.
+func (c Config) QDim() int { return c.Heads * c.HeadDim }
+
+// KVDim is the width of all key (or value) heads together.
+func (c Config) KVDim() int { return c.KVHeads * c.HeadDim }
+
+// Validate rejects shapes the forward pass cannot run.
+func (c Config) Validate() error {
+	pos := []struct {
+		name string
+		v    int
+	}{{"dim", c.Dim}, {"hidden_dim", c.HiddenDim}, {"layers", c.Layers}, {"heads", c.Heads},
+		{"kv_heads", c.KVHeads}, {"head_dim", c.HeadDim}, {"vocab", c.Vocab}, {"context", c.CtxLen}}
+	for _, p := range pos {
+		if p.v <= 0 {
+			return fmt.Errorf("model: %s must be positive, got %d", p.name, p.v)
+		}
+		if p.v > 1<<24 {
+			return fmt.Errorf("model: %s = %d is implausibly large", p.name, p.v)
+		}
+	}
+	if c.Heads%c.KVHeads != 0 {
+		return fmt.Errorf("model: %d query heads are not a multiple of %d KV heads", c.Heads, c.KVHeads)
+	}
+	if c.HeadDim%2 != 0 {
+		return fmt.Errorf("model: head dim %d is odd; RoPE needs pairs", c.HeadDim)
+	}
+	if !(c.NormEps > 0) || math.IsInf(float64(c.NormEps), 0) {
+		return fmt.Errorf("model: RMSNorm epsilon %g must be positive", c.NormEps)
+	}
+	if !(c.RopeTheta > 1) || math.IsInf(float64(c.RopeTheta), 0) {
+		return fmt.Errorf("model: RoPE theta %g must be > 1", c.RopeTheta)
+	}
+	return nil
+}
+
+// KVBytesPerToken is the f32 KV cache of one token: 2 · layers · kv_heads ·
+// head_dim · 4 bytes.
+func (c Config) KVBytesPerToken() int64 {
+	return 2 * int64(c.Layers) * int64(c.KVHeads) * int64(c.HeadDim) * 4
+}

@@ -1,0 +1,260 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/kvlm/kvlm/attention"
+	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/tensor"
+)
+
+// ErrContextFull is returned when tokens would go past the model's context
+// length: kvlm never wraps positions around silently.
+var ErrContextFull = errors.New("context length reached")
+
+// DefaultChunk is the number of prompt tokens a prefill step runs as one
+// matrix.
+const DefaultChunk = 128
+
+// Sequence runs one token sequence through a model over its own KV cache.
+type Sequence struct {
+	m     *Model
+	cache kvcache.Sequence
+	pos   int // position of the next token
+	Chunk int // prefill tokens per step
+
+	// Scratch for a chunk of n tokens (grown as needed).
+	x      []float32 // [n][Dim] residual stream
+	xb     []float32 // [n][Dim] normalised input of a sub-block
+	q      []float32 // [n][QDim] queries
+	k      []float32 // [n][KVDim] keys
+	v      []float32 // [n][KVDim] values
+	att    []float32 // [n][QDim] attention output
+	gate   []float32 // [n][HiddenDim]
+	up     []float32 // [n][HiddenDim]
+	pos32  []int32   // [n] positions of the chunk
+	cos    []float32 // [n][HeadDim/2] RoPE cosines
+	sin    []float32 // [n][HeadDim/2] RoPE sines
+	freq   []float32 // [HeadDim/2] RoPE frequencies
+	scr    []attention.Scratch
+	logits []float32 // [n][Vocab]
+}
+
+// NewSequence starts an empty sequence over cache, which must fit the
+// model's KV layout.
+func (m *Model) NewSequence(cache kvcache.Sequence) (*Sequence, error) {
+	l := cache.Layout()
+	if l.Layers != m.Config.Layers || l.KVHeads != m.KVHeads || l.HeadDim != m.HeadDim {
+		return nil, fmt.Errorf("model: cache layout %+v does not fit the model (%d layers, %d KV heads, head dim %d)",
+			l, m.Config.Layers, m.KVHeads, m.HeadDim)
+	}
+	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len()}
+	half := m.HeadDim / 2
+	s.freq = make([]float32, half)
+	for j := range s.freq {
+		// As run.c: 1 / theta^(2j/head_dim), in float32.
+		s.freq[j] = 1 / float32(math.Pow(float64(m.RopeTheta), float64(float32(2*j)/float32(m.HeadDim))))
+	}
+	s.scr = make([]attention.Scratch, m.KVHeads)
+	return s, nil
+}
+
+// NewContiguousSequence starts a sequence over a fresh contiguous f32 cache
+// sized for the whole context.
+func (m *Model) NewContiguousSequence() (*Sequence, error) {
+	c, err := kvcache.NewContiguous(m.KVLayout(), m.CtxLen)
+	if err != nil {
+		return nil, err
+	}
+	return m.NewSequence(c)
+}
+
+// KVLayout is the per-token shape of the model's KV cache.
+func (m *Model) KVLayout() kvcache.Layout {
+	return kvcache.Layout{Layers: m.Config.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim}
+}
+
+// Pos is the position the next token will take.
+func (s *Sequence) Pos() int { return s.pos }
+
+// Cache is the sequence's KV cache.
+func (s *Sequence) Cache() kvcache.Sequence { return s.cache }
+
+// Model is the model the sequence runs.
+func (s *Sequence) Model() *Model { return s.m }
+
+// Forward runs tokens through the model at the next positions, in chunks of
+// s.Chunk, and returns logits: [len(tokens)][Vocab] when all is set, else
+// the last token's [Vocab]. The slice is reused by the next call.
+func (s *Sequence) Forward(tokens []int, all bool) ([]float32, error) {
+	if len(tokens) == 0 {
+		return nil, errors.New("model: no tokens to run")
+	}
+	if s.pos+len(tokens) > s.m.CtxLen {
+		return nil, fmt.Errorf("%w: %d tokens at position %d go past the context length %d", ErrContextFull, len(tokens), s.pos, s.m.CtxLen)
+	}
+	for _, t := range tokens {
+		if t < 0 || t >= s.m.Vocab {
+			return nil, fmt.Errorf("model: token id %d out of range [0,%d)", t, s.m.Vocab)
+		}
+	}
+	chunk := s.Chunk
+	if chunk <= 0 {
+		chunk = DefaultChunk
+	}
+	V := s.m.Vocab
+	if all {
+		s.logits = grow(s.logits, len(tokens)*V)
+	} else {
+		s.logits = grow(s.logits, V)
+	}
+	for lo := 0; lo < len(tokens); lo += chunk {
+		hi := min(lo+chunk, len(tokens))
+		var dst []float32
+		if all {
+			dst = s.logits[lo*V : hi*V]
+		} else if hi == len(tokens) {
+			dst = s.logits[:V]
+		}
+		if err := s.step(tokens[lo:hi], dst); err != nil {
+			return nil, err
+		}
+	}
+	return s.logits, nil
+}
+
+// Truncate drops every token from position n on (n ≤ Pos).
+func (s *Sequence) Truncate(n int) error {
+	if n < 0 || n > s.pos {
+		return fmt.Errorf("model: truncate to %d tokens of %d", n, s.pos)
+	}
+	if err := s.cache.Truncate(n); err != nil {
+		return err
+	}
+	s.pos = n
+	return nil
+}
+
+func grow(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+// step runs one chunk of tokens. dst receives logits: for every token when
+// len(dst) is n·Vocab, for the last token when it is Vocab, none when nil.
+func (s *Sequence) step(tokens []int, dst []float32) error {
+	m, c := s.m, s.m.Config
+	n := len(tokens)
+	s.x = grow(s.x, n*c.Dim)
+	s.xb = grow(s.xb, n*c.Dim)
+	s.q = grow(s.q, n*c.QDim())
+	s.k = grow(s.k, n*c.KVDim())
+	s.v = grow(s.v, n*c.KVDim())
+	s.att = grow(s.att, n*c.QDim())
+	s.gate = grow(s.gate, n*c.HiddenDim)
+	s.up = grow(s.up, n*c.HiddenDim)
+	half := c.HeadDim / 2
+	s.cos = grow(s.cos, n*half)
+	s.sin = grow(s.sin, n*half)
+	if cap(s.pos32) < n {
+		s.pos32 = make([]int32, n)
+	}
+	s.pos32 = s.pos32[:n]
+	for t, id := range tokens {
+		m.TokEmb.Row(id, s.x[t*c.Dim:(t+1)*c.Dim])
+		p := s.pos + t
+		s.pos32[t] = int32(p)
+		for j, f := range s.freq {
+			a := float32(p) * f
+			s.cos[t*half+j] = float32(math.Cos(float64(a)))
+			s.sin[t*half+j] = float32(math.Sin(float64(a)))
+		}
+	}
+	scale := float32(math.Sqrt(float64(c.HeadDim)))
+	grp := attention.Group{G: c.GroupSize(), HeadDim: c.HeadDim, Norm: scale}
+	for li := range m.Layers {
+		L := &m.Layers[li]
+		for t := 0; t < n; t++ {
+			tensor.RMSNorm(s.xb[t*c.Dim:(t+1)*c.Dim], s.x[t*c.Dim:(t+1)*c.Dim], L.AttnNorm, c.NormEps)
+		}
+		L.Wq.MatMul(s.q, s.xb, n)
+		L.Wk.MatMul(s.k, s.xb, n)
+		L.Wv.MatMul(s.v, s.xb, n)
+		addBias(s.q, L.Bq, n)
+		addBias(s.k, L.Bk, n)
+		addBias(s.v, L.Bv, n)
+		s.rope(s.q, n, c.Heads)
+		s.rope(s.k, n, c.KVHeads)
+		if err := s.cache.Append(li, s.pos32, s.k, s.v); err != nil {
+			return fmt.Errorf("model: layer %d: %w", li, err)
+		}
+		tensor.Parallel(c.KVHeads, 1, func(lo, hi int) {
+			for h := lo; h < hi; h++ {
+				off := h * grp.G * c.HeadDim
+				grp.Causal(s.att[off:], s.q[off:], c.QDim(), s.pos32, s.cache.Blocks(li, h), &s.scr[h])
+			}
+		})
+		L.Wo.MatMul(s.xb, s.att, n)
+		tensor.Add(s.x, s.xb)
+		for t := 0; t < n; t++ {
+			tensor.RMSNorm(s.xb[t*c.Dim:(t+1)*c.Dim], s.x[t*c.Dim:(t+1)*c.Dim], L.FFNNorm, c.NormEps)
+		}
+		L.WGate.MatMul(s.gate, s.xb, n)
+		L.WUp.MatMul(s.up, s.xb, n)
+		tensor.SwiGLU(s.gate, s.gate, s.up)
+		L.WDown.MatMul(s.xb, s.gate, n)
+		tensor.Add(s.x, s.xb)
+	}
+	s.pos += n
+	switch len(dst) {
+	case 0:
+	case c.Vocab:
+		last := s.x[(n-1)*c.Dim : n*c.Dim]
+		tensor.RMSNorm(last, last, m.OutNorm, c.NormEps)
+		m.Output.MatVec(dst, last)
+	default:
+		for t := 0; t < n; t++ {
+			r := s.x[t*c.Dim : (t+1)*c.Dim]
+			tensor.RMSNorm(r, r, m.OutNorm, c.NormEps)
+		}
+		m.Output.MatMul(dst, s.x, n)
+	}
+	return nil
+}
+
+func addBias(x, b []float32, n int) {
+	if b == nil {
+		return
+	}
+	w := len(b)
+	for t := 0; t < n; t++ {
+		tensor.Add(x[t*w:(t+1)*w], b)
+	}
+}
+
+// rope rotates the heads of n rows of x in place by each row's position.
+func (s *Sequence) rope(x []float32, n, heads int) {
+	hd := s.m.HeadDim
+	half := hd / 2
+	neox := s.m.Rope == RopeNeoX
+	for t := 0; t < n; t++ {
+		cs, sn := s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half]
+		row := x[t*heads*hd : (t+1)*heads*hd]
+		for h := 0; h < heads; h++ {
+			v := row[h*hd : (h+1)*hd]
+			for j := 0; j < half; j++ {
+				a, b := 2*j, 2*j+1
+				if neox {
+					a, b = j, j+half
+				}
+				x0, x1 := v[a], v[b]
+				v[a] = x0*cs[j] - x1*sn[j]
+				v[b] = x0*sn[j] + x1*cs[j]
+			}
+		}
+	}
+}

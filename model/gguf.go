@@ -1,0 +1,294 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvlm/kvlm/gguf"
+	"github.com/kvlm/kvlm/tensor"
+	"github.com/kvlm/kvlm/tokenizer"
+)
+
+// LoadGGUF loads a model and its tokenizer from a GGUF file, memory-mapped:
+// weights are used in place, in their stored type.
+func LoadGGUF(path string) (*Model, tokenizer.Tokenizer, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, tok, err := FromGGUF(f)
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	m.closer = f.Close
+	return m, tok, nil
+}
+
+// FromGGUF builds a model over an open GGUF file (which must stay open while
+// the model is used).
+func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
+	cfg, err := ConfigFromGGUF(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	m := &Model{Config: cfg, Layers: make([]Layer, cfg.Layers)}
+	if m.TokEmb, err = ggufMatrix(f, "token_embd.weight", -1, cfg.Dim); err != nil {
+		return nil, nil, err
+	}
+	m.Vocab = m.TokEmb.Rows
+	m.Config.Vocab = m.Vocab
+	if m.OutNorm, err = ggufVector(f, "output_norm.weight", cfg.Dim, false); err != nil {
+		return nil, nil, err
+	}
+	if _, ok := f.Tensor("output.weight"); ok {
+		if m.Output, err = ggufMatrix(f, "output.weight", m.Vocab, cfg.Dim); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		m.Output = m.TokEmb
+	}
+	for i := range m.Layers {
+		L := &m.Layers[i]
+		p := fmt.Sprintf("blk.%d.", i)
+		mats := []struct {
+			dst        **tensor.Matrix
+			name       string
+			rows, cols int
+		}{
+			{&L.Wq, "attn_q.weight", cfg.QDim(), cfg.Dim},
+			{&L.Wk, "attn_k.weight", cfg.KVDim(), cfg.Dim},
+			{&L.Wv, "attn_v.weight", cfg.KVDim(), cfg.Dim},
+			{&L.Wo, "attn_output.weight", cfg.Dim, cfg.QDim()},
+			{&L.WGate, "ffn_gate.weight", cfg.HiddenDim, cfg.Dim},
+			{&L.WUp, "ffn_up.weight", cfg.HiddenDim, cfg.Dim},
+			{&L.WDown, "ffn_down.weight", cfg.Dim, cfg.HiddenDim},
+		}
+		for _, t := range mats {
+			if *t.dst, err = ggufMatrix(f, p+t.name, t.rows, t.cols); err != nil {
+				return nil, nil, err
+			}
+		}
+		vecs := []struct {
+			dst      *[]float32
+			name     string
+			n        int
+			optional bool
+		}{
+			{&L.AttnNorm, "attn_norm.weight", cfg.Dim, false},
+			{&L.FFNNorm, "ffn_norm.weight", cfg.Dim, false},
+			{&L.Bq, "attn_q.bias", cfg.QDim(), true},
+			{&L.Bk, "attn_k.bias", cfg.KVDim(), true},
+			{&L.Bv, "attn_v.bias", cfg.KVDim(), true},
+		}
+		for _, v := range vecs {
+			if *v.dst, err = ggufVector(f, p+v.name, v.n, v.optional); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	if err := m.check(); err != nil {
+		return nil, nil, err
+	}
+	tok, err := TokenizerFromGGUF(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, tok, nil
+}
+
+// ConfigFromGGUF reads the model shape from GGUF metadata.
+func ConfigFromGGUF(f *gguf.File) (Config, error) {
+	var c Config
+	arch, err := f.String("general.architecture")
+	if err != nil {
+		return c, err
+	}
+	switch arch {
+	case "llama":
+		c.Rope = RopeInterleaved
+	default:
+		return c, fmt.Errorf("model: architecture %q is not supported (supported: llama)", arch)
+	}
+	c.Arch = arch
+	k := func(s string) string { return arch + "." + s }
+	req := func(key string) (int, error) {
+		v, err := f.Uint(k(key))
+		if err != nil {
+			return 0, err
+		}
+		if v == 0 || v > 1<<24 {
+			return 0, fmt.Errorf("model: %s = %d is out of range", k(key), v)
+		}
+		return int(v), nil
+	}
+	opt := func(key string, def int) (int, error) {
+		if _, ok := f.Lookup(k(key)); !ok {
+			return def, nil
+		}
+		return req(key)
+	}
+	if c.Dim, err = req("embedding_length"); err != nil {
+		return c, err
+	}
+	if c.HiddenDim, err = req("feed_forward_length"); err != nil {
+		return c, err
+	}
+	if c.Layers, err = req("block_count"); err != nil {
+		return c, err
+	}
+	if c.Heads, err = req("attention.head_count"); err != nil {
+		return c, err
+	}
+	if c.KVHeads, err = opt("attention.head_count_kv", c.Heads); err != nil {
+		return c, err
+	}
+	if c.CtxLen, err = req("context_length"); err != nil {
+		return c, err
+	}
+	if c.Dim%c.Heads != 0 {
+		if _, ok := f.Lookup(k("attention.key_length")); !ok {
+			return c, fmt.Errorf("model: embedding length %d is not a multiple of %d heads", c.Dim, c.Heads)
+		}
+	}
+	if c.HeadDim, err = opt("attention.key_length", c.Dim/max(c.Heads, 1)); err != nil {
+		return c, err
+	}
+	if vl, err := opt("attention.value_length", c.HeadDim); err != nil {
+		return c, err
+	} else if vl != c.HeadDim {
+		return c, fmt.Errorf("model: value length %d differs from key length %d: not supported", vl, c.HeadDim)
+	}
+	if rd, err := opt("rope.dimension_count", c.HeadDim); err != nil {
+		return c, err
+	} else if rd != c.HeadDim {
+		return c, fmt.Errorf("model: partial RoPE (%d of %d dims) is not supported", rd, c.HeadDim)
+	}
+	c.NormEps, c.RopeTheta = 1e-5, 10000
+	if _, ok := f.Lookup(k("attention.layer_norm_rms_epsilon")); ok {
+		v, err := f.Float(k("attention.layer_norm_rms_epsilon"))
+		if err != nil {
+			return c, err
+		}
+		c.NormEps = float32(v)
+	}
+	if _, ok := f.Lookup(k("rope.freq_base")); ok {
+		v, err := f.Float(k("rope.freq_base"))
+		if err != nil {
+			return c, err
+		}
+		c.RopeTheta = float32(v)
+	}
+	// The vocabulary size comes from the embedding tensor; validate the rest now.
+	t, ok := f.Tensor("token_embd.weight")
+	if !ok {
+		return c, errors.New("model: missing tensor token_embd.weight")
+	}
+	if len(t.Shape) != 2 || t.Shape[1] == 0 || t.Shape[1] > 1<<24 {
+		return c, fmt.Errorf("model: tensor token_embd.weight has shape %v, want [dim, vocab]", t.Shape)
+	}
+	c.Vocab = int(t.Shape[1])
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// ggufMatrix wraps a 2-D tensor (GGML shape [cols, rows]) as a matrix,
+// checking its shape (rows < 0: any).
+func ggufMatrix(f *gguf.File, name string, rows, cols int) (*tensor.Matrix, error) {
+	t, ok := f.Tensor(name)
+	if !ok {
+		return nil, fmt.Errorf("model: missing tensor %s", name)
+	}
+	if len(t.Shape) != 2 || int(t.Shape[0]) != cols || (rows >= 0 && int(t.Shape[1]) != rows) {
+		want := fmt.Sprintf("[%d %d]", cols, rows)
+		if rows < 0 {
+			want = fmt.Sprintf("[%d N]", cols)
+		}
+		return nil, fmt.Errorf("model: tensor %s has shape %v, config implies %s", name, t.Shape, want)
+	}
+	if !t.Type.Supported() {
+		return nil, fmt.Errorf("model: tensor %s has type %s, which is not supported", name, t.Type)
+	}
+	m, err := tensor.NewMatrix(t.Type, int(t.Shape[1]), int(t.Shape[0]), f.TensorData(t))
+	if err != nil {
+		return nil, fmt.Errorf("model: tensor %s: %w", name, err)
+	}
+	return m, nil
+}
+
+// ggufVector reads a 1-D tensor of n values as float32 (a copy).
+func ggufVector(f *gguf.File, name string, n int, optional bool) ([]float32, error) {
+	t, ok := f.Tensor(name)
+	if !ok {
+		if optional {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("model: missing tensor %s", name)
+	}
+	if len(t.Shape) != 1 || int(t.Shape[0]) != n {
+		return nil, fmt.Errorf("model: tensor %s has shape %v, config implies [%d]", name, t.Shape, n)
+	}
+	if !t.Type.Supported() {
+		return nil, fmt.Errorf("model: tensor %s has type %s, which is not supported", name, t.Type)
+	}
+	v := make([]float32, n)
+	if err := tensor.Dequantize(t.Type, f.TensorData(t), v); err != nil {
+		return nil, fmt.Errorf("model: tensor %s: %w", name, err)
+	}
+	return v, nil
+}
+
+// TokenizerFromGGUF builds the tokenizer the GGUF metadata describes.
+func TokenizerFromGGUF(f *gguf.File) (tokenizer.Tokenizer, error) {
+	kind, err := f.String("tokenizer.ggml.model")
+	if err != nil {
+		return nil, err
+	}
+	if kind != "llama" {
+		return nil, fmt.Errorf("model: tokenizer model %q is not supported (supported: llama)", kind)
+	}
+	pieces, err := f.Strings("tokenizer.ggml.tokens")
+	if err != nil {
+		return nil, err
+	}
+	var scores []float32
+	if _, ok := f.Lookup("tokenizer.ggml.scores"); ok {
+		if scores, err = f.Float32s("tokenizer.ggml.scores"); err != nil {
+			return nil, err
+		}
+	}
+	var types []int32
+	if _, ok := f.Lookup("tokenizer.ggml.token_type"); ok {
+		if types, err = f.Int32s("tokenizer.ggml.token_type"); err != nil {
+			return nil, err
+		}
+	}
+	id := func(key string, def int) (int, error) {
+		if _, ok := f.Lookup(key); !ok {
+			return def, nil
+		}
+		v, err := f.Uint(key)
+		if err != nil {
+			return 0, err
+		}
+		if v >= uint64(len(pieces)) {
+			return 0, fmt.Errorf("model: %s = %d is outside the vocabulary of %d", key, v, len(pieces))
+		}
+		return int(v), nil
+	}
+	bos, err := id("tokenizer.ggml.bos_token_id", 1)
+	if err != nil {
+		return nil, err
+	}
+	eos, err := id("tokenizer.ggml.eos_token_id", 2)
+	if err != nil {
+		return nil, err
+	}
+	unk, err := id("tokenizer.ggml.unknown_token_id", 0)
+	if err != nil {
+		return nil, err
+	}
+	return tokenizer.NewSentencePiece(pieces, scores, types, bos, eos, unk)
+}

@@ -1,0 +1,117 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/kvlm/kvlm/tensor"
+)
+
+// Layer is one transformer block's weights.
+type Layer struct {
+	AttnNorm []float32      // [Dim] RMSNorm weight before attention
+	Wq       *tensor.Matrix // [Heads·HeadDim][Dim]
+	Wk       *tensor.Matrix // [KVHeads·HeadDim][Dim]
+	Wv       *tensor.Matrix // [KVHeads·HeadDim][Dim]
+	Wo       *tensor.Matrix // [Dim][Heads·HeadDim]
+	Bq       []float32      // [Heads·HeadDim] or nil (Qwen 2 has Q/K/V biases)
+	Bk       []float32      // [KVHeads·HeadDim] or nil
+	Bv       []float32      // [KVHeads·HeadDim] or nil
+	FFNNorm  []float32      // [Dim] RMSNorm weight before the FFN
+	WGate    *tensor.Matrix // [HiddenDim][Dim] (llama2.c w1)
+	WUp      *tensor.Matrix // [HiddenDim][Dim] (llama2.c w3)
+	WDown    *tensor.Matrix // [Dim][HiddenDim] (llama2.c w2)
+}
+
+// Model is a loaded Llama-family model.
+type Model struct {
+	Config
+	TokEmb  *tensor.Matrix // [Vocab][Dim]
+	Layers  []Layer        // [Layers]
+	OutNorm []float32      // [Dim] final RMSNorm weight
+	Output  *tensor.Matrix // [Vocab][Dim]; the same matrix as TokEmb when tied
+
+	closer func() error // releases the mapped file, if any
+}
+
+// Close releases the memory the weights live in. The model must not be used
+// afterwards.
+func (m *Model) Close() error {
+	if m.closer == nil {
+		return nil
+	}
+	c := m.closer
+	m.closer = nil
+	return c()
+}
+
+// WeightsBytes is the storage of all weight tensors.
+func (m *Model) WeightsBytes() int64 {
+	var n int64
+	add := func(t *tensor.Matrix) {
+		if t != nil {
+			n += int64(len(t.Data))
+		}
+	}
+	add(m.TokEmb)
+	if m.Output != m.TokEmb {
+		add(m.Output)
+	}
+	n += 4 * int64(len(m.OutNorm))
+	for _, l := range m.Layers {
+		for _, t := range []*tensor.Matrix{l.Wq, l.Wk, l.Wv, l.Wo, l.WGate, l.WUp, l.WDown} {
+			add(t)
+		}
+		n += 4 * int64(len(l.AttnNorm)+len(l.FFNNorm)+len(l.Bq)+len(l.Bk)+len(l.Bv))
+	}
+	return n
+}
+
+// check verifies that every weight has the shape the config implies.
+func (m *Model) check() error {
+	c := m.Config
+	want := func(name string, t *tensor.Matrix, rows, cols int) error {
+		if t == nil {
+			return fmt.Errorf("model: missing tensor %s", name)
+		}
+		if t.Rows != rows || t.Cols != cols {
+			return fmt.Errorf("model: tensor %s is %d×%d, config implies %d×%d", name, t.Rows, t.Cols, rows, cols)
+		}
+		return nil
+	}
+	vec := func(name string, v []float32, n int, optional bool) error {
+		if v == nil && optional {
+			return nil
+		}
+		if len(v) != n {
+			return fmt.Errorf("model: tensor %s has %d values, config implies %d", name, len(v), n)
+		}
+		return nil
+	}
+	errs := []error{want("token_embd", m.TokEmb, c.Vocab, c.Dim), want("output", m.Output, c.Vocab, c.Dim),
+		vec("output_norm", m.OutNorm, c.Dim, false)}
+	if len(m.Layers) != c.Layers {
+		return fmt.Errorf("model: %d layers loaded, config says %d", len(m.Layers), c.Layers)
+	}
+	for i, l := range m.Layers {
+		p := fmt.Sprintf("blk.%d.", i)
+		errs = append(errs,
+			vec(p+"attn_norm", l.AttnNorm, c.Dim, false),
+			want(p+"attn_q", l.Wq, c.QDim(), c.Dim),
+			want(p+"attn_k", l.Wk, c.KVDim(), c.Dim),
+			want(p+"attn_v", l.Wv, c.KVDim(), c.Dim),
+			want(p+"attn_output", l.Wo, c.Dim, c.QDim()),
+			vec(p+"attn_q.bias", l.Bq, c.QDim(), true),
+			vec(p+"attn_k.bias", l.Bk, c.KVDim(), true),
+			vec(p+"attn_v.bias", l.Bv, c.KVDim(), true),
+			vec(p+"ffn_norm", l.FFNNorm, c.Dim, false),
+			want(p+"ffn_gate", l.WGate, c.HiddenDim, c.Dim),
+			want(p+"ffn_up", l.WUp, c.HiddenDim, c.Dim),
+			want(p+"ffn_down", l.WDown, c.Dim, c.HiddenDim))
+	}
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
