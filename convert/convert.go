@@ -1,0 +1,202 @@
+// Package convert turns llama2.c checkpoints into standard llama GGUF files
+// (the metadata keys and tensor names llama.cpp uses), optionally
+// quantizing the weight matrices.
+package convert
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/kvlm/kvlm/gguf"
+	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/tensor"
+	"github.com/kvlm/kvlm/tokenizer"
+)
+
+// Options controls a conversion.
+type Options struct {
+	Type tensor.DType // type of the 2-D weight matrices (norms stay F32)
+	Name string       // general.name; default: the model file's base name
+}
+
+// Report says what a conversion wrote.
+type Report struct {
+	Tensors   int      // tensors written
+	Fallbacks []string // matrices whose rows do not fit Type's blocks, written as F16 instead
+}
+
+// Llama2C converts a llama2.c checkpoint and its tokenizer.bin into a GGUF
+// file at out. The llama2.c layout already uses interleaved-pair RoPE, the
+// convention of GGUF architecture "llama", so Q and K rows are written
+// without permutation.
+func Llama2C(modelPath, tokPath, out string, opt Options) (Report, error) {
+	m, err := model.LoadLlama2C(modelPath)
+	if err != nil {
+		return Report{}, err
+	}
+	defer m.Close()
+	tok, err := tokenizer.LoadLlama2C(tokPath, 0)
+	if err != nil {
+		return Report{}, err
+	}
+	if tok.VocabSize() != m.Vocab {
+		return Report{}, fmt.Errorf("convert: tokenizer has %d tokens, model has %d", tok.VocabSize(), m.Vocab)
+	}
+	if opt.Name == "" {
+		opt.Name = strings.TrimSuffix(filepath.Base(modelPath), filepath.Ext(modelPath))
+	}
+	w, rep, err := Build(m, tok, opt)
+	if err != nil {
+		return rep, err
+	}
+	return rep, w.WriteFile(out)
+}
+
+// Build lays out a model and its SentencePiece tokenizer as a GGUF writer.
+func Build(m *model.Model, tok *tokenizer.SentencePiece, opt Options) (*gguf.Writer, Report, error) {
+	var rep Report
+	if opt.Type == 0 && !opt.Type.Supported() {
+		opt.Type = tensor.F32
+	}
+	if !opt.Type.Supported() {
+		return nil, rep, fmt.Errorf("convert: weight type %s is not supported", opt.Type)
+	}
+	c := m.Config
+	w := gguf.NewWriter()
+	kv := []struct {
+		key string
+		val any
+	}{
+		{"general.architecture", "llama"},
+		{"general.name", opt.Name},
+		{"general.file_type", uint32(fileType(opt.Type))},
+		{"llama.vocab_size", uint32(c.Vocab)},
+		{"llama.context_length", uint32(c.CtxLen)},
+		{"llama.embedding_length", uint32(c.Dim)},
+		{"llama.block_count", uint32(c.Layers)},
+		{"llama.feed_forward_length", uint32(c.HiddenDim)},
+		{"llama.rope.dimension_count", uint32(c.HeadDim)},
+		{"llama.attention.head_count", uint32(c.Heads)},
+		{"llama.attention.head_count_kv", uint32(c.KVHeads)},
+		{"llama.attention.layer_norm_rms_epsilon", c.NormEps},
+		{"llama.rope.freq_base", c.RopeTheta},
+	}
+	if opt.Type != tensor.F32 && opt.Type != tensor.F16 && opt.Type != tensor.BF16 {
+		kv = append(kv, struct {
+			key string
+			val any
+		}{"general.quantization_version", uint32(2)})
+	}
+	pieces, scores, types := tok.Export()
+	kv = append(kv, []struct {
+		key string
+		val any
+	}{
+		{"tokenizer.ggml.model", "llama"},
+		{"tokenizer.ggml.tokens", pieces},
+		{"tokenizer.ggml.scores", scores},
+		{"tokenizer.ggml.token_type", types},
+		{"tokenizer.ggml.bos_token_id", uint32(tok.BOS())},
+		{"tokenizer.ggml.eos_token_id", uint32(tok.EOS())},
+		{"tokenizer.ggml.unknown_token_id", uint32(tok.Unk())},
+		{"tokenizer.ggml.add_bos_token", true},
+		{"tokenizer.ggml.add_eos_token", false},
+	}...)
+	for _, e := range kv {
+		if err := w.Set(e.key, e.val); err != nil {
+			return nil, rep, err
+		}
+	}
+	addMat := func(name string, t *tensor.Matrix) error {
+		typ := opt.Type
+		if t.Cols%typ.BlockSize() != 0 {
+			typ = tensor.F16
+			rep.Fallbacks = append(rep.Fallbacks, name)
+		}
+		data, err := encode(t, typ)
+		if err != nil {
+			return fmt.Errorf("convert: %s: %w", name, err)
+		}
+		rep.Tensors++
+		return w.AddTensor(name, typ, []uint64{uint64(t.Cols), uint64(t.Rows)}, data)
+	}
+	addVec := func(name string, v []float32) error {
+		data := make([]byte, 4*len(v))
+		if err := tensor.Quantize(tensor.F32, v, data); err != nil {
+			return err
+		}
+		rep.Tensors++
+		return w.AddTensor(name, tensor.F32, []uint64{uint64(len(v))}, data)
+	}
+	if err := addMat("token_embd.weight", m.TokEmb); err != nil {
+		return nil, rep, err
+	}
+	for i, L := range m.Layers {
+		p := fmt.Sprintf("blk.%d.", i)
+		steps := []error{
+			addVec(p+"attn_norm.weight", L.AttnNorm),
+			addMat(p+"attn_q.weight", L.Wq),
+			addMat(p+"attn_k.weight", L.Wk),
+			addMat(p+"attn_v.weight", L.Wv),
+			addMat(p+"attn_output.weight", L.Wo),
+			addVec(p+"ffn_norm.weight", L.FFNNorm),
+			addMat(p+"ffn_gate.weight", L.WGate),
+			addMat(p+"ffn_down.weight", L.WDown),
+			addMat(p+"ffn_up.weight", L.WUp),
+		}
+		for _, err := range steps {
+			if err != nil {
+				return nil, rep, err
+			}
+		}
+	}
+	if err := addVec("output_norm.weight", m.OutNorm); err != nil {
+		return nil, rep, err
+	}
+	if m.Output != m.TokEmb {
+		if err := addMat("output.weight", m.Output); err != nil {
+			return nil, rep, err
+		}
+	}
+	return w, rep, nil
+}
+
+// encode converts a matrix to type typ, row by row.
+func encode(t *tensor.Matrix, typ tensor.DType) ([]byte, error) {
+	rb, err := typ.RowBytes(t.Cols)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, t.Rows*rb)
+	row := make([]float32, t.Cols)
+	for r := 0; r < t.Rows; r++ {
+		t.Row(r, row)
+		if err := tensor.Quantize(typ, row, out[r*rb:(r+1)*rb]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// fileType is llama.cpp's general.file_type for files whose matrices are
+// all of type t (llama_ftype).
+func fileType(t tensor.DType) int {
+	switch t {
+	case tensor.F32:
+		return 0
+	case tensor.F16:
+		return 1
+	case tensor.Q4_0:
+		return 2
+	case tensor.Q8_0:
+		return 7
+	case tensor.Q4_K:
+		return 14 // mostly Q4_K (Q4_K_S)
+	case tensor.Q6_K:
+		return 18
+	case tensor.BF16:
+		return 32
+	}
+	return 0
+}

@@ -1,0 +1,166 @@
+package convert
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kvlm/kvlm/engine"
+	"github.com/kvlm/kvlm/eval"
+	"github.com/kvlm/kvlm/gguf"
+	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/tensor"
+	"github.com/kvlm/kvlm/tokenizer"
+)
+
+// TestLlama2CToGGUF: the converted file carries llama.cpp's keys and names,
+// and runs to the same logits as the checkpoint it came from; quantized
+// conversions stay close in perplexity.
+func TestLlama2CToGGUF(t *testing.T) {
+	bin := shared.Path(t, "models/stories260K/stories260K.bin")
+	tokPath := shared.Path(t, "models/stories260K/tok512.bin")
+	text := shared.Path(t, "data/tinystories_valid_head.txt")
+	ref, refTok, err := engine.Load(bin, tokPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	ids := refTok.Encode(textHead(t, text, 4096), true, false)[:256]
+	refNLL := nll(t, ref, ids)
+
+	cases := []struct {
+		typ      tensor.DType
+		maxDelta float64 // |Δ mean NLL| allowed against the f32 checkpoint
+		logits   float64 // max |Δ logit| on the prompt
+	}{
+		{tensor.F32, 0, 0},
+		{tensor.F16, 0.01, 0.05},
+		{tensor.BF16, 0.05, 0.5},
+		{tensor.Q8_0, 0.02, 0.3},
+		{tensor.Q4_0, 0.5, 5},
+	}
+	for _, c := range cases {
+		t.Run(c.typ.String(), func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "s.gguf")
+			rep, err := Llama2C(bin, tokPath, out, Options{Type: c.typ})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := gguf.Open(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			for _, key := range []string{"general.architecture", "llama.embedding_length", "llama.attention.head_count_kv", "tokenizer.ggml.tokens"} {
+				if _, ok := f.Lookup(key); !ok {
+					t.Errorf("key %s missing", key)
+				}
+			}
+			if ti, ok := f.Tensor("blk.0.attn_q.weight"); !ok || ti.Shape[0] != 64 || ti.Shape[1] != 64 {
+				t.Errorf("blk.0.attn_q.weight: %v", ti)
+			}
+			if _, ok := f.Tensor("output.weight"); ok {
+				t.Error("stories260K shares its classifier: no output.weight expected")
+			}
+			// ffn_down has 172 columns, not a multiple of 32: it falls back.
+			wantFallback := c.typ.BlockSize() > 1
+			if got := len(rep.Fallbacks) > 0; got != wantFallback {
+				t.Errorf("fallbacks %v", rep.Fallbacks)
+			}
+			m, tok, err := model.FromGGUF(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tok.Encode("Once upon a time", true, false); !equal(got, []int{1, 403, 407, 261, 378}) {
+				t.Errorf("GGUF tokenizer encodes %v", got)
+			}
+			if tok.DecodeAll(ids) != refTok.DecodeAll(ids) {
+				t.Error("GGUF tokenizer decodes differently")
+			}
+			d := maxLogitDelta(t, ref, m, ids[:32])
+			if d > c.logits {
+				t.Errorf("max |Δlogit| %.3g > %.3g", d, c.logits)
+			}
+			got := nll(t, m, ids)
+			t.Logf("%s: mean NLL %.6f (f32 checkpoint %.6f, Δ %+.2g), max |Δlogit| %.3g", c.typ, got, refNLL, got-refNLL, d)
+			if math.Abs(got-refNLL) > c.maxDelta {
+				t.Errorf("mean NLL %.6f vs %.6f", got, refNLL)
+			}
+		})
+	}
+}
+
+func TestConvertErrors(t *testing.T) {
+	bin := shared.Path(t, "models/stories260K/stories260K.bin")
+	tokPath := shared.Path(t, "models/stories260K/tok512.bin")
+	dir := t.TempDir()
+	if _, err := Llama2C(bin, tokPath, filepath.Join(dir, "x.gguf"), Options{Type: tensor.Q5_K}); err == nil {
+		t.Error("unsupported weight type accepted")
+	}
+	if _, err := Llama2C(filepath.Join(dir, "none.bin"), tokPath, filepath.Join(dir, "x.gguf"), Options{}); err == nil {
+		t.Error("missing checkpoint accepted")
+	}
+	if _, err := Llama2C(bin, shared.Path(t, "models/llama2-tokenizer/tokenizer.bin"), filepath.Join(dir, "x.gguf"), Options{}); err == nil {
+		t.Error("a 32000-token vocabulary for a 512-token model accepted")
+	}
+}
+
+func textHead(t *testing.T, path string, n int) string {
+	t.Helper()
+	b, err := readFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b[:n])
+}
+
+func nll(t *testing.T, m *model.Model, ids []int) float64 {
+	t.Helper()
+	seq, err := m.NewContiguousSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := eval.Perplexity(seq, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.MeanNLL
+}
+
+func maxLogitDelta(t *testing.T, a, b *model.Model, ids []int) float64 {
+	t.Helper()
+	sa, _ := a.NewContiguousSequence()
+	sb, _ := b.NewContiguousSequence()
+	la, err := sa.Forward(ids, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	la = append([]float32(nil), la...)
+	lb, err := sb.Forward(ids, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worst := 0.0
+	for i := range la {
+		worst = math.Max(worst, math.Abs(float64(la[i]-lb[i])))
+	}
+	return worst
+}
+
+func equal(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+var _ tokenizer.Tokenizer = (*tokenizer.SentencePiece)(nil)
+
+func readFile(p string) ([]byte, error) { return os.ReadFile(p) }
