@@ -1,10 +1,14 @@
 package convert
 
 import (
+	"bytes"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/eval"
@@ -164,3 +168,67 @@ func equal(a, b []int) bool {
 var _ tokenizer.Tokenizer = (*tokenizer.SentencePiece)(nil)
 
 func readFile(p string) ([]byte, error) { return os.ReadFile(p) }
+
+// TestInconsistentGGUF: metadata that disagrees with the tensors, or names
+// what kvlm cannot run, is refused with an error naming the problem.
+func TestInconsistentGGUF(t *testing.T) {
+	bin := shared.Path(t, "models/stories260K/stories260K.bin")
+	tokPath := shared.Path(t, "models/stories260K/tok512.bin")
+	m, err := model.LoadLlama2C(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	tok, err := tokenizer.LoadLlama2C(tokPath, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		key  string
+		val  any
+		want string
+	}{
+		{"llama.embedding_length", uint32(96), "8 of 12 dims"},
+		{"llama.context_length", uint32(0), "out of range"},
+		{"llama.feed_forward_length", uint32(100), "ffn_gate"},
+		{"llama.attention.head_count_kv", uint32(3), "not a multiple"},
+		{"llama.attention.head_count_kv", uint32(2), "attn_k"},
+		{"llama.block_count", uint32(6), "blk.5"},
+		{"llama.block_count", uint32(0), "out of range"},
+		{"general.architecture", "mamba", `"mamba"`},
+		{"tokenizer.ggml.model", "bert", `"bert"`},
+		{"llama.rope.dimension_count", uint32(4), "partial RoPE"},
+		{"llama.attention.layer_norm_rms_epsilon", "tiny", "epsilon"},
+		{"tokenizer.ggml.bos_token_id", uint32(9999), "outside the vocabulary"},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%s=%v", c.key, c.val), func(t *testing.T) {
+			w, _, err := Build(m, tok, Options{Type: tensor.F32, Name: "x"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Set(c.key, c.val); err != nil {
+				t.Fatal(err)
+			}
+			var buf bytes.Buffer
+			if _, err := w.WriteTo(&buf); err != nil {
+				t.Fatal(err)
+			}
+			f, err := gguf.Parse(alignedCopy(buf.Bytes()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, err = model.FromGGUF(f)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want one mentioning %q", err, c.want)
+			}
+		})
+	}
+}
+
+func alignedCopy(b []byte) []byte {
+	f := make([]float64, (len(b)+7)/8)
+	out := unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), len(b))
+	copy(out, b)
+	return out
+}

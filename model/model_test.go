@@ -215,3 +215,41 @@ func withI32(b []byte, field int, v int32) []byte {
 	putI32(c[4*field:], v)
 	return c
 }
+
+// BenchmarkPrefill and BenchmarkDecode measure stories260K: tokens/s are
+// reported as a custom metric.
+func BenchmarkPrefill(b *testing.B) {
+	m := loadStories(b)
+	toks := make([]int, 256)
+	for i := range toks {
+		toks[i] = (i*7919 + 3) % m.Vocab
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		seq, _ := m.NewContiguousSequence()
+		if _, err := seq.Forward(toks, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(toks)*b.N)/b.Elapsed().Seconds(), "tok/s")
+}
+
+func BenchmarkDecode(b *testing.B) {
+	m := loadStories(b)
+	seq, _ := m.NewContiguousSequence()
+	ctx := 256
+	toks := make([]int, ctx)
+	if _, err := seq.Forward(toks, false); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if seq.Pos() >= m.CtxLen {
+			seq.Truncate(ctx)
+		}
+		if _, err := seq.Forward([]int{i % m.Vocab}, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+}
