@@ -1,5 +1,15 @@
-// Package attention computes scaled dot-product attention of queries against
-// the keys and values a kvcache block table holds.
+// Package attention computes scaled dot-product attention of queries
+// against the keys and values of a paged KV cache, reading every storage
+// codec directly (no dequantized copy of the cache).
+//
+// Prefill attention is tiled: each cache segment (a block) is a tile of keys,
+// and a running maximum, sum and output per query head are updated once per
+// tile (online softmax). Decode attention of a long cache is split along the
+// keys into chunks computed in parallel, each giving a partial output and
+// its log-sum-exp, merged afterwards (FlashDecoding). On request both hand
+// back the attention mass each stored token received, summed over chosen
+// queries and aggregated over the query heads that share a KV head — the
+// scores the eviction policies need.
 package attention
 
 import (
@@ -9,89 +19,374 @@ import (
 	"github.com/kvlm/kvlm/tensor"
 )
 
-// Group is the attention of the G query heads that share one KV head.
-type Group struct {
-	G       int     // query heads in the group
+// Agg says how the scores of the G query heads of a KV head are combined.
+type Agg int
+
+const (
+	AggMean Agg = iota // the mean over the group (default)
+	AggMax             // the maximum
+	AggSum             // the sum
+)
+
+func (a Agg) String() string {
+	return [...]string{"mean", "max", "sum"}[a]
+}
+
+// MassRequest asks for the attention mass of every stored slot.
+type MassRequest struct {
+	// From: only queries t ≥ From of the batch contribute (0: all queries;
+	// n−W: an observation window of W; n−1: the last query).
+	From int
+	Agg  Agg
+	// Out[head] receives, added to what it holds, the mass of each slot of
+	// that KV head's segments in order: len ≥ the slots of the table.
+	Out [][]float32
+}
+
+// Batch is the attention of one layer: n query tokens against the cache of
+// each KV head.
+type Batch struct {
+	Heads   int     // KV heads
+	G       int     // query heads per KV head
 	HeadDim int     // values per head
 	Norm    float32 // scores q·k are divided by it: sqrt(HeadDim), as run.c
+
+	Q   []float32 // [n][Heads·G·HeadDim] queries; group h at offset h·G·HeadDim
+	Out []float32 // [n][Heads·G·HeadDim] outputs, same layout
+	Pos []int32   // [n] positions; a query sees slots at positions ≤ its own
+
+	Segs func(head int) []kvcache.Segment // the stored tokens of each KV head
+	Mass *MassRequest                     // nil: no mass wanted
+
+	// SplitMin is the number of slots above which a single query's keys
+	// are split into parallel chunks (0: DefaultSplitMin); SplitChunk the
+	// slots per chunk (0: DefaultSplitChunk). Negative SplitMin: never split.
+	SplitMin, SplitChunk int
 }
 
-// Scratch holds the per-call buffers of Causal; reuse one per goroutine.
+// Defaults of the FlashDecoding split.
+const (
+	DefaultSplitMin   = 1024
+	DefaultSplitChunk = 512
+)
+
+// Scratch holds reusable buffers; one per Batch.Run caller.
 type Scratch struct {
-	scores []float32 // [G][slots]
+	items  []item
+	states []state
+	work   [][]float32
 }
 
-// Causal computes attention for n query tokens of one KV group against the
-// stored tokens of blocks, each query seeing only slots whose position is at
-// most its own (so a prompt chunk appended before the call is causal).
-//
-// q holds token t's G query heads at q[t*stride : t*stride+G*HeadDim]; out
-// is laid out the same way. qpos is [n].
-func (g Group) Causal(out, q []float32, stride int, qpos []int32, blocks []*kvcache.Block, s *Scratch) {
-	hd := g.HeadDim
-	slots := 0
-	for _, b := range blocks {
-		slots += b.N
+// item is one unit of parallel work: (head, query tile) or (head, chunk of
+// segments) for a split decode.
+type item struct {
+	head       int
+	q0, q1     int // queries [q0, q1)
+	s0, s1     int // segments [s0, s1)
+	slot0      int // slots before segment s0 (for mass offsets)
+	state      int // index of the first partial state (split decode)
+	splitIndex int // chunk number within a split head
+}
+
+// state is the running softmax of one query head: maximum, sum, output.
+type state struct {
+	m, l float32
+	o    []float32 // [HeadDim]
+}
+
+// Run computes the batch. It parallelises over KV heads, query tiles and,
+// for a single query over many slots, chunks of the keys.
+func (b *Batch) Run(sc *Scratch) {
+	n := len(b.Pos)
+	hd := b.HeadDim
+	stride := b.Heads * b.G * hd
+	_ = b.Q[n*stride-1]
+	_ = b.Out[n*stride-1]
+	splitMin, chunk := b.SplitMin, b.SplitChunk
+	if splitMin == 0 {
+		splitMin = DefaultSplitMin
 	}
-	if cap(s.scores) < g.G*slots {
-		s.scores = make([]float32, g.G*slots)
+	if chunk <= 0 {
+		chunk = DefaultSplitChunk
 	}
-	scores := s.scores[:g.G*slots]
-	for t, p := range qpos {
-		qt := q[t*stride : t*stride+g.G*hd]
-		ot := out[t*stride : t*stride+g.G*hd]
-		// Pass 1: scores and their maximum per query head.
-		n := 0
-		for _, b := range blocks {
-			for i := 0; i < b.N; i++ {
-				if b.Pos[i] > p {
-					continue
+	sc.items = sc.items[:0]
+	nstates := 0
+	for h := 0; h < b.Heads; h++ {
+		segs := b.Segs(h)
+		slots := 0
+		for _, s := range segs {
+			slots += s.N
+		}
+		if n == 1 && splitMin > 0 && slots > splitMin && tensor.Threads > 1 {
+			// FlashDecoding: chunks of about `chunk` slots, merged below.
+			s0, acc, slot0, k := 0, 0, 0, 0
+			for si, s := range segs {
+				acc += s.N
+				if acc >= chunk || si == len(segs)-1 {
+					sc.items = append(sc.items, item{head: h, q0: 0, q1: 1, s0: s0, s1: si + 1, slot0: slot0, state: nstates, splitIndex: k})
+					nstates += b.G
+					k++
+					s0, slot0, acc = si+1, slot0+acc, 0
 				}
-				k := b.K[i*hd : (i+1)*hd]
-				for j := 0; j < g.G; j++ {
-					scores[j*slots+n] = tensor.Dot(qt[j*hd:(j+1)*hd], k) / g.Norm
-				}
-				n++
+			}
+			continue
+		}
+		// Query tiles of up to 16 tokens per item.
+		const tile = 16
+		for q0 := 0; q0 < n; q0 += tile {
+			sc.items = append(sc.items, item{head: h, q0: q0, q1: min(q0+tile, n), s0: 0, s1: len(segs), state: -1})
+		}
+	}
+	if cap(sc.states) < nstates {
+		sc.states = make([]state, nstates)
+	}
+	sc.states = sc.states[:nstates]
+	for i := range sc.states {
+		if len(sc.states[i].o) != hd {
+			sc.states[i].o = make([]float32, hd)
+		}
+	}
+	workers := tensor.Threads
+	if len(sc.work) < workers {
+		sc.work = make([][]float32, workers)
+	}
+	tensor.Parallel(len(sc.items), 1, func(lo, hi int) {
+		var buf []float32
+		for i := lo; i < hi; i++ {
+			buf = b.runItem(&sc.items[i], sc, buf)
+		}
+	})
+	if nstates > 0 {
+		b.merge(sc)
+	}
+	if b.Mass != nil {
+		tensor.Parallel(b.Heads, 1, func(lo, hi int) {
+			var buf []float32
+			for h := lo; h < hi; h++ {
+				buf = b.mass(h, buf)
+			}
+		})
+	}
+}
+
+// runItem computes one item with online softmax, tile = segment. Split
+// items leave their partial state in sc.states; others write Out.
+func (b *Batch) runItem(it *item, sc *Scratch, buf []float32) []float32 {
+	hd, G := b.HeadDim, b.G
+	stride := b.Heads * G * hd
+	segs := b.Segs(it.head)[it.s0:it.s1]
+	maxN := 0
+	for _, s := range segs {
+		maxN = max(maxN, s.N)
+	}
+	need := G*maxN + G*hd + 2*G
+	if cap(buf) < need {
+		buf = make([]float32, need)
+	}
+	buf = buf[:need]
+	scores := buf[:G*maxN]
+	for t := it.q0; t < it.q1; t++ {
+		p := b.Pos[t]
+		qt := b.Q[t*stride+it.head*G*hd : t*stride+(it.head+1)*G*hd]
+		var o []float32
+		var ms, ls []float32
+		if it.state >= 0 {
+			for j := 0; j < G; j++ {
+				st := &sc.states[it.state+j]
+				st.m, st.l = float32(math.Inf(-1)), 0
+				clear(st.o)
+			}
+		} else {
+			o = b.Out[t*stride+it.head*G*hd : t*stride+(it.head+1)*G*hd]
+			clear(o)
+			ms = buf[G*maxN+G*hd : G*maxN+G*hd+G]
+			ls = buf[G*maxN+G*hd+G : G*maxN+G*hd+2*G]
+			for j := range ms {
+				ms[j], ls[j] = float32(math.Inf(-1)), 0
 			}
 		}
-		// Pass 2: softmax and the weighted sum of values.
-		for j := 0; j < g.G; j++ {
-			row := scores[j*slots : j*slots+n]
-			oj := ot[j*hd : (j+1)*hd]
-			clear(oj)
-			if n == 0 {
-				continue
-			}
-			softmax(row)
-			m := 0
-			for _, b := range blocks {
-				for i := 0; i < b.N; i++ {
-					if b.Pos[i] > p {
+		for _, s := range segs {
+			// The tile's scores; slots after the query's position are masked.
+			for j := 0; j < G; j++ {
+				qj := qt[j*hd : (j+1)*hd]
+				var m *float32
+				var l *float32
+				var oj []float32
+				if it.state >= 0 {
+					st := &sc.states[it.state+j]
+					m, l, oj = &st.m, &st.l, st.o
+				} else {
+					m, l, oj = &ms[j], &ls[j], o[j*hd:(j+1)*hd]
+				}
+				sj := scores[j*maxN : j*maxN+s.N]
+				tmax := float32(math.Inf(-1))
+				for i := 0; i < s.N; i++ {
+					if s.Pos[i] > p {
 						continue
 					}
-					tensor.Axpy(oj, row[m], b.V[i*hd:(i+1)*hd])
-					m++
+					v := s.KC.Dot(s.K, s.Cap, hd, i, qj) / b.Norm
+					sj[i] = v
+					if v > tmax {
+						tmax = v
+					}
+				}
+				if tmax == float32(math.Inf(-1)) {
+					continue // no visible slot in this tile
+				}
+				mNew := *m
+				if tmax > mNew {
+					mNew = tmax
+				}
+				if mNew != *m && *l != 0 {
+					f := float32(math.Exp(float64(*m - mNew)))
+					*l *= f
+					for c := range oj {
+						oj[c] *= f
+					}
+				}
+				*m = mNew
+				for i := 0; i < s.N; i++ {
+					if s.Pos[i] > p {
+						continue
+					}
+					e := float32(math.Exp(float64(sj[i] - mNew)))
+					*l += e
+					s.VC.Axpy(s.V, s.Cap, hd, i, e, oj)
+				}
+			}
+		}
+		if it.state < 0 {
+			for j := 0; j < G; j++ {
+				if ls[j] == 0 {
+					continue
+				}
+				oj := o[j*hd : (j+1)*hd]
+				for c := range oj {
+					oj[c] /= ls[j]
 				}
 			}
 		}
 	}
+	return buf
 }
 
-// softmax normalises x in place, subtracting the maximum first.
-func softmax(x []float32) {
-	mx := x[0]
-	for _, v := range x[1:] {
-		if v > mx {
-			mx = v
+// merge combines the partial states of split heads by log-sum-exp.
+func (b *Batch) merge(sc *Scratch) {
+	hd, G := b.HeadDim, b.G
+	stride := b.Heads * G * hd
+	for i := 0; i < len(sc.items); {
+		it := sc.items[i]
+		if it.state < 0 {
+			i++
+			continue
+		}
+		// Items of one split head are consecutive.
+		j := i
+		for j < len(sc.items) && sc.items[j].head == it.head && sc.items[j].state >= 0 {
+			j++
+		}
+		o := b.Out[it.head*G*hd : (it.head+1)*G*hd]
+		_ = stride
+		for g := 0; g < G; g++ {
+			M := float32(math.Inf(-1))
+			for k := i; k < j; k++ {
+				if st := sc.states[sc.items[k].state+g]; st.l > 0 && st.m > M {
+					M = st.m
+				}
+			}
+			og := o[g*hd : (g+1)*hd]
+			clear(og)
+			var L float32
+			for k := i; k < j; k++ {
+				st := sc.states[sc.items[k].state+g]
+				if st.l == 0 {
+					continue
+				}
+				f := float32(math.Exp(float64(st.m - M)))
+				L += st.l * f
+				tensor.Axpy(og, f, st.o)
+			}
+			if L > 0 {
+				for c := range og {
+					og[c] /= L
+				}
+			}
+		}
+		i = j
+	}
+}
+
+// mass adds each slot's attention probability, summed over the requested
+// queries and aggregated over the G query heads, to Mass.Out[head]. It
+// recomputes the scores with the final softmax normalisers.
+func (b *Batch) mass(h int, buf []float32) []float32 {
+	hd, G := b.HeadDim, b.G
+	stride := b.Heads * G * hd
+	segs := b.Segs(h)
+	slots := 0
+	for _, s := range segs {
+		slots += s.N
+	}
+	need := G * (slots + 2)
+	if cap(buf) < need {
+		buf = make([]float32, need)
+	}
+	buf = buf[:need]
+	out := b.Mass.Out[h]
+	for t := max(b.Mass.From, 0); t < len(b.Pos); t++ {
+		p := b.Pos[t]
+		qt := b.Q[t*stride+h*G*hd : t*stride+(h+1)*G*hd]
+		sc := buf[:G*slots]
+		ms := buf[G*slots : G*slots+G]
+		ls := buf[G*slots+G : G*slots+2*G]
+		for j := 0; j < G; j++ {
+			qj := qt[j*hd : (j+1)*hd]
+			m := float32(math.Inf(-1))
+			k := 0
+			for _, s := range segs {
+				for i := 0; i < s.N; i++ {
+					v := float32(math.Inf(-1))
+					if s.Pos[i] <= p {
+						v = s.KC.Dot(s.K, s.Cap, hd, i, qj) / b.Norm
+					}
+					sc[j*slots+k] = v
+					if v > m {
+						m = v
+					}
+					k++
+				}
+			}
+			var l float32
+			for k := 0; k < slots; k++ {
+				if v := sc[j*slots+k]; v > float32(math.Inf(-1)) {
+					e := float32(math.Exp(float64(v - m)))
+					sc[j*slots+k] = e
+					l += e
+				} else {
+					sc[j*slots+k] = 0
+				}
+			}
+			ms[j], ls[j] = m, l
+		}
+		for k := 0; k < slots; k++ {
+			var agg float32
+			for j := 0; j < G; j++ {
+				if ls[j] == 0 {
+					continue
+				}
+				pj := sc[j*slots+k] / ls[j]
+				switch b.Mass.Agg {
+				case AggMax:
+					agg = max(agg, pj)
+				default:
+					agg += pj
+				}
+			}
+			if b.Mass.Agg == AggMean {
+				agg /= float32(G)
+			}
+			out[k] += agg
 		}
 	}
-	var sum float32
-	for i, v := range x {
-		e := float32(math.Exp(float64(v - mx)))
-		x[i] = e
-		sum += e
-	}
-	for i := range x {
-		x[i] /= sum
-	}
+	return buf
 }

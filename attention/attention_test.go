@@ -1,109 +1,242 @@
 package attention
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/codec"
 )
 
-// naive is attention written out plainly in float64: scores, softmax,
-// weighted sum, over the keys whose position is at most qpos.
-func naive(q []float64, keys, vals [][]float64, pos []int32, qpos int32, scale float64) []float64 {
-	var s []float64
-	var idx []int
+// naive is attention written out plainly in float64 over explicit key and
+// value rows: scores, softmax, weighted sum, over the keys whose position is
+// at most qpos. It also returns the probabilities.
+func naive(q []float64, keys, vals [][]float64, pos []int32, qpos int32, norm float64) (out, prob []float64) {
+	prob = make([]float64, len(keys))
+	out = make([]float64, len(q))
+	mx := math.Inf(-1)
 	for i, k := range keys {
 		if pos[i] > qpos {
+			prob[i] = math.Inf(-1)
 			continue
 		}
 		d := 0.0
 		for j := range q {
 			d += q[j] * k[j]
 		}
-		s = append(s, d*scale)
-		idx = append(idx, i)
+		prob[i] = d / norm
+		mx = math.Max(mx, prob[i])
 	}
-	out := make([]float64, len(q))
-	if len(s) == 0 {
-		return out
-	}
-	mx := math.Inf(-1)
-	for _, v := range s {
-		mx = math.Max(mx, v)
+	if math.IsInf(mx, -1) {
+		clear(prob)
+		return out, prob
 	}
 	sum := 0.0
-	for i := range s {
-		s[i] = math.Exp(s[i] - mx)
-		sum += s[i]
+	for i := range prob {
+		prob[i] = math.Exp(prob[i] - mx)
+		sum += prob[i]
 	}
-	for n, i := range idx {
+	for i := range prob {
+		prob[i] /= sum
 		for j := range out {
-			out[j] += s[n] / sum * vals[i][j]
+			out[j] += prob[i] * vals[i][j]
 		}
 	}
-	return out
+	return out, prob
 }
 
-func TestCausalMatchesNaive(t *testing.T) {
+type fixture struct {
+	heads, G, hd, tokens int
+	seq                  *kvcache.Paged
+	keys, vals           [][][]float64 // [head][token][hd], as stored (decoded)
+	pos                  []int32
+}
+
+// build fills a one-layer paged cache with random keys and values and reads
+// back what the codecs stored, as the reference sees it.
+func build(t testing.TB, rng *rand.Rand, heads, G, hd, tokens, B int, kc, vc codec.Codec) *fixture {
+	t.Helper()
+	pool, err := kvcache.NewPool(kvcache.PoolConfig{Layout: kvcache.Layout{Layers: 1, KVHeads: heads, HeadDim: hd},
+		BlockTokens: B, K: kc, V: vc, Tokens: tokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{heads: heads, G: G, hd: hd, tokens: tokens, seq: pool.NewSequence()}
+	w := heads * hd
+	for lo := 0; lo < tokens; lo += 333 {
+		n := min(333, tokens-lo)
+		k, v := make([]float32, n*w), make([]float32, n*w)
+		for i := range k {
+			k[i], v[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+		}
+		pos := make([]int32, n)
+		for i := range pos {
+			pos[i] = int32(lo + i)
+		}
+		if err := f.seq.Append(0, pos, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.keys, f.vals = make([][][]float64, heads), make([][][]float64, heads)
+	row := make([]float32, hd)
+	for h := 0; h < heads; h++ {
+		for _, s := range f.seq.Segments(0, h) {
+			for i := 0; i < s.N; i++ {
+				s.KC.Get(s.K, s.Cap, hd, i, row)
+				f.keys[h] = append(f.keys[h], f64(row))
+				s.VC.Get(s.V, s.Cap, hd, i, row)
+				f.vals[h] = append(f.vals[h], f64(row))
+				if h == 0 {
+					f.pos = append(f.pos, s.Pos[i])
+				}
+			}
+		}
+	}
+	return f
+}
+
+func f64(x []float32) []float64 {
+	y := make([]float64, len(x))
+	for i, v := range x {
+		y[i] = float64(v)
+	}
+	return y
+}
+
+// check runs a batch of queries at the given positions and compares outputs
+// and (optionally) attention mass with the naive reference.
+func (f *fixture) check(t *testing.T, rng *rand.Rand, qpos []int32, splitMin int, mass *MassRequest, tol float64) {
+	t.Helper()
+	n := len(qpos)
+	stride := f.heads * f.G * f.hd
+	q := make([]float32, n*stride)
+	for i := range q {
+		q[i] = float32(rng.NormFloat64())
+	}
+	out := make([]float32, n*stride)
+	b := Batch{Heads: f.heads, G: f.G, HeadDim: f.hd, Norm: float32(math.Sqrt(float64(f.hd))), Q: q, Out: out, Pos: qpos,
+		Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, SplitMin: splitMin, SplitChunk: 100, Mass: mass}
+	var sc Scratch
+	b.Run(&sc)
+	worst := 0.0
+	wantMass := make([][]float64, f.heads)
+	for h := range wantMass {
+		wantMass[h] = make([]float64, len(f.pos))
+	}
+	for ti, p := range qpos {
+		for h := 0; h < f.heads; h++ {
+			agg := make([]float64, len(f.pos))
+			for j := 0; j < f.G; j++ {
+				off := ti*stride + (h*f.G+j)*f.hd
+				want, prob := naive(f64(q[off:off+f.hd]), f.keys[h], f.vals[h], f.pos, p, math.Sqrt(float64(f.hd)))
+				for c := range want {
+					worst = math.Max(worst, math.Abs(want[c]-float64(out[off+c])))
+				}
+				for i, pr := range prob {
+					if mass != nil && mass.Agg == AggMax {
+						agg[i] = math.Max(agg[i], pr)
+					} else {
+						agg[i] += pr
+					}
+				}
+			}
+			if mass != nil && ti >= mass.From {
+				for i := range agg {
+					if mass.Agg == AggMean {
+						agg[i] /= float64(f.G)
+					}
+					wantMass[h][i] += agg[i]
+				}
+			}
+		}
+	}
+	if worst > tol {
+		t.Errorf("max |Δ| %.3g > %.3g", worst, tol)
+	}
+	if mass != nil {
+		mw := 0.0
+		for h := range wantMass {
+			for i, w := range wantMass[h] {
+				mw = math.Max(mw, math.Abs(w-float64(mass.Out[h][i])))
+			}
+		}
+		if mw > 1e-5 {
+			t.Errorf("attention mass: max |Δ| %.3g", mw)
+		}
+	}
+}
+
+// TestPagedMatchesNaive: paged attention over f32 blocks equals naive
+// attention for block sizes 1, 16, 64, GQA ratios 1-8 and contexts 1-8192,
+// for prefill-like batches and single decode queries, split or not.
+func TestPagedMatchesNaive(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	cases := []struct{ G, hd, tokens, blockSize, queries int }{
-		{1, 8, 1, 1, 1},
-		{2, 8, 37, 16, 5},
-		{4, 16, 100, 7, 9},
-		{8, 64, 300, 64, 3},
-		{1, 128, 513, 16, 2},
+	cases := []struct{ heads, G, hd, tokens, B int }{
+		{1, 1, 8, 1, 1},
+		{2, 2, 8, 37, 16},
+		{2, 4, 16, 100, 1},
+		{1, 8, 64, 300, 64},
+		{4, 1, 32, 1000, 16},
+		{1, 2, 64, 2049, 16},
+		{1, 4, 128, 8192, 64},
 	}
 	for _, c := range cases {
-		// Tokens 0..tokens-1 spread over blocks; queries are the last ones.
-		var blocks []*kvcache.Block
-		keys := make([][]float64, c.tokens)
-		vals := make([][]float64, c.tokens)
-		pos := make([]int32, c.tokens)
-		for i := 0; i < c.tokens; i++ {
-			if i%c.blockSize == 0 {
-				blocks = append(blocks, kvcache.NewBlock(c.blockSize, c.hd))
+		t.Run(fmt.Sprintf("h%d_g%d_d%d_t%d_b%d", c.heads, c.G, c.hd, c.tokens, c.B), func(t *testing.T) {
+			f := build(t, rng, c.heads, c.G, c.hd, c.tokens, c.B, codec.F32, codec.F32)
+			last := int32(c.tokens - 1)
+			// Decode: one query at the end, split and unsplit.
+			f.check(t, rng, []int32{last}, -1, nil, 1e-5)
+			f.check(t, rng, []int32{last}, 1, nil, 1e-5)
+			// Prefill: the last few tokens as a causal batch, and a query in the middle.
+			var qpos []int32
+			for p := max(0, c.tokens-20); p < c.tokens; p++ {
+				qpos = append(qpos, int32(p))
 			}
-			b := blocks[len(blocks)-1]
-			keys[i], vals[i] = make([]float64, c.hd), make([]float64, c.hd)
-			for j := 0; j < c.hd; j++ {
-				k, v := float32(rng.NormFloat64()), float32(rng.NormFloat64())
-				b.K[b.N*c.hd+j], b.V[b.N*c.hd+j] = k, v
-				keys[i][j], vals[i][j] = float64(k), float64(v)
+			f.check(t, rng, qpos, 0, nil, 1e-5)
+			f.check(t, rng, []int32{int32(c.tokens / 2)}, 1, nil, 1e-5)
+		})
+	}
+}
+
+// TestCodecsReadDirectly: attention over every codec equals the naive
+// attention over the values the codec decodes to (dequantize-then-compute).
+func TestCodecsReadDirectly(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	names := []string{"f32", "f16", "bf16", "q8", "q4", "kivi2", "kivi4"}
+	for _, kn := range names {
+		for _, vn := range []string{"f16", "q8", "q4", "kivi2"} {
+			kc, err := codec.Parse(kn, codec.Keys)
+			if err != nil {
+				t.Fatal(err)
 			}
-			b.Pos[b.N] = int32(i)
-			pos[i] = int32(i)
-			b.N++
+			vc, err := codec.Parse(vn, codec.Values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Run(kn+"_"+vn, func(t *testing.T) {
+				f := build(t, rng, 2, 2, 64, 300, 16, kc, vc)
+				f.check(t, rng, []int32{299}, 1, nil, 2e-5)
+				f.check(t, rng, []int32{290, 299}, 0, nil, 2e-5)
+			})
 		}
-		stride := c.G * c.hd * 3 // queries sit inside a wider row, as in the model
-		q := make([]float32, c.queries*stride)
-		out := make([]float32, c.queries*stride)
-		qpos := make([]int32, c.queries)
-		for t := range qpos {
-			qpos[t] = int32(c.tokens - c.queries + t)
-			for j := 0; j < c.G*c.hd; j++ {
-				q[t*stride+j] = float32(rng.NormFloat64())
-			}
-		}
-		scale := math.Sqrt(float64(c.hd))
-		g := Group{G: c.G, HeadDim: c.hd, Norm: float32(scale)}
-		var s Scratch
-		g.Causal(out, q, stride, qpos, blocks, &s)
-		worst := 0.0
-		for t := range qpos {
-			for h := 0; h < c.G; h++ {
-				qq := make([]float64, c.hd)
-				for j := range qq {
-					qq[j] = float64(q[t*stride+h*c.hd+j])
-				}
-				want := naive(qq, keys, vals, pos, qpos[t], 1/scale)
-				for j := range want {
-					worst = math.Max(worst, math.Abs(want[j]-float64(out[t*stride+h*c.hd+j])))
-				}
-			}
-		}
-		if worst > 1e-5 {
-			t.Errorf("%+v: max |Δ| %.3g", c, worst)
+	}
+}
+
+func TestAttentionMass(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	f := build(t, rng, 2, 4, 16, 90, 16, codec.F32, codec.F32)
+	var qpos []int32
+	for p := 70; p < 90; p++ {
+		qpos = append(qpos, int32(p))
+	}
+	for _, agg := range []Agg{AggMean, AggMax, AggSum} {
+		for _, from := range []int{0, 12, 19} {
+			m := &MassRequest{From: from, Agg: agg, Out: [][]float32{make([]float32, 90), make([]float32, 90)}}
+			t.Run(fmt.Sprintf("%s_from%d", agg, from), func(t *testing.T) {
+				f.check(t, rng, qpos, 0, m, 1e-5)
+			})
 		}
 	}
 }

@@ -122,7 +122,7 @@ func textHead(t *testing.T, path string, n int) string {
 
 func nll(t *testing.T, m *model.Model, ids []int) float64 {
 	t.Helper()
-	seq, err := m.NewContiguousSequence()
+	seq, err := m.NewStandaloneSequence(model.KVOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,8 +135,8 @@ func nll(t *testing.T, m *model.Model, ids []int) float64 {
 
 func maxLogitDelta(t *testing.T, a, b *model.Model, ids []int) float64 {
 	t.Helper()
-	sa, _ := a.NewContiguousSequence()
-	sb, _ := b.NewContiguousSequence()
+	sa, _ := a.NewStandaloneSequence(model.KVOptions{})
+	sb, _ := b.NewStandaloneSequence(model.KVOptions{})
 	la, err := sa.Forward(ids, true)
 	if err != nil {
 		t.Fatal(err)

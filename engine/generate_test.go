@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/sample"
 )
 
@@ -40,7 +41,7 @@ func TestRunCDocSamples(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			seq, err := m.NewContiguousSequence()
+			seq, err := m.NewStandaloneSequence(model.KVOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -64,7 +65,7 @@ func TestGenerateStops(t *testing.T) {
 	}
 	defer m.Close()
 	prompt := tok.Encode("Once upon a time", true, false)
-	seq, _ := m.NewContiguousSequence()
+	seq, _ := m.NewStandaloneSequence(model.KVOptions{})
 	res, err := Generate(seq, Request{Prompt: prompt, MaxTokens: 1000, EOS: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +74,7 @@ func TestGenerateStops(t *testing.T) {
 		t.Fatalf("stop %s at pos %d with %d tokens; want context stop at %d", res.Stop, seq.Pos(), len(res.Tokens), m.CtxLen)
 	}
 	for _, bad := range []Request{{Prompt: nil, MaxTokens: 1}, {Prompt: prompt, MaxTokens: 0}, {Prompt: make([]int, m.CtxLen+1), MaxTokens: 1}} {
-		seq, _ := m.NewContiguousSequence()
+		seq, _ := m.NewStandaloneSequence(model.KVOptions{})
 		if _, err := Generate(seq, bad); err == nil {
 			t.Errorf("request with %d prompt tokens and max %d accepted", len(bad.Prompt), bad.MaxTokens)
 		}

@@ -2,24 +2,18 @@
 // does not recompute them.
 //
 // The unit of storage is one (layer, KV head): a sequence owns, for each
-// layer and KV head, a table of blocks, and each block holds up to Cap tokens
-// of keys, values and the original position of each slot. Attention reads a
-// block table; a model layer appends to it. That one shape serves a plain
-// contiguous cache (one large block per table, see NewContiguous) as well as
-// paged, compressed and shared variants.
+// layer and KV head, a table of blocks drawn from a shared Pool, and each
+// block holds BlockTokens tokens of keys and values (in the pool's storage
+// codecs) and the position of each slot. Blocks are reference counted, so
+// sequences fork and share prompt prefixes without copying; a write to a
+// shared block copies it first.
 //
 // The interfaces are split by caller, as ollama's former Go cache was:
 // Writer is what a model layer calls to store new tokens, Reader is what the
 // attention kernels call, and Sequence adds what the runner calls.
 package kvcache
 
-import (
-	"errors"
-	"fmt"
-)
-
-// ErrFull is returned when a cache has no room for the tokens being stored.
-var ErrFull = errors.New("kvcache: cache is full")
+import "fmt"
 
 // Layout is the shape of what one sequence stores per token.
 type Layout struct {
@@ -42,30 +36,10 @@ func (l Layout) BytesPerToken() int64 {
 	return 2 * int64(l.Layers) * int64(l.KVHeads) * int64(l.HeadDim) * 4
 }
 
-// Block holds up to Cap() tokens of one (layer, KV head), stored as f32.
-type Block struct {
-	K   []float32 // [cap][headDim] keys, after RoPE
-	V   []float32 // [cap][headDim] values
-	Pos []int32   // [cap] position of each slot, as RoPE saw it
-	N   int       // slots filled, from the start
-}
-
-// NewBlock allocates an empty block of capacity n for heads of width headDim.
-func NewBlock(n, headDim int) *Block {
-	return &Block{
-		K:   make([]float32, n*headDim),
-		V:   make([]float32, n*headDim),
-		Pos: make([]int32, n),
-	}
-}
-
-// Cap is the number of token slots in the block.
-func (b *Block) Cap() int { return len(b.Pos) }
-
 // Reader gives attention the stored tokens of one (layer, KV head), in
-// storage order.
+// storage order, as segments of slots in one codec pair.
 type Reader interface {
-	Blocks(layer, head int) []*Block
+	Segments(layer, head int) []Segment
 }
 
 // Writer is what a model layer calls to store the keys and values of new
@@ -82,12 +56,18 @@ type Sequence interface {
 	Writer
 	Layout() Layout
 	// Len is the number of tokens stored in the last layer appended to (all
-	// layers hold the same count once a forward pass is complete).
+	// layers hold the same count once a forward pass is complete, unless a
+	// policy pruned them).
 	Len() int
-	// Room is how many more tokens can be appended to every layer.
-	Room() int
+	// Reserve reports an error wrapping ErrNoBlocks when n more tokens do
+	// not fit in every layer now.
+	Reserve(n int) error
 	// Truncate drops every token from index n on, in every layer.
 	Truncate(n int) error
 	// Bytes is the memory the sequence holds for keys, values and positions.
 	Bytes() int64
+	// Free releases the sequence's storage; it must not be used afterwards.
+	Free()
 }
+
+var _ Sequence = (*Paged)(nil)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvlm/kvlm/attention"
 	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/tensor"
 )
 
@@ -25,6 +26,10 @@ type Sequence struct {
 	pos   int // position of the next token
 	Chunk int // prefill tokens per step
 
+	// Computed counts the tokens this sequence has run through the layers
+	// (prefix-cache hits are not computed).
+	Computed int
+
 	// Scratch for a chunk of n tokens (grown as needed).
 	x      []float32 // [n][Dim] residual stream
 	xb     []float32 // [n][Dim] normalised input of a sub-block
@@ -38,7 +43,7 @@ type Sequence struct {
 	cos    []float32 // [n][HeadDim/2] RoPE cosines
 	sin    []float32 // [n][HeadDim/2] RoPE sines
 	freq   []float32 // [HeadDim/2] RoPE frequencies
-	scr    []attention.Scratch
+	scr    attention.Scratch
 	logits []float32 // [n][Vocab]
 }
 
@@ -57,19 +62,30 @@ func (m *Model) NewSequence(cache kvcache.Sequence) (*Sequence, error) {
 		// As run.c: 1 / theta^(2j/head_dim), in float32.
 		s.freq[j] = 1 / float32(math.Pow(float64(m.RopeTheta), float64(float32(2*j)/float32(m.HeadDim))))
 	}
-	s.scr = make([]attention.Scratch, m.KVHeads)
 	return s, nil
 }
 
-// NewContiguousSequence starts a sequence over a fresh contiguous f32 cache
-// sized for the whole context.
-func (m *Model) NewContiguousSequence() (*Sequence, error) {
-	c, err := kvcache.NewContiguous(m.KVLayout(), m.CtxLen)
+// KVOptions chooses the cache of a standalone sequence.
+type KVOptions struct {
+	BlockTokens int         // 0: kvcache.DefaultBlockTokens
+	K, V        codec.Codec // nil: f32
+}
+
+// NewStandaloneSequence starts a sequence over a private block pool sized
+// for the whole context. Close frees it.
+func (m *Model) NewStandaloneSequence(opt KVOptions) (*Sequence, error) {
+	if opt.BlockTokens == 0 {
+		opt.BlockTokens = kvcache.DefaultBlockTokens
+	}
+	pool, err := kvcache.NewPool(kvcache.PoolConfig{Layout: m.KVLayout(), BlockTokens: opt.BlockTokens, K: opt.K, V: opt.V, Tokens: m.CtxLen})
 	if err != nil {
 		return nil, err
 	}
-	return m.NewSequence(c)
+	return m.NewSequence(pool.NewSequence())
 }
+
+// Close releases the sequence's cache.
+func (s *Sequence) Close() { s.cache.Free() }
 
 // KVLayout is the per-token shape of the model's KV cache.
 func (m *Model) KVLayout() kvcache.Layout {
@@ -164,6 +180,9 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		s.pos32 = make([]int32, n)
 	}
 	s.pos32 = s.pos32[:n]
+	if err := s.cache.Reserve(n); err != nil {
+		return err
+	}
 	for t, id := range tokens {
 		m.TokEmb.Row(id, s.x[t*c.Dim:(t+1)*c.Dim])
 		p := s.pos + t
@@ -174,8 +193,7 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 			s.sin[t*half+j] = float32(math.Sin(float64(a)))
 		}
 	}
-	scale := float32(math.Sqrt(float64(c.HeadDim)))
-	grp := attention.Group{G: c.GroupSize(), HeadDim: c.HeadDim, Norm: scale}
+	norm := float32(math.Sqrt(float64(c.HeadDim)))
 	for li := range m.Layers {
 		L := &m.Layers[li]
 		for t := 0; t < n; t++ {
@@ -192,12 +210,9 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		if err := s.cache.Append(li, s.pos32, s.k, s.v); err != nil {
 			return fmt.Errorf("model: layer %d: %w", li, err)
 		}
-		tensor.Parallel(c.KVHeads, 1, func(lo, hi int) {
-			for h := lo; h < hi; h++ {
-				off := h * grp.G * c.HeadDim
-				grp.Causal(s.att[off:], s.q[off:], c.QDim(), s.pos32, s.cache.Blocks(li, h), &s.scr[h])
-			}
-		})
+		att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm,
+			Q: s.q, Out: s.att, Pos: s.pos32, Segs: func(h int) []kvcache.Segment { return s.cache.Segments(li, h) }}
+		att.Run(&s.scr)
 		L.Wo.MatMul(s.xb, s.att, n)
 		tensor.Add(s.x, s.xb)
 		for t := 0; t < n; t++ {
@@ -210,6 +225,7 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		tensor.Add(s.x, s.xb)
 	}
 	s.pos += n
+	s.Computed += n
 	switch len(dst) {
 	case 0:
 	case c.Vocab:

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/codec"
 )
 
 func loadStories(t testing.TB) *Model {
@@ -52,7 +54,7 @@ func argmax(x []float32) int {
 // comparing generated ids and the logit checkpoints with run.c's.
 func TestGoldenGreedy(t *testing.T) {
 	m := loadStories(t)
-	seq, err := m.NewContiguousSequence()
+	seq, err := m.NewStandaloneSequence(KVOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +105,7 @@ func TestGoldenGreedy(t *testing.T) {
 func TestPrefillMatchesDecode(t *testing.T) {
 	m := loadStories(t)
 	toks := append(append([]int{}, goldenPrompt...), goldenIDs...)
-	step, _ := m.NewContiguousSequence()
+	step, _ := m.NewStandaloneSequence(KVOptions{})
 	want := make([]float32, 0, len(toks)*m.Vocab)
 	for _, id := range toks {
 		l, err := step.Forward([]int{id}, false)
@@ -113,7 +115,7 @@ func TestPrefillMatchesDecode(t *testing.T) {
 		want = append(want, l...)
 	}
 	for _, chunk := range []int{len(toks), 7, 1, 32} {
-		seq, _ := m.NewContiguousSequence()
+		seq, _ := m.NewStandaloneSequence(KVOptions{})
 		seq.Chunk = chunk
 		got, err := seq.Forward(toks, true)
 		if err != nil {
@@ -127,7 +129,7 @@ func TestPrefillMatchesDecode(t *testing.T) {
 			t.Errorf("chunk %d: max |Δlogit| %.3g > 1e-5", chunk, worst)
 		}
 		// The last-token-only form agrees too.
-		seq2, _ := m.NewContiguousSequence()
+		seq2, _ := m.NewStandaloneSequence(KVOptions{})
 		seq2.Chunk = chunk
 		last, _ := seq2.Forward(toks, false)
 		for i, v := range last {
@@ -140,7 +142,7 @@ func TestPrefillMatchesDecode(t *testing.T) {
 
 func TestContextLimit(t *testing.T) {
 	m := loadStories(t)
-	seq, _ := m.NewContiguousSequence()
+	seq, _ := m.NewStandaloneSequence(KVOptions{})
 	toks := make([]int, m.CtxLen+1)
 	if _, err := seq.Forward(toks, false); err == nil {
 		t.Fatal("a prompt longer than the context was accepted")
@@ -154,7 +156,7 @@ func TestContextLimit(t *testing.T) {
 	if _, err := seq.Forward(nil, false); err == nil {
 		t.Fatal("an empty forward was accepted")
 	}
-	seq2, _ := m.NewContiguousSequence()
+	seq2, _ := m.NewStandaloneSequence(KVOptions{})
 	if _, err := seq2.Forward([]int{m.Vocab}, false); err == nil {
 		t.Fatal("an out-of-range token id was accepted")
 	}
@@ -226,7 +228,7 @@ func BenchmarkPrefill(b *testing.B) {
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		seq, _ := m.NewContiguousSequence()
+		seq, _ := m.NewStandaloneSequence(KVOptions{})
 		if _, err := seq.Forward(toks, false); err != nil {
 			b.Fatal(err)
 		}
@@ -236,7 +238,7 @@ func BenchmarkPrefill(b *testing.B) {
 
 func BenchmarkDecode(b *testing.B) {
 	m := loadStories(b)
-	seq, _ := m.NewContiguousSequence()
+	seq, _ := m.NewStandaloneSequence(KVOptions{})
 	ctx := 256
 	toks := make([]int, ctx)
 	if _, err := seq.Forward(toks, false); err != nil {
@@ -252,4 +254,89 @@ func BenchmarkDecode(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+}
+
+// TestGoldenPagedCaches: the golden greedy ids hold with paged caches of
+// several block sizes and with f16 storage.
+func TestGoldenPagedCaches(t *testing.T) {
+	m := loadStories(t)
+	f16, _ := codec.Parse("f16", codec.Keys)
+	cases := []struct {
+		name string
+		opt  KVOptions
+	}{
+		{"f32 B=1", KVOptions{BlockTokens: 1}},
+		{"f32 B=16", KVOptions{BlockTokens: 16}},
+		{"f32 B=64", KVOptions{BlockTokens: 64}},
+		{"f16 B=16", KVOptions{BlockTokens: 16, K: f16, V: f16}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			seq, err := m.NewStandaloneSequence(c.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seq.Close()
+			logits, err := seq.Forward(goldenPrompt, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, want := range goldenIDs {
+				got := argmax(logits)
+				if got != want {
+					t.Fatalf("token %d: %d, want %d", i, got, want)
+				}
+				if logits, err = seq.Forward([]int{got}, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestPrefixReuse: a second sequence with the same long prompt takes its
+// blocks from the prefix cache and computes only the tail, with the same
+// logits.
+func TestPrefixReuse(t *testing.T) {
+	m := loadStories(t)
+	pool, err := kvcache.NewPool(kvcache.PoolConfig{Layout: m.KVLayout(), BlockTokens: 16, Tokens: 2 * m.CtxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := make([]int, 200)
+	for i := range prompt {
+		prompt[i] = (i*31 + 7) % m.Vocab
+	}
+	run := func() ([]float32, *Sequence, int) {
+		c := pool.NewSequence()
+		hit := c.MatchPrefix(prompt, 0)
+		seq, err := m.NewSequence(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		logits, err := seq.Forward(prompt[hit:], false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.RegisterPrefix(prompt, 0)
+		return append([]float32(nil), logits...), seq, hit
+	}
+	first, s1, hit1 := run()
+	second, s2, hit2 := run()
+	if hit1 != 0 || s1.Computed != 200 {
+		t.Fatalf("first run: hit %d computed %d", hit1, s1.Computed)
+	}
+	if hit2 != 192 || s2.Computed != 8 {
+		t.Fatalf("second run: hit %d computed %d, want 192 and 8", hit2, s2.Computed)
+	}
+	for i := range first {
+		if math.Abs(float64(first[i]-second[i])) > 1e-6 {
+			t.Fatalf("logit %d differs: %v vs %v", i, first[i], second[i])
+		}
+	}
+	s1.Close()
+	s2.Close()
+	if u := pool.Usage(); u.Used != 0 {
+		t.Fatalf("%d blocks still used", u.Used)
+	}
 }

@@ -3,10 +3,13 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"time"
 
 	"github.com/kvlm/kvlm/engine"
+	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"
@@ -17,12 +20,43 @@ type modelFlags struct {
 	model     string
 	tokenizer string
 	chunk     int
+	kvBlock   int
+	kvType    string
+	kvTypeK   string
+	kvTypeV   string
 }
 
 func (f *modelFlags) register(c *cobra.Command) {
 	c.Flags().StringVarP(&f.model, "model", "m", "", "model file: GGUF, or a llama2.c checkpoint (then --tokenizer)")
 	c.Flags().StringVar(&f.tokenizer, "tokenizer", "", "llama2.c tokenizer.bin (required for llama2.c checkpoints, overrides a GGUF's)")
 	c.Flags().IntVar(&f.chunk, "chunk", model.DefaultChunk, "prefill chunk: prompt tokens run as one matrix")
+	c.Flags().IntVar(&f.kvBlock, "kv-block", kvcache.DefaultBlockTokens, "KV cache block size in tokens")
+	c.Flags().StringVar(&f.kvType, "kv-type", "f32", "KV storage codec for keys and values: f32 f16 bf16 q8 q4 kivi2 kivi4")
+	c.Flags().StringVar(&f.kvTypeK, "kv-type-k", "", "codec of the keys (overrides --kv-type)")
+	c.Flags().StringVar(&f.kvTypeV, "kv-type-v", "", "codec of the values (overrides --kv-type)")
+}
+
+// kvOptions turns the KV flags into cache options.
+func (f *modelFlags) kvOptions() (model.KVOptions, error) {
+	if f.kvBlock <= 0 {
+		return model.KVOptions{}, fmt.Errorf("--kv-block must be positive, got %d", f.kvBlock)
+	}
+	kn, vn := f.kvType, f.kvType
+	if f.kvTypeK != "" {
+		kn = f.kvTypeK
+	}
+	if f.kvTypeV != "" {
+		vn = f.kvTypeV
+	}
+	k, err := codec.Parse(kn, codec.Keys)
+	if err != nil {
+		return model.KVOptions{}, err
+	}
+	v, err := codec.Parse(vn, codec.Values)
+	if err != nil {
+		return model.KVOptions{}, err
+	}
+	return model.KVOptions{BlockTokens: f.kvBlock, K: k, V: v}, nil
 }
 
 func (f *modelFlags) load() (*model.Model, tokenizer.Tokenizer, error) {
@@ -32,11 +66,18 @@ func (f *modelFlags) load() (*model.Model, tokenizer.Tokenizer, error) {
 	if f.chunk <= 0 {
 		return nil, nil, errors.New("--chunk must be positive")
 	}
+	if _, err := f.kvOptions(); err != nil {
+		return nil, nil, err
+	}
 	return engine.Load(f.model, f.tokenizer)
 }
 
 func (f *modelFlags) sequence(m *model.Model) (*model.Sequence, error) {
-	seq, err := m.NewContiguousSequence()
+	opt, err := f.kvOptions()
+	if err != nil {
+		return nil, err
+	}
+	seq, err := m.NewStandaloneSequence(opt)
 	if err != nil {
 		return nil, err
 	}

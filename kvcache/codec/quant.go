@@ -1,0 +1,141 @@
+package codec
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// tokenQuant is asymmetric min-max quantization per token, in groups of
+// channels: q8 and q4 (one group = the whole head, group 0) and KIVI values
+// (groups of min(group, d) channels).
+//
+// Block layout, rb = ⌈d·bits/8⌉ bytes per row, ng = ⌈d/g⌉ groups per token:
+//
+//	[0, n·rb)              payload: row i at i·rb, channels packed low bits first
+//	[n·rb, n·rb + 4·n·ng)  meta: token i, group k at n·rb + 4·(i·ng + k):
+//	                       f16 scale, f16 min (x̂ = scale·u + min)
+type tokenQuant struct {
+	name  string
+	bits  int
+	group int // channels per group; 0 means d
+}
+
+func (c *tokenQuant) Name() string   { return c.name }
+func (c *tokenQuant) Bits() int      { return c.bits }
+func (c *tokenQuant) PerToken() bool { return true }
+func (c *tokenQuant) String() string { return fmt.Sprintf("%s(group %d)", c.name, c.group) }
+
+// GroupChannels is the channels per quantization group at head width d.
+func (c *tokenQuant) GroupChannels(d int) int {
+	if c.group <= 0 || c.group >= d {
+		return d
+	}
+	return c.group
+}
+
+func (c *tokenQuant) rowBytes(d int) int { return (d*c.bits + 7) / 8 }
+
+func (c *tokenQuant) groups(d int) int {
+	g := c.GroupChannels(d)
+	return (d + g - 1) / g
+}
+
+func (c *tokenQuant) BlockBytes(n, d int) int {
+	return n * (c.rowBytes(d) + 4*c.groups(d))
+}
+
+func (c *tokenQuant) BitsPerValue(n, d int) float64 { return bitsPerValue(c, n, d) }
+
+// slot returns token i's payload row and its meta entries.
+func (c *tokenQuant) slot(b []byte, n, d, i int) (row, metas []byte) {
+	rb, ng := c.rowBytes(d), c.groups(d)
+	row = b[i*rb : (i+1)*rb]
+	m := n*rb + 4*i*ng
+	return row, b[m : m+4*ng]
+}
+
+func (c *tokenQuant) Put(dst []byte, n, d, i int, x []float32) {
+	row, metas := c.slot(dst, n, d, i)
+	x = x[:d]
+	clear(row)
+	g, top := c.GroupChannels(d), 1<<c.bits-1
+	for k, c0 := 0, 0; c0 < d; k, c0 = k+1, c0+g {
+		seg := x[c0:min(c0+g, d)]
+		lo, hi := rangeOf(seg)
+		scale, mn := fitRange(lo, hi, top)
+		binary.LittleEndian.PutUint32(metas[4*k:], meta(scale, mn))
+		z := newQuantizer(scale, mn, top)
+		for j, v := range seg {
+			pack(row, c.bits, c0+j, z.level(v))
+		}
+	}
+}
+
+func (c *tokenQuant) Get(src []byte, n, d, i int, out []float32) {
+	row, metas := c.slot(src, n, d, i)
+	out = out[:d]
+	g := c.GroupChannels(d)
+	for k, c0 := 0, 0; c0 < d; k, c0 = k+1, c0+g {
+		s, m := unmeta(binary.LittleEndian.Uint32(metas[4*k:]))
+		for j := c0; j < min(c0+g, d); j++ {
+			out[j] = s*float32(unpack(row, c.bits, j)) + m
+		}
+	}
+}
+
+func (c *tokenQuant) Dot(src []byte, n, d, i int, q []float32) float32 {
+	row, metas := c.slot(src, n, d, i)
+	q = q[:d]
+	g := c.GroupChannels(d)
+	if g == d { // q8, q4, and KIVI values at d ≤ G: one group
+		s, m := unmeta(binary.LittleEndian.Uint32(metas))
+		su, sq := c.dot(row, q)
+		return s*su + m*sq
+	}
+	gb := g * c.bits / 8
+	var acc float32
+	for len(q) > 0 && len(metas) >= 4 {
+		w := min(g, len(q))
+		s, m := unmeta(binary.LittleEndian.Uint32(metas))
+		su, sq := c.dot(row, q[:w])
+		acc += s*su + m*sq
+		q, metas = q[w:], metas[4:]
+		if len(row) > gb {
+			row = row[gb:]
+		}
+	}
+	return acc
+}
+
+func (c *tokenQuant) dot(p []byte, q []float32) (su, sq float32) {
+	switch c.bits {
+	case 8:
+		return dot8(p, q)
+	case 4:
+		return dot4(p, q)
+	}
+	return dot2(p, q)
+}
+
+func (c *tokenQuant) Axpy(src []byte, n, d, i int, a float32, out []float32) {
+	row, metas := c.slot(src, n, d, i)
+	out = out[:d]
+	g := c.GroupChannels(d)
+	gb := g * c.bits / 8
+	for len(out) > 0 && len(metas) >= 4 {
+		w := min(g, len(out))
+		s, m := unmeta(binary.LittleEndian.Uint32(metas))
+		switch c.bits {
+		case 8:
+			axpy8(row, a*s, a*m, out[:w])
+		case 4:
+			axpy4(row, a*s, a*m, out[:w])
+		default:
+			axpy2(row, a*s, a*m, out[:w])
+		}
+		out, metas = out[w:], metas[4:]
+		if len(row) > gb {
+			row = row[gb:]
+		}
+	}
+}

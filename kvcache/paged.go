@@ -1,0 +1,433 @@
+package kvcache
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/kvlm/kvlm/kvcache/codec"
+)
+
+// table is one (layer, KV head)'s tokens: full blocks, then a partly filled
+// last block, then (KIVI only) a full-precision residual.
+type table struct {
+	blocks []int32   // physical blocks, in token order
+	n      int       // tokens held in blocks; block j holds min(B, n-j·B)
+	res    *residual // KIVI: the most recent tokens in f32, not yet sealed
+	segs   []Segment // read view, rebuilt when dirty
+	dirty  bool      // blocks or n changed since segs was built
+	kbuf   []float32 // scratch for sealing: [group][headDim]
+	lo, hi []float32 // scratch: per-channel range of a key group [headDim]
+}
+
+// residual holds the newest tokens of a table in f32 (KIVI): keys wait for
+// a whole group of G tokens to be quantized per channel.
+type residual struct {
+	k, v []float32 // [cap][headDim]
+	pos  []int32   // [cap]
+	n    int       // tokens held
+}
+
+// Paged is one sequence's cache over a shared Pool: for each (layer, KV
+// head) a table of blocks. It implements Sequence.
+type Paged struct {
+	pool   *Pool
+	tables []table // [layer·kvHeads + head]
+	last   int     // layer appended to last
+
+	pristine   bool     // tables hold tokens 0..n-1 in order (prefix caching allowed)
+	hashes     []uint64 // prefix hash of each full block registered or matched
+	registered int      // leading blocks known to the prefix cache
+	freed      bool
+}
+
+// NewSequence starts an empty sequence.
+func (p *Pool) NewSequence() *Paged {
+	s := &Paged{pool: p, tables: make([]table, p.layout.Layers*p.layout.KVHeads), pristine: true}
+	for i := range s.tables {
+		s.tables[i].dirty = true
+	}
+	return s
+}
+
+// Pool is the pool the sequence draws from.
+func (s *Paged) Pool() *Pool { return s.pool }
+
+func (s *Paged) Layout() Layout { return s.pool.layout }
+
+func (s *Paged) tab(layer, head int) *table { return &s.tables[layer*s.pool.layout.KVHeads+head] }
+
+// tokens a table holds, residual included.
+func (t *table) len() int {
+	n := t.n
+	if t.res != nil {
+		n += t.res.n
+	}
+	return n
+}
+
+// Len is the number of tokens of the layer appended to last.
+func (s *Paged) Len() int { return s.tables[s.last*s.pool.layout.KVHeads].len() }
+
+// minLen is the fewest tokens any table holds.
+func (s *Paged) minLen() int {
+	m := -1
+	for i := range s.tables {
+		if l := s.tables[i].len(); m < 0 || l < m {
+			m = l
+		}
+	}
+	return m
+}
+
+// Room is how many more tokens every table could take from the free blocks
+// (a pool shared with other sequences may give them away first).
+func (s *Paged) Room() int {
+	p := s.pool
+	p.mu.Lock()
+	free := p.nfree
+	p.mu.Unlock()
+	tables := len(s.tables)
+	// Each table first fills its last block, then needs one block per B tokens.
+	spare := p.B
+	for i := range s.tables {
+		t := &s.tables[i]
+		if t.res == nil && t.n%p.B != 0 {
+			spare = min(spare, p.B-t.n%p.B)
+		} else {
+			spare = 0
+		}
+	}
+	return spare + free/tables*p.B
+}
+
+// Reserve reports ErrNoBlocks when the pool cannot take n more tokens in
+// every table now.
+func (s *Paged) Reserve(n int) error {
+	if s.freed {
+		return errors.New("kvcache: sequence already freed")
+	}
+	if r := s.Room(); r < n {
+		return fmt.Errorf("%w: %d tokens needed, room for %d", ErrNoBlocks, n, r)
+	}
+	return nil
+}
+
+// Append stores new tokens of one layer.
+func (s *Paged) Append(layer int, pos []int32, k, v []float32) error {
+	p := s.pool
+	L := p.layout
+	if s.freed {
+		return errors.New("kvcache: append to a freed sequence")
+	}
+	if layer < 0 || layer >= L.Layers {
+		return fmt.Errorf("kvcache: layer %d out of range [0,%d)", layer, L.Layers)
+	}
+	n, d := len(pos), L.HeadDim
+	width := L.KVHeads * d
+	if len(k) != n*width || len(v) != n*width {
+		return fmt.Errorf("kvcache: append of %d tokens needs %d keys and values, got %d and %d", n, n*width, len(k), len(v))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for h := 0; h < L.KVHeads; h++ {
+		t := s.tab(layer, h)
+		t.dirty = true
+		for i := 0; i < n; i++ {
+			kx := k[i*width+h*d : i*width+(h+1)*d]
+			vx := v[i*width+h*d : i*width+(h+1)*d]
+			var err error
+			if p.residual > 0 {
+				err = s.appendResidual(t, pos[i], kx, vx)
+			} else {
+				err = s.appendBlock(t, pos[i], kx, vx)
+			}
+			if err != nil {
+				return fmt.Errorf("kvcache: layer %d head %d: %w", layer, h, err)
+			}
+		}
+	}
+	s.last = layer
+	return nil
+}
+
+// writable returns the block and slot the table's next token goes to,
+// allocating a block or copying a shared one first. The caller holds p.mu.
+func (s *Paged) writable(t *table) (int32, int, error) {
+	p := s.pool
+	slot := t.n % p.B
+	if slot == 0 {
+		b, err := p.alloc()
+		if err != nil {
+			return -1, 0, err
+		}
+		t.blocks = append(t.blocks, b)
+		return b, 0, nil
+	}
+	last := t.blocks[len(t.blocks)-1]
+	if p.meta[last].ref > 1 {
+		b, err := p.alloc()
+		if err != nil {
+			return -1, 0, err
+		}
+		p.copyBlock(b, last, slot)
+		p.decref(last)
+		t.blocks[len(t.blocks)-1] = b
+		p.stats.CopyOnWrite++
+		last = b
+	}
+	return last, slot, nil
+}
+
+func (s *Paged) appendBlock(t *table, pos int32, k, v []float32) error {
+	p := s.pool
+	b, slot, err := s.writable(t)
+	if err != nil {
+		return err
+	}
+	d := p.layout.HeadDim
+	p.kc.Put(p.kbuf(b), p.B, d, slot, k)
+	p.vc.Put(p.vbuf(b), p.B, d, slot, v)
+	p.posbuf(b)[slot] = pos
+	t.n++
+	return nil
+}
+
+// appendResidual adds a token to the f32 residual and seals its oldest
+// group once the residual holds residual+group tokens.
+func (s *Paged) appendResidual(t *table, pos int32, k, v []float32) error {
+	p := s.pool
+	d := p.layout.HeadDim
+	seal := p.group
+	if seal == 0 {
+		seal = p.B // values-only KIVI: seal a block at a time
+	}
+	if t.res == nil {
+		c := p.residual + seal
+		t.res = &residual{k: make([]float32, c*d), v: make([]float32, c*d), pos: make([]int32, c)}
+	}
+	r := t.res
+	copy(r.k[r.n*d:(r.n+1)*d], k)
+	copy(r.v[r.n*d:(r.n+1)*d], v)
+	r.pos[r.n] = pos
+	r.n++
+	if r.n < p.residual+seal {
+		return nil
+	}
+	return s.seal(t, seal)
+}
+
+// seal moves the oldest m residual tokens (whole blocks) into blocks; keys
+// of a grouped codec are quantized per channel over the m tokens together.
+func (s *Paged) seal(t *table, m int) error {
+	p := s.pool
+	d := p.layout.HeadDim
+	r := t.res
+	if t.n%p.B != 0 {
+		return fmt.Errorf("kvcache: sealing into a partly filled block")
+	}
+	g, grouped := p.kc.(codec.Grouped)
+	if grouped {
+		if len(t.lo) != d {
+			t.lo, t.hi = make([]float32, d), make([]float32, d)
+		}
+		groupRange(r.k[:m*d], d, t.lo, t.hi)
+	}
+	for off := 0; off < m; off += p.B {
+		b, err := p.alloc()
+		if err != nil {
+			return err
+		}
+		t.blocks = append(t.blocks, b)
+		if grouped {
+			g.EncodeRange(p.kbuf(b), p.B, d, r.k[off*d:(off+p.B)*d], t.lo, t.hi)
+		}
+		for i := 0; i < p.B; i++ {
+			x := (off + i) * d
+			if !grouped {
+				p.kc.Put(p.kbuf(b), p.B, d, i, r.k[x:x+d])
+			}
+			p.vc.Put(p.vbuf(b), p.B, d, i, r.v[x:x+d])
+			p.posbuf(b)[i] = r.pos[off+i]
+		}
+		t.n += p.B
+	}
+	copy(r.k, r.k[m*d:r.n*d])
+	copy(r.v, r.v[m*d:r.n*d])
+	copy(r.pos, r.pos[m:r.n])
+	r.n -= m
+	t.dirty = true
+	return nil
+}
+
+// groupRange is the per-channel minimum and maximum of x [m][d].
+func groupRange(x []float32, d int, lo, hi []float32) {
+	copy(lo, x[:d])
+	copy(hi, x[:d])
+	for i := d; i < len(x); i += d {
+		for c := 0; c < d; c++ {
+			v := x[i+c]
+			if v < lo[c] {
+				lo[c] = v
+			}
+			if v > hi[c] {
+				hi[c] = v
+			}
+		}
+	}
+}
+
+// Segment is a run of token slots of one (layer, KV head) stored with one
+// codec pair: a block, or a table's full-precision residual. Attention reads
+// slots 0..N-1 through the codecs.
+type Segment struct {
+	K, V   []byte      // encoded keys and values, laid out for Cap slots
+	KC, VC codec.Codec // their codecs
+	Cap    int         // slots the encoding is laid out for
+	N      int         // filled slots
+	Pos    []int32     // [N] position of each slot
+}
+
+// Segments returns (layer, head)'s stored tokens in order. The slice stays
+// valid until the sequence next changes.
+func (s *Paged) Segments(layer, head int) []Segment {
+	t := s.tab(layer, head)
+	if !t.dirty {
+		return t.segs
+	}
+	p := s.pool
+	d := p.layout.HeadDim
+	t.segs = t.segs[:0]
+	for j, b := range t.blocks {
+		n := min(p.B, t.n-j*p.B)
+		t.segs = append(t.segs, Segment{K: p.kbuf(b), V: p.vbuf(b), KC: p.kc, VC: p.vc, Cap: p.B, N: n, Pos: p.posbuf(b)[:n]})
+	}
+	if r := t.res; r != nil && r.n > 0 {
+		c := len(r.pos)
+		t.segs = append(t.segs, Segment{K: f32bytes(r.k), V: f32bytes(r.v), KC: codec.F32, VC: codec.F32, Cap: c, N: r.n, Pos: r.pos[:r.n]})
+	}
+	_ = d
+	t.dirty = false
+	return t.segs
+}
+
+func f32bytes(x []float32) []byte {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x))
+}
+
+// Truncate keeps the first n tokens of every table. With a KIVI residual the
+// cut must fall inside the residual (sealed groups are not split).
+func (s *Paged) Truncate(n int) error {
+	if n < 0 {
+		return fmt.Errorf("kvcache: truncate to %d tokens", n)
+	}
+	p := s.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range s.tables {
+		t := &s.tables[i]
+		if n >= t.len() {
+			continue
+		}
+		t.dirty = true
+		if t.res != nil {
+			if n < t.n {
+				return fmt.Errorf("kvcache: cannot truncate to %d tokens: %d are sealed in KIVI groups", n, t.n)
+			}
+			t.res.n = n - t.n
+			continue
+		}
+		keep := (n + p.B - 1) / p.B
+		for j := len(t.blocks) - 1; j >= keep; j-- {
+			p.decref(t.blocks[j])
+		}
+		t.blocks = t.blocks[:keep]
+		t.n = n
+	}
+	if full := n / p.B; s.registered > full {
+		s.registered = full
+		s.hashes = s.hashes[:full]
+	}
+	return nil
+}
+
+// Fork returns a new sequence sharing every block of s (reference counted;
+// the first write to a shared partly filled block copies it).
+func (s *Paged) Fork() *Paged {
+	p := s.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f := &Paged{pool: p, tables: make([]table, len(s.tables)), last: s.last, pristine: s.pristine,
+		hashes: append([]uint64(nil), s.hashes...), registered: s.registered}
+	for i := range s.tables {
+		t := &s.tables[i]
+		ft := &f.tables[i]
+		ft.blocks = append([]int32(nil), t.blocks...)
+		ft.n = t.n
+		ft.dirty = true
+		for _, b := range t.blocks {
+			p.incref(b)
+		}
+		if t.res != nil {
+			r := *t.res
+			r.k = append([]float32(nil), r.k...)
+			r.v = append([]float32(nil), r.v...)
+			r.pos = append([]int32(nil), r.pos...)
+			ft.res = &r
+		}
+	}
+	return f
+}
+
+// Free releases every block. The newest blocks are released first so the
+// LRU free list reuses them before the (more shareable) prefix blocks.
+func (s *Paged) Free() {
+	if s.freed {
+		return
+	}
+	p := s.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range s.tables {
+		t := &s.tables[i]
+		for j := len(t.blocks) - 1; j >= 0; j-- {
+			p.decref(t.blocks[j])
+		}
+		t.blocks, t.n, t.res, t.segs = nil, 0, nil, nil
+	}
+	s.freed = true
+}
+
+// Memory is a sequence's KV footprint.
+type Memory struct {
+	Blocks   int   // blocks referenced (a block shared with others counts here too)
+	Reserved int64 // bytes of those blocks plus the residual buffers
+	Used     int64 // bytes holding tokens (each slot's share of its block)
+	Wasted   int64 // Reserved − Used: empty slots of partly filled blocks
+	Residual int64 // bytes of the KIVI full-precision residual buffers
+}
+
+// Memory reports the sequence's footprint.
+func (s *Paged) Memory() Memory {
+	p := s.pool
+	var m Memory
+	for i := range s.tables {
+		t := &s.tables[i]
+		m.Blocks += len(t.blocks)
+		m.Used += int64(t.n) * int64(p.blockBytes) / int64(p.B)
+		if t.res != nil {
+			rb := int64(len(t.res.k)+len(t.res.v))*4 + int64(len(t.res.pos))*4
+			m.Residual += rb
+			m.Used += int64(t.res.n) * (int64(2*p.layout.HeadDim*4) + 4)
+		}
+	}
+	m.Reserved = int64(m.Blocks)*int64(p.blockBytes) + m.Residual
+	m.Wasted = m.Reserved - m.Used
+	return m
+}
+
+// Bytes is the memory the sequence holds (Memory().Reserved).
+func (s *Paged) Bytes() int64 { return s.Memory().Reserved }

@@ -1,0 +1,390 @@
+package kvcache
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/kvlm/kvlm/kvcache/codec"
+)
+
+func newTestPool(t testing.TB, layers, heads, hd, B, tokens int) *Pool {
+	t.Helper()
+	p, err := NewPool(PoolConfig{Layout: Layout{Layers: layers, KVHeads: heads, HeadDim: hd}, BlockTokens: B, Tokens: tokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// appendTokens appends n tokens to every layer; token values encode
+// (position, layer, head, channel) so contents can be checked.
+func appendTokens(t testing.TB, s *Paged, start, n int) error {
+	L := s.Layout()
+	w := L.KVHeads * L.HeadDim
+	for l := 0; l < L.Layers; l++ {
+		k, v := make([]float32, n*w), make([]float32, n*w)
+		pos := make([]int32, n)
+		for i := 0; i < n; i++ {
+			pos[i] = int32(start + i)
+			for h := 0; h < L.KVHeads; h++ {
+				for c := 0; c < L.HeadDim; c++ {
+					k[i*w+h*L.HeadDim+c] = value(start+i, l, h, c)
+					v[i*w+h*L.HeadDim+c] = -value(start+i, l, h, c)
+				}
+			}
+		}
+		if err := s.Append(l, pos, k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func value(pos, l, h, c int) float32 { return float32(pos*1000 + l*100 + h*10 + c) }
+
+// checkContents verifies that every table holds exactly the positions want,
+// with the keys and values appendTokens wrote for them.
+func checkContents(t testing.TB, s *Paged, want []int) {
+	t.Helper()
+	L := s.Layout()
+	row := make([]float32, L.HeadDim)
+	for l := 0; l < L.Layers; l++ {
+		for h := 0; h < L.KVHeads; h++ {
+			var got []int
+			for _, seg := range s.Segments(l, h) {
+				for i := 0; i < seg.N; i++ {
+					p := int(seg.Pos[i])
+					got = append(got, p)
+					seg.KC.Get(seg.K, seg.Cap, L.HeadDim, i, row)
+					for c, x := range row {
+						if x != value(p, l, h, c) {
+							t.Fatalf("layer %d head %d pos %d: key[%d] = %v, want %v", l, h, p, c, x, value(p, l, h, c))
+						}
+					}
+					seg.VC.Get(seg.V, seg.Cap, L.HeadDim, i, row)
+					if row[0] != -value(p, l, h, 0) {
+						t.Fatalf("layer %d head %d pos %d: value %v", l, h, p, row[0])
+					}
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("layer %d head %d holds %v, want %v", l, h, got, want)
+			}
+		}
+	}
+}
+
+func seqRange(a, b int) []int {
+	var r []int
+	for i := a; i < b; i++ {
+		r = append(r, i)
+	}
+	return r
+}
+
+// refsFromTables counts the references the live sequences hold.
+func refsFromTables(seqs []*Paged) map[int32]int32 {
+	refs := map[int32]int32{}
+	for _, s := range seqs {
+		for i := range s.tables {
+			for _, b := range s.tables[i].blocks {
+				refs[b]++
+			}
+		}
+	}
+	return refs
+}
+
+// checkInvariants: reference counts equal the references tables hold, never
+// negative; free-list membership matches ref == 0; counts add up.
+func checkInvariants(t testing.TB, p *Pool, seqs []*Paged) {
+	t.Helper()
+	refs := refsFromTables(seqs)
+	free := 0
+	for b := range p.meta {
+		m := p.meta[b]
+		if m.ref < 0 {
+			t.Fatalf("block %d has reference count %d", b, m.ref)
+		}
+		if m.ref != refs[int32(b)] {
+			t.Fatalf("block %d has reference count %d, tables hold %d", b, m.ref, refs[int32(b)])
+		}
+		if (m.ref == 0) != m.onFree {
+			t.Fatalf("block %d: ref %d but onFree %v", b, m.ref, m.onFree)
+		}
+		if m.onFree {
+			free++
+		}
+	}
+	n := 0
+	for b := p.freeHead; b >= 0; b = p.meta[b].next {
+		n++
+	}
+	if free != p.nfree || n != p.nfree {
+		t.Fatalf("free list has %d blocks, counter %d, flags %d", n, p.nfree, free)
+	}
+}
+
+func TestForkCopyOnWrite(t *testing.T) {
+	p := newTestPool(t, 2, 2, 4, 4, 64)
+	a := p.NewSequence()
+	if err := appendTokens(t, a, 0, 10); err != nil {
+		t.Fatal(err)
+	}
+	b := a.Fork()
+	checkContents(t, b, seqRange(0, 10))
+	before := p.Usage().Used
+	// b writes into the shared, partly filled last block: it is copied.
+	if err := appendTokens(t, b, 10, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Usage().Used - before; got != 4 { // one copy per (layer, head)
+		t.Fatalf("a write to a shared block took %d new blocks, want 4", got)
+	}
+	checkContents(t, a, seqRange(0, 10))
+	checkContents(t, b, seqRange(0, 11))
+	// The written block is b's alone; the full ones are still shared.
+	for i := range b.tables {
+		lb, la := b.tables[i].blocks[2], a.tables[i].blocks[2]
+		if lb == la || p.meta[lb].ref != 1 || p.meta[b.tables[i].blocks[0]].ref != 2 {
+			t.Fatalf("table %d: after COW last blocks %d/%d refs %d", i, la, lb, p.meta[lb].ref)
+		}
+	}
+	if p.Usage().CopyOnWrite != 4 {
+		t.Fatalf("CopyOnWrite = %d", p.Usage().CopyOnWrite)
+	}
+	checkInvariants(t, p, []*Paged{a, b})
+	a.Free()
+	b.Free()
+	checkInvariants(t, p, nil)
+	if u := p.Usage(); u.Used != 0 || u.Free != u.Blocks {
+		t.Fatalf("pool not free after all sequences ended: %+v", u)
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	p := newTestPool(t, 1, 2, 4, 4, 64)
+	s := p.NewSequence()
+	if err := appendTokens(t, s, 0, 13); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{13, 12, 9, 8, 1, 0} {
+		if err := s.Truncate(n); err != nil {
+			t.Fatal(err)
+		}
+		checkContents(t, s, seqRange(0, n))
+		if got, want := len(s.tables[0].blocks), (n+3)/4; got != want {
+			t.Fatalf("truncate to %d keeps %d blocks, want %d", n, got, want)
+		}
+	}
+	if err := appendTokens(t, s, 0, 5); err != nil {
+		t.Fatal(err)
+	}
+	checkContents(t, s, seqRange(0, 5))
+	s.Free()
+	checkInvariants(t, p, nil)
+}
+
+// TestPoolProperties drives random fork/append/truncate/free/prefix
+// sequences and checks the invariants after every step, and that the pool
+// is wholly free at the end.
+func TestPoolProperties(t *testing.T) {
+	for seed := uint64(0); seed < 20; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		p := newTestPool(t, 2, 2, 4, 1+rng.IntN(8), 200)
+		type live struct {
+			s   *Paged
+			len int
+		}
+		var seqs []live
+		all := func() []*Paged {
+			var r []*Paged
+			for _, l := range seqs {
+				r = append(r, l.s)
+			}
+			return r
+		}
+		tokens := make([]int, 400)
+		for i := range tokens {
+			tokens[i] = rng.IntN(50)
+		}
+		for step := 0; step < 300; step++ {
+			switch op := rng.IntN(10); {
+			case op < 2 || len(seqs) == 0:
+				s := p.NewSequence()
+				n := s.MatchPrefix(tokens[:1+rng.IntN(100)], 0)
+				seqs = append(seqs, live{s, n})
+			case op < 5:
+				i := rng.IntN(len(seqs))
+				n := 1 + rng.IntN(20)
+				err := appendTokens(t, seqs[i].s, seqs[i].len, n)
+				if errors.Is(err, ErrNoBlocks) {
+					// A failed append leaves layers uneven: the runner frees such a sequence.
+					seqs[i].s.Free()
+					seqs = append(seqs[:i], seqs[i+1:]...)
+					continue
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				seqs[i].len += n
+				seqs[i].s.RegisterPrefix(tokens[:seqs[i].len], 0)
+			case op < 6:
+				i := rng.IntN(len(seqs))
+				seqs = append(seqs, live{seqs[i].s.Fork(), seqs[i].len})
+			case op < 8:
+				i := rng.IntN(len(seqs))
+				n := rng.IntN(seqs[i].len + 1)
+				if err := seqs[i].s.Truncate(n); err != nil {
+					t.Fatal(err)
+				}
+				seqs[i].len = n
+			default:
+				i := rng.IntN(len(seqs))
+				seqs[i].s.Free()
+				seqs = append(seqs[:i], seqs[i+1:]...)
+			}
+			checkInvariants(t, p, all())
+			for _, l := range seqs {
+				if l.s.Len() != l.len && l.len > 0 {
+					t.Fatalf("seed %d step %d: sequence holds %d tokens, want %d", seed, step, l.s.Len(), l.len)
+				}
+			}
+		}
+		for _, l := range seqs {
+			checkContents(t, l.s, seqRange(0, l.len))
+			l.s.Free()
+		}
+		checkInvariants(t, p, nil)
+		if u := p.Usage(); u.Used != 0 {
+			t.Fatalf("seed %d: %d blocks leaked", seed, u.Used)
+		}
+	}
+}
+
+func TestPrefixCache(t *testing.T) {
+	p := newTestPool(t, 2, 2, 4, 4, 64)
+	prompt := seqRange(100, 111) // 11 tokens: two full blocks
+	a := p.NewSequence()
+	if n := a.MatchPrefix(prompt, 0); n != 0 {
+		t.Fatalf("empty cache matched %d tokens", n)
+	}
+	if err := appendTokens(t, a, 0, len(prompt)); err != nil {
+		t.Fatal(err)
+	}
+	a.RegisterPrefix(prompt, 0)
+	b := p.NewSequence()
+	if n := b.MatchPrefix(prompt, 0); n != 8 {
+		t.Fatalf("matched %d tokens, want 8", n)
+	}
+	checkContents(t, b, seqRange(0, 8))
+	other := append([]int{}, prompt...)
+	other[5] = 7
+	for _, c := range []struct {
+		name   string
+		prompt []int
+		extra  uint64
+		want   int
+	}{
+		{"a different extra key", prompt, 1, 0},
+		{"a prompt differing in block 1", other, 0, 4},
+		{"a prompt of exactly two blocks leaves its last token to compute", prompt[:8], 0, 4},
+	} {
+		s := p.NewSequence()
+		if n := s.MatchPrefix(c.prompt, c.extra); n != c.want {
+			t.Fatalf("%s: matched %d tokens, want %d", c.name, n, c.want)
+		}
+		s.Free()
+	}
+	u := p.Usage()
+	if u.PrefixHits == 0 || u.PrefixQueries < u.PrefixHits {
+		t.Fatalf("counters %+v", u)
+	}
+	// Cached blocks outlive their sequences until reused.
+	a.Free()
+	b.Free()
+	d := p.NewSequence()
+	if n := d.MatchPrefix(prompt, 0); n != 8 {
+		t.Fatalf("after free, matched %d", n)
+	}
+	checkContents(t, d, seqRange(0, 8))
+	d.Free()
+	// Filling the pool reuses the cached blocks and drops their entries.
+	e := p.NewSequence()
+	if err := appendTokens(t, e, 0, 64); err != nil {
+		t.Fatal(err)
+	}
+	if f := p.NewSequence(); f.MatchPrefix(prompt, 0) != 0 {
+		t.Fatal("a reused block was still matched")
+	}
+	if p.Usage().PrefixEvictions == 0 {
+		t.Fatal("no eviction counted")
+	}
+}
+
+func TestMemoryAccounting(t *testing.T) {
+	p := newTestPool(t, 2, 3, 8, 16, 1024)
+	s := p.NewSequence()
+	if err := appendTokens(t, s, 0, 20); err != nil {
+		t.Fatal(err)
+	}
+	m := s.Memory()
+	bb := int64(p.BlockBytes())
+	if bb != 16*8*4*2+16*4 {
+		t.Fatalf("block bytes %d", bb)
+	}
+	if m.Blocks != 2*3*2 || m.Reserved != 12*bb || m.Used != 2*3*20*bb/16 || m.Wasted != m.Reserved-m.Used {
+		t.Fatalf("memory %+v (block %d B)", m, bb)
+	}
+	if u := p.Usage(); u.Used != 12 || u.BytesUsed != 12*bb {
+		t.Fatalf("usage %+v", u)
+	}
+}
+
+func TestPoolConfigErrors(t *testing.T) {
+	l := Layout{Layers: 2, KVHeads: 2, HeadDim: 8}
+	kivi, _ := codec.Parse("kivi2", codec.Keys)
+	cases := []struct {
+		name string
+		cfg  PoolConfig
+		want string
+	}{
+		{"block size 0", PoolConfig{Layout: l, BlockTokens: 0, Tokens: 10}, "block size"},
+		{"negative block", PoolConfig{Layout: l, BlockTokens: -1, Tokens: 10}, "block size"},
+		{"no budget", PoolConfig{Layout: l, BlockTokens: 16}, "budget"},
+		{"both budgets", PoolConfig{Layout: l, BlockTokens: 16, Tokens: 10, MemBytes: 1 << 20}, "not both"},
+		{"budget under one block per head", PoolConfig{Layout: l, BlockTokens: 16, MemBytes: 1000}, "fewer than one per"},
+		{"bad layout", PoolConfig{Layout: Layout{}, BlockTokens: 16, Tokens: 10}, "invalid layout"},
+		{"kivi group vs block", PoolConfig{Layout: l, BlockTokens: 64, K: kivi, Tokens: 100}, "multiple of the block size"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := NewPool(c.cfg)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want one mentioning %q", err, c.want)
+			}
+		})
+	}
+	if _, err := codec.Parse("q3", codec.Keys); err == nil {
+		t.Fatal("unknown codec accepted")
+	}
+}
+
+func TestPoolExhaustion(t *testing.T) {
+	p := newTestPool(t, 1, 1, 4, 4, 8) // 2 blocks
+	s := p.NewSequence()
+	if err := s.Reserve(9); !errors.Is(err, ErrNoBlocks) {
+		t.Fatalf("Reserve(9) = %v", err)
+	}
+	if err := appendTokens(t, s, 0, 8); err != nil {
+		t.Fatal(err)
+	}
+	if err := appendTokens(t, s, 8, 1); !errors.Is(err, ErrNoBlocks) {
+		t.Fatalf("append past the pool = %v", err)
+	}
+	s.Free()
+	checkInvariants(t, p, nil)
+}

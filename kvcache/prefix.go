@@ -1,0 +1,155 @@
+package kvcache
+
+// The prefix cache: a full block of a sequence whose tables still hold
+// tokens 0..n-1 in order is indexed by
+//
+//	hash(parent block's hash, the block's token ids, extra)
+//
+// where extra separates caches that must not mix (say, a compression
+// configuration). An entry names the physical blocks of every (layer, KV
+// head) for those tokens. A new sequence whose prompt starts with indexed
+// blocks takes references to them and skips their prefill. Entries outlive
+// their sequences: unreferenced blocks wait in the pool's LRU free list, and
+// an entry is dropped only when one of its blocks is reused.
+
+// prefixEntry is one cached token block.
+type prefixEntry struct {
+	hash   uint64
+	tokens []int32 // the block's token ids, compared on lookup (no collisions)
+	extra  uint64
+	blocks []int32 // [layers·kvHeads] physical blocks, in table order
+}
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// blockHash chains a block's tokens onto its parent's hash (FNV-1a 64).
+func blockHash(parent uint64, tokens []int32, extra uint64) uint64 {
+	h := uint64(fnvOffset)
+	mix := func(v uint64) {
+		for i := 0; i < 8; i++ {
+			h ^= v & 0xff
+			h *= fnvPrime
+			v >>= 8
+		}
+	}
+	mix(parent)
+	mix(extra)
+	for _, t := range tokens {
+		mix(uint64(uint32(t)))
+	}
+	return h
+}
+
+func sameTokens(a []int32, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if int(a[i]) != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// dropEntry forgets an entry; its blocks stay where they are. The caller
+// holds p.mu.
+func (p *Pool) dropEntry(e *prefixEntry) {
+	if p.index[e.hash] == e {
+		delete(p.index, e.hash)
+	}
+	for _, b := range e.blocks {
+		if p.meta[b].entry == e {
+			p.meta[b].entry = nil
+		}
+	}
+}
+
+// MatchPrefix attaches to an empty sequence the cached blocks that start
+// tokens, and returns how many tokens they hold (a multiple of the block
+// size). At least one token is always left to compute, so the caller gets
+// logits. extra must match what RegisterPrefix was given.
+func (s *Paged) MatchPrefix(tokens []int, extra uint64) int {
+	p := s.pool
+	if !s.prefixable() || s.Len() != 0 {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	parent := uint64(0)
+	matched := 0
+	for j := 0; (j+1)*p.B <= len(tokens)-1; j++ {
+		blk := tokens[j*p.B : (j+1)*p.B]
+		toks := make([]int32, p.B)
+		for i, t := range blk {
+			toks[i] = int32(t)
+		}
+		h := blockHash(parent, toks, extra)
+		p.stats.PrefixQueries++
+		e := p.index[h]
+		if e == nil || e.extra != extra || !sameTokens(e.tokens, blk) {
+			break
+		}
+		p.stats.PrefixHits++
+		for i := range s.tables {
+			b := e.blocks[i]
+			p.incref(b)
+			s.tables[i].blocks = append(s.tables[i].blocks, b)
+			s.tables[i].n += p.B
+			s.tables[i].dirty = true
+		}
+		s.hashes = append(s.hashes, h)
+		parent = h
+		matched += p.B
+	}
+	s.registered = len(s.hashes)
+	return matched
+}
+
+// RegisterPrefix makes the sequence's full blocks findable by later
+// sequences. tokens are the ids the sequence holds, from the start. Blocks
+// already registered (or matched) are skipped; nothing is registered once the
+// sequence's tables no longer hold tokens 0..n-1 in order (after pruning) or
+// when keys are kept in a KIVI residual.
+func (s *Paged) RegisterPrefix(tokens []int, extra uint64) {
+	p := s.pool
+	if !s.prefixable() {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	full := min(len(tokens), s.minLen()) / p.B
+	for j := s.registered; j < full; j++ {
+		parent := uint64(0)
+		if j > 0 {
+			parent = s.hashes[j-1]
+		}
+		blk := tokens[j*p.B : (j+1)*p.B]
+		toks := make([]int32, p.B)
+		for i, t := range blk {
+			toks[i] = int32(t)
+		}
+		h := blockHash(parent, toks, extra)
+		s.hashes = append(s.hashes, h)
+		if e := p.index[h]; e != nil {
+			continue // the same tokens are cached already, in other blocks
+		}
+		e := &prefixEntry{hash: h, tokens: toks, extra: extra, blocks: make([]int32, len(s.tables))}
+		for i := range s.tables {
+			b := s.tables[i].blocks[j]
+			e.blocks[i] = b
+			if old := p.meta[b].entry; old != nil {
+				p.dropEntry(old)
+			}
+			p.meta[b].entry = e
+		}
+		p.index[h] = e
+	}
+	s.registered = len(s.hashes)
+}
+
+// prefixable: the tables hold tokens 0..n-1 in order, in blocks only.
+func (s *Paged) prefixable() bool { return s.pristine && s.pool.residual == 0 }
