@@ -37,6 +37,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(newGenerate(), newPPL(), newBench(), newInspect(), newConvert())
+	root.AddCommand(newKVCalc())
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

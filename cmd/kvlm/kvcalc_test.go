@@ -1,0 +1,184 @@
+package main
+
+import (
+	"encoding/json"
+	"math"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func kvcalcJSONRun(t *testing.T, args ...string) kvcalcJSON {
+	t.Helper()
+	out, errOut, code := kvlm(t, append([]string{"kvcalc", "--json"}, args...)...)
+	if code != 0 {
+		t.Fatalf("kvcalc %v: exit %d: %s", args, code, errOut)
+	}
+	var r kvcalcJSON
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("not one JSON object: %v\n%s", err, out)
+	}
+	return r
+}
+
+func TestKVCalcJSONPoint(t *testing.T) {
+	r := kvcalcJSONRun(t, "--preset", "llama2-7b", "--seq", "4096")
+	if r.Row == nil || r.Rows != nil {
+		t.Fatalf("one point should print one row at the top level: %+v", r)
+	}
+	if r.BytesPerToken != 524288 || r.TotalBytes != 4096*524288 || r.WeightsBytes != 2*6_738_415_616 || r.Batch != 1 {
+		t.Fatalf("llama2-7b: %+v", *r.Row)
+	}
+	if r.KVTypeK != "f16" || r.KVTypeV != "f16" || r.BitsK != 16 || r.WeightsType != "f16" || r.Model.Layers != 32 {
+		t.Fatalf("header %+v", r)
+	}
+
+	// The field names the brief promises, read without the Go types.
+	out, _, _ := kvlm(t, "kvcalc", "--preset", "gpt3-175b", "--batch", "4", "--seq", "4096", "--json")
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(out), &raw); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{"bytes_per_token": 4_718_592, "total_bytes": 77_309_411_328, "weights_bytes": 350e9}
+	for k, v := range want {
+		if raw[k] != v {
+			t.Errorf("%s = %v, want %v", k, raw[k], v)
+		}
+	}
+	if got, ok := raw["kv_to_weights"].(float64); !ok || math.Round(got*100)/100 != 0.22 {
+		t.Errorf("kv_to_weights = %v, want 0.22", raw["kv_to_weights"])
+	}
+}
+
+func TestKVCalcJSONGrid(t *testing.T) {
+	r := kvcalcJSONRun(t, "--preset", "gpt3-175b", "--batch", "4,16,64", "--seq", "4096")
+	if r.Row != nil || len(r.Rows) != 3 {
+		t.Fatalf("a grid prints its rows in \"rows\": %+v", r)
+	}
+	for i, c := range []struct {
+		batch int
+		gb    float64
+		ratio float64
+	}{{4, 77.3, 0.22}, {16, 309.2, 0.88}, {64, 1237.0, 3.53}} {
+		row := r.Rows[i]
+		if row.Batch != c.batch || row.Seq != 4096 || math.Round(row.TotalGB*10)/10 != c.gb || math.Round(row.KVToWeights*100)/100 != c.ratio {
+			t.Errorf("row %d: %+v, want %.1f GB, %.2f", i, row, c.gb, c.ratio)
+		}
+	}
+	// Batch sizes outermost.
+	r = kvcalcJSONRun(t, "--preset", "tinyllama-1.1b", "--batch", "1,2", "--seq", "10,20,30")
+	if len(r.Rows) != 6 || r.Rows[2].Batch != 1 || r.Rows[2].Seq != 30 || r.Rows[3].Batch != 2 || r.Rows[3].Seq != 10 {
+		t.Fatalf("grid order %+v", r.Rows)
+	}
+}
+
+func TestKVCalcTable(t *testing.T) {
+	out, errOut, code := kvlm(t, "kvcalc", "--preset", "gpt3-175b", "--batch", "4,16,64", "--seq", "4096")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, s := range []string{"4,718,592 B = 4.5 MiB", "GB = 10^9 bytes", "GiB = 2^30 bytes", "350.0 GB",
+		"77.3", "309.2", "1237.0", "72.0", "1152.0", "0.22", "0.88", "3.53"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("table lacks %q:\n%s", s, out)
+		}
+	}
+	out, _, code = kvlm(t, "kvcalc", "--preset", "llama3-8b", "--kv-type", "kivi2", "--kv-budget", "1000", "--seq", "4096")
+	if code != 0 || !strings.Contains(out, "f16 (the residual)") || !strings.Contains(out, "kept") || !strings.Contains(out, "min(1000, seq)") {
+		t.Fatalf("KIVI / budget notes missing:\n%s", out)
+	}
+	out, _, code = kvlm(t, "kvcalc", "--list")
+	if code != 0 || !strings.Contains(out, "qwen2.5-7b") || !strings.Contains(out, "8.25") || !strings.Contains(out, "kivi4") {
+		t.Fatalf("list:\n%s", out)
+	}
+}
+
+func TestKVCalcCodecsAndBudgets(t *testing.T) {
+	cases := []struct {
+		args          []string
+		bytesPerToken float64
+		total         int64
+	}{
+		{[]string{"--kv-type", "q8"}, 1024 * 2 * 132, 4096 * 1024 * 2 * 132},
+		{[]string{"--kv-type-k", "q8", "--kv-type-v", "q4"}, 1024 * (132 + 68), 4096 * 1024 * (132 + 68)},
+		{[]string{"--kv-type", "q4", "--kv-type-k", "f32"}, 1024 * (512 + 68), 4096 * 1024 * (512 + 68)},
+		{[]string{"--kv-type", "kivi2"}, 1024 * 96, 1024 * (128*512 + 3968*96)},
+		{[]string{"--kv-ratio", "0.25"}, 524288, 1024 * 524288},
+		{[]string{"--kv-budget", "100"}, 524288, 100 * 524288},
+	}
+	for _, c := range cases {
+		r := kvcalcJSONRun(t, append([]string{"--preset", "llama2-7b", "--seq", "4096"}, c.args...)...)
+		if r.BytesPerToken != c.bytesPerToken || r.TotalBytes != c.total {
+			t.Errorf("%v: %v B/token, total %d; want %v, %d", c.args, r.BytesPerToken, r.TotalBytes, c.bytesPerToken, c.total)
+		}
+	}
+	r := kvcalcJSONRun(t, "--preset", "llama2-7b", "--weights-type", "q8_0", "--seq", "1")
+	if r.WeightsType != "q8_0" || r.WeightsBytes != 6_738_415_616/32*34 {
+		t.Errorf("q8_0 weights: %s %d", r.WeightsType, r.WeightsBytes)
+	}
+}
+
+// TestKVCalcModelFile: stories260K, checkpoint and GGUF: 1,280 B per token
+// in f32, its context (512) as the default length, its stored size as the
+// weights.
+func TestKVCalcModelFile(t *testing.T) {
+	s := storiesFiles(t)
+	for _, path := range []string{s.bin, s.gguf} {
+		r := kvcalcJSONRun(t, "-m", path, "--kv-type", "f32")
+		if r.BytesPerToken != 1280 || r.Seq != 512 || r.TotalBytes != 512*1280 || r.WeightsType != "stored" || r.WeightsBytes < 1_000_000 {
+			t.Errorf("%s: %+v %+v", path, r, *r.Row)
+		}
+		if r.Model.KVHeads != 4 || r.Model.Layers != 5 || r.Model.HeadDim != 8 {
+			t.Errorf("%s: model %+v", path, r.Model)
+		}
+	}
+	out, _, code := kvlm(t, "kvcalc", "-m", s.gguf, "--seq", "512,1024")
+	if code != 0 || !strings.Contains(out, "KB") || !strings.Contains(out, "beyond the trained context of 512") {
+		t.Fatalf("stories table:\n%s", out)
+	}
+}
+
+func TestKVCalcBadInput(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.gguf")
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown preset", []string{"--preset", "gpt5"}, "known: llama2-7b, llama2-13b"},
+		{"unknown codec", []string{"--preset", "llama2-7b", "--kv-type", "int8"}, "unknown KV codec \"int8\" (known: f32, f16, bf16, q8, q4, kivi2, kivi4)"},
+		{"unknown K codec", []string{"--preset", "llama2-7b", "--kv-type-k", "q2"}, "unknown KV codec"},
+		{"unknown V codec", []string{"--preset", "llama2-7b", "--kv-type-v", ""}, "unknown KV codec"},
+		{"batch zero", []string{"--preset", "llama2-7b", "--batch", "0"}, "--batch: 0 must be positive"},
+		{"batch negative in list", []string{"--preset", "llama2-7b", "--batch", "1,-4"}, "--batch: -4 must be positive"},
+		{"batch not a number", []string{"--preset", "llama2-7b", "--batch", "1,x"}, "--batch: \"x\" is not an integer"},
+		{"seq zero", []string{"--preset", "llama2-7b", "--seq", "0"}, "--seq: 0 must be positive"},
+		{"seq empty", []string{"--preset", "llama2-7b", "--seq", ""}, "--seq"},
+		{"ratio zero", []string{"--preset", "llama2-7b", "--kv-ratio", "0"}, "outside (0, 1]"},
+		{"ratio above one", []string{"--preset", "llama2-7b", "--kv-ratio", "1.5"}, "outside (0, 1]"},
+		{"ratio negative", []string{"--preset", "llama2-7b", "--kv-ratio", "-0.1"}, "outside (0, 1]"},
+		{"budget zero", []string{"--preset", "llama2-7b", "--kv-budget", "0"}, "--kv-budget 0 must be positive"},
+		{"budget negative", []string{"--preset", "llama2-7b", "--kv-budget", "-5"}, "--kv-budget"},
+		{"ratio and budget", []string{"--preset", "llama2-7b", "--kv-ratio", "0.5", "--kv-budget", "5"}, "not both"},
+		{"preset and model", []string{"--preset", "llama2-7b", "-m", missing}, "not both"},
+		{"neither", []string{}, "give --preset NAME or -m MODEL"},
+		{"missing file", []string{"-m", missing}, "no such file"},
+		{"bad weights type", []string{"--preset", "llama2-7b", "--weights-type", "q9"}, "unknown weights type"},
+		{"overflow", []string{"--preset", "gpt3-175b", "--batch", "1000000000", "--seq", "1000000000"}, "overflows"},
+		{"stray argument", []string{"--preset", "llama2-7b", "extra"}, "unknown command"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, errOut, code := kvlm(t, append([]string{"kvcalc"}, c.args...)...)
+			if code != 1 {
+				t.Fatalf("exit %d, want 1; stdout %q stderr %q", code, out, errOut)
+			}
+			if strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "kvlm: ") {
+				t.Fatalf("error is not one line: %q", errOut)
+			}
+			if !strings.Contains(errOut, c.want) {
+				t.Fatalf("error %q does not mention %q", errOut, c.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,335 @@
+// Package kvcalc sizes KV caches: the bytes a model's cache takes per token
+// and for a batch of sequences, in any of the kvcache codecs (keys and
+// values each in their own), under a token budget, and against the size of
+// the model's weights. Models come from built-in presets or from a GGUF or
+// llama2.c file.
+//
+// The formula, for a codec of b bits per value:
+//
+//	per_token = 2 · layers · kv_heads · head_dim · b/8 bytes
+//	total     = per_token · tokens · batch
+//
+// with b counting the codec's metadata (scales, zero points), and K and V
+// each at their own b. KIVI codecs keep the last 128 tokens of every
+// sequence in f16: their totals count min(tokens, 128) tokens at 16 bits and
+// the rest at the quantized rate.
+package kvcalc
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"strings"
+
+	"github.com/kvlm/kvlm/tensor"
+)
+
+// Model is what the calculation needs to know of a model.
+type Model struct {
+	Name    string `json:"name"`
+	Layers  int    `json:"layers"`
+	Heads   int    `json:"heads"`    // query heads
+	KVHeads int    `json:"kv_heads"` // key/value heads
+	HeadDim int    `json:"head_dim"`
+	Context int    `json:"context,omitempty"` // trained context length (0: unknown)
+
+	// Shape of the rest of the model (informative).
+	Dim       int  `json:"dim,omitempty"`
+	HiddenDim int  `json:"hidden_dim,omitempty"`
+	Vocab     int  `json:"vocab,omitempty"`
+	QKVBias   bool `json:"-"`
+
+	// Params is the number of weight parameters.
+	Params int64 `json:"params"`
+	// StoredBytes is the size of the weights as stored in the file the
+	// model was read from (the sum of its tensors' sizes); 0 for presets.
+	StoredBytes int64 `json:"stored_bytes,omitempty"`
+	// Source says where the shape comes from: a paper and config, or a path.
+	Source string `json:"source,omitempty"`
+}
+
+// Validate rejects a shape the formula cannot use.
+func (m Model) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"layers", m.Layers}, {"kv_heads", m.KVHeads}, {"head_dim", m.HeadDim}} {
+		if f.v <= 0 {
+			return fmt.Errorf("kvcalc: model %s: %s must be positive, got %d", m.Name, f.name, f.v)
+		}
+	}
+	return nil
+}
+
+// Weights is a weight storage type: a GGML tensor type, all parameters
+// stored in it.
+type Weights struct {
+	Name string       // as the user wrote it, lower case
+	Type tensor.DType // GGML type
+}
+
+// ParseWeights reads a weight type: any GGML type name (f32, f16, bf16,
+// q8_0, q4_0, q4_k, q6_k, ...), with fp32 and fp16 as aliases.
+func ParseWeights(name string) (Weights, error) {
+	n := strings.ToLower(name)
+	switch n {
+	case "fp32":
+		n = "f32"
+	case "fp16":
+		n = "f16"
+	}
+	t, err := tensor.ParseDType(n)
+	if err != nil || t.BitsPerValue() == 0 {
+		return Weights{}, fmt.Errorf("unknown weights type %q (e.g. f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)", name)
+	}
+	return Weights{Name: n, Type: t}, nil
+}
+
+// Bytes is the storage of n parameters of this type, block metadata
+// included (rounded to whole bytes; real files keep norms in f32, which is
+// ignored).
+func (w Weights) Bytes(n int64) int64 {
+	return int64(math.Round(float64(n) * w.Type.BitsPerValue() / 8))
+}
+
+// Options choose the cache's codecs, the weights' type and a token budget.
+type Options struct {
+	K, V Codec // codecs of keys and values ("" = f16)
+	// Weights is the weight type to size the weights with. The zero value
+	// means the file's stored size for a model read from a file, f16 for a
+	// preset.
+	Weights Weights
+	// At most one of Ratio and Budget: the fraction of tokens each sequence
+	// keeps (0 < Ratio ≤ 1; kept = ⌈Ratio·seq⌉), or the tokens it keeps
+	// (kept = min(Budget, seq)). Zero means all tokens.
+	Ratio  float64
+	Budget int
+}
+
+func (o Options) codecs() (Codec, Codec) {
+	k, v := o.K, o.V
+	if k == "" {
+		k = F16
+	}
+	if v == "" {
+		v = F16
+	}
+	return k, v
+}
+
+// Validate checks the codecs and the budget.
+func (o Options) Validate() error {
+	k, v := o.codecs()
+	if _, err := ParseCodec(string(k)); err != nil {
+		return err
+	}
+	if _, err := ParseCodec(string(v)); err != nil {
+		return err
+	}
+	if o.Ratio != 0 && o.Budget != 0 {
+		return errors.New("give a ratio or a token budget, not both")
+	}
+	if o.Ratio != 0 && !(o.Ratio > 0 && o.Ratio <= 1) { // also rejects NaN
+		return fmt.Errorf("KV ratio %g is outside (0, 1]", o.Ratio)
+	}
+	if o.Budget < 0 {
+		return fmt.Errorf("KV budget %d must be positive", o.Budget)
+	}
+	return nil
+}
+
+// Row is the cache of one batch of sequences of one length.
+type Row struct {
+	Batch int `json:"batch"`
+	Seq   int `json:"seq"` // tokens per sequence
+	// Kept is the tokens each sequence caches after the budget (= Seq
+	// without one); Residual of them are held in f16 by a KIVI codec.
+	Kept     int `json:"kept_tokens"`
+	Residual int `json:"residual_tokens"`
+	// BytesPerToken is the cache of one token over all layers, K and V, at
+	// the codecs' rates (for KIVI the quantized rate; residual tokens cost
+	// ResidualBytesPerToken).
+	BytesPerToken         float64 `json:"bytes_per_token"`
+	ResidualBytesPerToken float64 `json:"residual_bytes_per_token,omitempty"`
+	// TotalBytes is the whole batch's cache, rounded up to a byte.
+	TotalBytes   int64   `json:"total_bytes"`
+	TotalGB      float64 `json:"total_gb"`  // 10^9 bytes
+	TotalGiB     float64 `json:"total_gib"` // 2^30 bytes
+	WeightsBytes int64   `json:"weights_bytes"`
+	KVToWeights  float64 `json:"kv_to_weights"`
+	// KVPlusWeightsBytes is the cache and the weights together.
+	KVPlusWeightsBytes int64 `json:"kv_plus_weights_bytes"`
+}
+
+// Calc holds a model and options once validated, and computes rows.
+type Calc struct {
+	Model        Model
+	K, V         Codec
+	KBits, VBits float64 // bits per value, metadata included (KIVI: quantized)
+	Weights      string  // the weight type the weights were sized with, or "stored"
+	WeightsBytes int64
+	opt          Options
+	kTok, vTok   int64 // bits of one token in one (layer, KV head), quantized
+}
+
+// New validates a model and options.
+func New(m Model, o Options) (*Calc, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Calc{Model: m, opt: o}
+	c.K, c.V = o.codecs()
+	var err error
+	if c.kTok, err = c.K.keyBitsPerToken(m.HeadDim); err != nil {
+		return nil, err
+	}
+	if c.vTok, err = c.V.valueBitsPerToken(m.HeadDim); err != nil {
+		return nil, err
+	}
+	c.KBits = float64(c.kTok) / float64(m.HeadDim)
+	c.VBits = float64(c.vTok) / float64(m.HeadDim)
+	switch {
+	case o.Weights.Name != "":
+		c.Weights, c.WeightsBytes = o.Weights.Name, o.Weights.Bytes(m.Params)
+	case m.StoredBytes > 0:
+		c.Weights, c.WeightsBytes = "stored", m.StoredBytes
+	default:
+		w, _ := ParseWeights("f16")
+		c.Weights, c.WeightsBytes = w.Name, w.Bytes(m.Params)
+	}
+	return c, nil
+}
+
+// BytesPerToken is the cache of one token at the codecs' (quantized) rates:
+// 2 · layers · kv_heads · head_dim · bits/8 with K and V at their own bits.
+func (c *Calc) BytesPerToken() float64 {
+	return float64(c.Model.Layers) * float64(c.Model.KVHeads) * float64(c.kTok+c.vTok) / 8
+}
+
+// Kept is the tokens a sequence of seq tokens caches under the budget.
+func (c *Calc) Kept(seq int) int {
+	switch {
+	case c.opt.Budget > 0:
+		return min(c.opt.Budget, seq)
+	case c.opt.Ratio > 0:
+		return max(1, min(seq, int(math.Ceil(c.opt.Ratio*float64(seq)-1e-9))))
+	}
+	return seq
+}
+
+// Row computes the cache of batch sequences of seq tokens.
+func (c *Calc) Row(batch, seq int) (Row, error) {
+	if batch <= 0 {
+		return Row{}, fmt.Errorf("batch %d must be positive", batch)
+	}
+	if seq <= 0 {
+		return Row{}, fmt.Errorf("sequence length %d must be positive", seq)
+	}
+	r := Row{Batch: batch, Seq: seq, Kept: c.Kept(seq), WeightsBytes: c.WeightsBytes}
+	// K and V residuals may differ when only one of them is KIVI.
+	kRes, vRes := min(r.Kept, c.K.Residual()), min(r.Kept, c.V.Residual())
+	r.Residual = max(kRes, vRes)
+	d := int64(c.Model.HeadDim)
+	f16Tok := 16 * d
+	// Bits of one sequence in one (layer, KV head).
+	var perHead int64
+	for _, t := range [][2]int64{
+		{int64(r.Kept - kRes), c.kTok}, {int64(kRes), f16Tok},
+		{int64(r.Kept - vRes), c.vTok}, {int64(vRes), f16Tok},
+	} {
+		p, ok1 := mul(t[0], t[1])
+		s, ok2 := add(perHead, p)
+		if !ok1 || !ok2 {
+			return Row{}, errTooLarge
+		}
+		perHead = s
+	}
+	totalBits, ok := product(perHead, int64(c.Model.Layers), int64(c.Model.KVHeads), int64(batch))
+	if !ok || totalBits > math.MaxInt64-7 {
+		return Row{}, errTooLarge
+	}
+	r.TotalBytes = (totalBits + 7) / 8
+	r.BytesPerToken = c.BytesPerToken()
+	if r.Residual > 0 {
+		// Residual tokens: f16 on the KIVI side, the other side at its rate.
+		kt, vt := c.kTok, c.vTok
+		if c.K.Residual() > 0 {
+			kt = f16Tok
+		}
+		if c.V.Residual() > 0 {
+			vt = f16Tok
+		}
+		r.ResidualBytesPerToken = float64(c.Model.Layers) * float64(c.Model.KVHeads) * float64(kt+vt) / 8
+	}
+	r.TotalGB = float64(r.TotalBytes) / 1e9
+	r.TotalGiB = float64(r.TotalBytes) / (1 << 30)
+	if r.WeightsBytes > 0 {
+		r.KVToWeights = float64(r.TotalBytes) / float64(r.WeightsBytes)
+	}
+	if r.KVPlusWeightsBytes, ok = add(r.TotalBytes, r.WeightsBytes); !ok {
+		return Row{}, errTooLarge
+	}
+	return r, nil
+}
+
+// Grid computes a row for every batch size and sequence length, batch sizes
+// outermost.
+func (c *Calc) Grid(batches, seqs []int) ([]Row, error) {
+	if len(batches) == 0 || len(seqs) == 0 {
+		return nil, errors.New("no batch sizes or no sequence lengths")
+	}
+	rows := make([]Row, 0, len(batches)*len(seqs))
+	for _, b := range batches {
+		for _, s := range seqs {
+			r, err := c.Row(b, s)
+			if err != nil {
+				return nil, err
+			}
+			rows = append(rows, r)
+		}
+	}
+	return rows, nil
+}
+
+// Compute is New followed by Row.
+func Compute(m Model, o Options, batch, seq int) (Row, error) {
+	c, err := New(m, o)
+	if err != nil {
+		return Row{}, err
+	}
+	return c.Row(batch, seq)
+}
+
+var errTooLarge = errors.New("the cache size overflows 2^63 bytes: lower --batch or --seq")
+
+// mul multiplies non-negative numbers, reporting overflow.
+func mul(a, b int64) (int64, bool) {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if a < 0 || b < 0 || hi != 0 || lo > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(lo), true
+}
+
+func product(xs ...int64) (int64, bool) {
+	p := int64(1)
+	for _, x := range xs {
+		var ok bool
+		if p, ok = mul(p, x); !ok {
+			return 0, false
+		}
+	}
+	return p, true
+}
+
+// add adds non-negative numbers, reporting overflow.
+func add(a, b int64) (int64, bool) {
+	if a < 0 || b < 0 || a > math.MaxInt64-b {
+		return 0, false
+	}
+	return a + b, true
+}
