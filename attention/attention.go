@@ -16,6 +16,7 @@ import (
 	"math"
 
 	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/tensor"
 )
 
@@ -219,12 +220,13 @@ func (b *Batch) runItem(it *item, sc *Scratch, buf []float32) []float32 {
 					m, l, oj = &ms[j], &ls[j], o[j*hd:(j+1)*hd]
 				}
 				sj := scores[j*maxN : j*maxN+s.N]
+				codec.DotAll(s.KC, s.K, s.Cap, hd, qj, sj)
 				tmax := float32(math.Inf(-1))
 				for i := 0; i < s.N; i++ {
 					if s.Pos[i] > p {
 						continue
 					}
-					v := s.KC.Dot(s.K, s.Cap, hd, i, qj) / b.Norm
+					v := sj[i] / b.Norm
 					sj[i] = v
 					if v > tmax {
 						tmax = v

@@ -1,0 +1,133 @@
+package kvcache
+
+import (
+	"fmt"
+
+	"github.com/kvlm/kvlm/kvcache/codec"
+)
+
+// Keep rewrites the table of (layer, head) to hold only the given slots
+// (indexes into its current order, ascending), in order: leading blocks that
+// stay whole are kept as they are, the rest is compacted into fresh blocks
+// and the old blocks are released. Slots are copied without decoding, so
+// nothing is lost to requantization. This is the one prune every eviction
+// policy goes through; a table may end with a different length from the
+// others (ragged per-head budgets free memory for real).
+//
+// With a KIVI residual, sealed key groups cannot be split: only residual
+// slots may be dropped.
+func (s *Paged) Keep(layer, head int, keep []int) error {
+	p := s.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := s.keep(s.tab(layer, head), keep); err != nil {
+		return fmt.Errorf("kvcache: layer %d head %d: %w", layer, head, err)
+	}
+	return nil
+}
+
+// RemoveRange drops tokens [from, to) of every table, keeping the others in
+// order with their original positions.
+func (s *Paged) RemoveRange(from, to int) error {
+	p := s.pool
+	if from < 0 || to < from {
+		return fmt.Errorf("kvcache: invalid range [%d,%d)", from, to)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range s.tables {
+		t := &s.tables[i]
+		n := t.len()
+		if from >= n {
+			continue
+		}
+		keep := make([]int, 0, n-(min(to, n)-from))
+		for j := 0; j < from; j++ {
+			keep = append(keep, j)
+		}
+		for j := min(to, n); j < n; j++ {
+			keep = append(keep, j)
+		}
+		if err := s.keep(t, keep); err != nil {
+			return fmt.Errorf("kvcache: table %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// keep implements Keep; the caller holds p.mu.
+func (s *Paged) keep(t *table, keep []int) error {
+	p := s.pool
+	B, d := p.B, p.layout.HeadDim
+	total := t.len()
+	for i, k := range keep {
+		if k < 0 || k >= total || (i > 0 && k <= keep[i-1]) {
+			return fmt.Errorf("kept slots must be ascending indexes below %d", total)
+		}
+	}
+	if len(keep) == total {
+		return nil // everything kept
+	}
+	// Leading whole blocks that stay as they are.
+	same := 0
+	for same < len(keep) && keep[same] == same {
+		same++
+	}
+	first := min(same, t.n) / B
+	// Slots of the blocks from `first` on that survive, and residual ones.
+	var fromBlocks, fromRes []int
+	for _, k := range keep[first*B:] {
+		if k < t.n {
+			fromBlocks = append(fromBlocks, k)
+		} else {
+			fromRes = append(fromRes, k-t.n)
+		}
+	}
+	if t.res != nil && len(fromBlocks) != t.n-first*B {
+		return fmt.Errorf("slots sealed in KIVI groups cannot be dropped (only the %d-token residual can)", t.res.n)
+	}
+	need := (len(fromBlocks) + B - 1) / B
+	if t.res == nil && need > 0 {
+		if p.nfree < need {
+			return fmt.Errorf("%w: compaction needs %d blocks", ErrNoBlocks, need)
+		}
+		fresh := make([]int32, need)
+		for i := range fresh {
+			fresh[i], _ = p.alloc()
+		}
+		for k, slot := range fromBlocks {
+			src, si := t.blocks[slot/B], slot%B
+			dst, di := fresh[k/B], k%B
+			if !codec.CopySlot(p.kc, p.kbuf(dst), B, di, p.kbuf(src), B, si, d) ||
+				!codec.CopySlot(p.vc, p.vbuf(dst), B, di, p.vbuf(src), B, si, d) {
+				for _, b := range fresh {
+					p.decref(b)
+				}
+				return fmt.Errorf("codec %s/%s cannot move slots", p.kc.Name(), p.vc.Name())
+			}
+			p.posbuf(dst)[di] = p.posbuf(src)[si]
+		}
+		for j := len(t.blocks) - 1; j >= first; j-- {
+			p.decref(t.blocks[j])
+		}
+		t.blocks = append(t.blocks[:first], fresh...)
+		t.n = first*B + len(fromBlocks)
+	} else if t.res == nil {
+		for j := len(t.blocks) - 1; j >= first; j-- {
+			p.decref(t.blocks[j])
+		}
+		t.blocks = t.blocks[:first]
+		t.n = first * B
+	}
+	if r := t.res; r != nil {
+		for k, slot := range fromRes {
+			copy(r.k[k*d:(k+1)*d], r.k[slot*d:(slot+1)*d])
+			copy(r.v[k*d:(k+1)*d], r.v[slot*d:(slot+1)*d])
+			r.pos[k] = r.pos[slot]
+		}
+		r.n = len(fromRes)
+	}
+	t.dirty = true
+	s.pristine = false
+	return nil
+}
