@@ -2,11 +2,15 @@
 // against the keys and values of a paged KV cache, reading every storage
 // codec directly (no dequantized copy of the cache).
 //
-// Prefill attention is tiled: each cache segment (a block) is a tile of keys,
-// and a running maximum, sum and output per query head are updated once per
-// tile (online softmax). Decode attention of a long cache is split along the
-// keys into chunks computed in parallel, each giving a partial output and
-// its log-sum-exp, merged afterwards (FlashDecoding). On request both hand
+// Work is split over KV heads and tiles of 16 queries. Each query runs, by
+// default, a two-pass softmax over its visible slots in llama2.c's order (on
+// a CPU the per-worker score buffer is cheap, and prefill then equals decode
+// bit for bit); Batch.Online selects a tiled kernel instead, where each
+// cache block is a tile of keys and a running maximum, sum and output per
+// query head are updated once per tile (online softmax). Decode attention of
+// a long cache is split along the keys into chunks computed in parallel,
+// each an online softmax giving a partial output and its log-sum-exp, merged
+// afterwards (FlashDecoding). On request both hand
 // back the attention mass each stored token received, summed over chosen
 // queries and aggregated over the query heads that share a KV head — the
 // scores the eviction policies need.
@@ -58,6 +62,12 @@ type Batch struct {
 
 	Segs func(head int) []kvcache.Segment // the stored tokens of each KV head
 	Mass *MassRequest                     // nil: no mass wanted
+
+	// Online selects, for batches of several queries, the tiled kernel
+	// with an online softmax (a running maximum and sum per query head,
+	// updated once per block). By default each query runs the two-pass
+	// kernel decode uses, which keeps prefill and decode bit-identical.
+	Online bool
 
 	// SplitMin is the number of slots above which a single query's keys
 	// are split into parallel chunks (0: DefaultSplitMin); SplitChunk the
@@ -154,7 +164,13 @@ func (b *Batch) Run(sc *Scratch) {
 	tensor.Parallel(len(sc.items), 1, func(lo, hi int) {
 		var buf []float32
 		for i := lo; i < hi; i++ {
-			buf = b.runItem(&sc.items[i], sc, buf)
+			if it := &sc.items[i]; it.state < 0 && !b.Online {
+				for t := it.q0; t < it.q1; t++ {
+					buf = b.runExact(it.head, t, buf)
+				}
+			} else {
+				buf = b.runItem(it, sc, buf)
+			}
 		}
 	})
 	if nstates > 0 {
@@ -267,6 +283,67 @@ func (b *Batch) runItem(it *item, sc *Scratch, buf []float32) []float32 {
 					oj[c] /= ls[j]
 				}
 			}
+		}
+	}
+	return buf
+}
+
+// runExact is the attention of query t over all of a head's visible slots
+// in two passes, in llama2.c's order: every score, their maximum, the
+// exponentials and their sum, each weight divided by the sum, then the
+// weighted sum of values. Prefill and decode share it, so a prompt run as a
+// matrix and token by token give the same numbers.
+func (b *Batch) runExact(h, t int, buf []float32) []float32 {
+	hd, G := b.HeadDim, b.G
+	stride := b.Heads * G * hd
+	segs := b.Segs(h)
+	slots := 0
+	for _, s := range segs {
+		slots += s.N
+	}
+	if cap(buf) < slots {
+		buf = make([]float32, slots)
+	}
+	sc := buf[:slots]
+	p := b.Pos[t]
+	for j := 0; j < G; j++ {
+		qj := b.Q[t*stride+(h*G+j)*hd : t*stride+(h*G+j+1)*hd]
+		oj := b.Out[t*stride+(h*G+j)*hd : t*stride+(h*G+j+1)*hd]
+		clear(oj)
+		k := 0
+		mx := float32(math.Inf(-1))
+		for _, s := range segs {
+			codec.DotAll(s.KC, s.K, s.Cap, hd, qj, sc[k:k+s.N])
+			for i := 0; i < s.N; i++ {
+				if s.Pos[i] > p {
+					sc[k+i] = float32(math.Inf(-1))
+					continue
+				}
+				sc[k+i] /= b.Norm
+				mx = max(mx, sc[k+i])
+			}
+			k += s.N
+		}
+		if mx == float32(math.Inf(-1)) {
+			continue
+		}
+		var sum float32
+		for i, v := range sc {
+			e := float32(math.Exp(float64(v - mx)))
+			sc[i] = e
+			sum += e
+		}
+		for i := range sc {
+			sc[i] /= sum
+		}
+		k = 0
+		for _, s := range segs {
+			for i := 0; i < s.N; i++ {
+				if a := sc[k+i]; a != 0 {
+					s.VC.Axpy(s.V, s.Cap, hd, i, a, oj)
+				}
+			}
+			k += s.N
 		}
 	}
 	return buf

@@ -109,6 +109,14 @@ func f64(x []float32) []float64 {
 // and (optionally) attention mass with the naive reference.
 func (f *fixture) check(t *testing.T, rng *rand.Rand, qpos []int32, splitMin int, mass *MassRequest, tol float64) {
 	t.Helper()
+	f.checkMode(t, rng, qpos, splitMin, false, mass, tol)
+	if len(qpos) > 1 && mass == nil {
+		f.checkMode(t, rng, qpos, splitMin, true, nil, tol)
+	}
+}
+
+func (f *fixture) checkMode(t *testing.T, rng *rand.Rand, qpos []int32, splitMin int, online bool, mass *MassRequest, tol float64) {
+	t.Helper()
 	n := len(qpos)
 	stride := f.heads * f.G * f.hd
 	q := make([]float32, n*stride)
@@ -117,7 +125,7 @@ func (f *fixture) check(t *testing.T, rng *rand.Rand, qpos []int32, splitMin int
 	}
 	out := make([]float32, n*stride)
 	b := Batch{Heads: f.heads, G: f.G, HeadDim: f.hd, Norm: float32(math.Sqrt(float64(f.hd))), Q: q, Out: out, Pos: qpos,
-		Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, SplitMin: splitMin, SplitChunk: 100, Mass: mass}
+		Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, SplitMin: splitMin, SplitChunk: 100, Mass: mass, Online: online}
 	var sc Scratch
 	b.Run(&sc)
 	worst := 0.0
@@ -153,7 +161,7 @@ func (f *fixture) check(t *testing.T, rng *rand.Rand, qpos []int32, splitMin int
 		}
 	}
 	if worst > tol {
-		t.Errorf("max |Δ| %.3g > %.3g", worst, tol)
+		t.Errorf("online %v split %d: max |Δ| %.3g > %.3g", online, splitMin, worst, tol)
 	}
 	if mass != nil {
 		mw := 0.0

@@ -3,6 +3,7 @@ package codec
 import (
 	"encoding/binary"
 	"math"
+	"unsafe"
 
 	"github.com/kvlm/kvlm/tensor"
 )
@@ -17,52 +18,23 @@ func (c f32Codec) BitsPerValue(n, d int) float64 { return bitsPerValue(c, n, d) 
 func (f32Codec) PerToken() bool                  { return true }
 func (f32Codec) row(b []byte, d, i int) []byte   { return b[4*i*d : 4*(i+1)*d] }
 
-func (c f32Codec) Put(dst []byte, n, d, i int, x []float32) {
-	p := c.row(dst, d, i)
-	x = x[:d]
-	for j, v := range x {
-		binary.LittleEndian.PutUint32(p[4*j:], math.Float32bits(v))
-	}
+// f32s views row i of an f32 block as float32 values (the block layout is
+// little-endian float32, the machine's own order on every supported target).
+func (c f32Codec) f32s(b []byte, d, i int) []float32 {
+	r := c.row(b, d, i)
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(r))), d)
 }
 
-func (c f32Codec) Get(src []byte, n, d, i int, out []float32) {
-	p := c.row(src, d, i)
-	out = out[:d]
-	for j := range out {
-		out[j] = math.Float32frombits(binary.LittleEndian.Uint32(p[4*j:]))
-	}
-}
+func (c f32Codec) Put(dst []byte, n, d, i int, x []float32) { copy(c.f32s(dst, d, i), x[:d]) }
+
+func (c f32Codec) Get(src []byte, n, d, i int, out []float32) { copy(out[:d], c.f32s(src, d, i)) }
 
 func (c f32Codec) Dot(src []byte, n, d, i int, q []float32) float32 {
-	p := c.row(src, d, i)
-	q = q[:d]
-	var s0, s1, s2, s3 float32
-	for len(q) >= 4 && len(p) >= 16 {
-		s0 += q[0] * math.Float32frombits(binary.LittleEndian.Uint32(p[0:]))
-		s1 += q[1] * math.Float32frombits(binary.LittleEndian.Uint32(p[4:]))
-		s2 += q[2] * math.Float32frombits(binary.LittleEndian.Uint32(p[8:]))
-		s3 += q[3] * math.Float32frombits(binary.LittleEndian.Uint32(p[12:]))
-		q, p = q[4:], p[16:]
-	}
-	for j, v := range q {
-		s0 += v * math.Float32frombits(binary.LittleEndian.Uint32(p[4*j:]))
-	}
-	return (s0 + s1) + (s2 + s3)
+	return tensor.Dot(q[:d], c.f32s(src, d, i))
 }
 
 func (c f32Codec) Axpy(src []byte, n, d, i int, a float32, out []float32) {
-	p := c.row(src, d, i)
-	out = out[:d]
-	for len(out) >= 4 && len(p) >= 16 {
-		out[0] += a * math.Float32frombits(binary.LittleEndian.Uint32(p[0:]))
-		out[1] += a * math.Float32frombits(binary.LittleEndian.Uint32(p[4:]))
-		out[2] += a * math.Float32frombits(binary.LittleEndian.Uint32(p[8:]))
-		out[3] += a * math.Float32frombits(binary.LittleEndian.Uint32(p[12:]))
-		out, p = out[4:], p[16:]
-	}
-	for j := range out {
-		out[j] += a * math.Float32frombits(binary.LittleEndian.Uint32(p[4*j:]))
-	}
+	tensor.Axpy(out[:d], a, c.f32s(src, d, i))
 }
 
 // half16 holds what f16 and bf16 share: [n][d]uint16 little-endian.
