@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/sample"
 )
@@ -110,6 +111,9 @@ func Generate(seq *model.Sequence, req Request) (Result, error) {
 		}
 		if logits, err = seq.Forward([]int{next}, false); err != nil {
 			res.DecodeTime = time.Since(decodeStart)
+			if errors.Is(err, kvcache.ErrNoBlocks) {
+				err = fmt.Errorf("engine: the KV cache pool is full at position %d: %w", seq.Pos(), err)
+			}
 			return res, err
 		}
 	}

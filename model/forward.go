@@ -69,6 +69,7 @@ func (m *Model) NewSequence(cache kvcache.Sequence) (*Sequence, error) {
 type KVOptions struct {
 	BlockTokens int         // 0: kvcache.DefaultBlockTokens
 	K, V        codec.Codec // nil: f32
+	MemBytes    int64       // pool size in bytes; 0: room for the whole context
 }
 
 // NewStandaloneSequence starts a sequence over a private block pool sized
@@ -77,7 +78,11 @@ func (m *Model) NewStandaloneSequence(opt KVOptions) (*Sequence, error) {
 	if opt.BlockTokens == 0 {
 		opt.BlockTokens = kvcache.DefaultBlockTokens
 	}
-	pool, err := kvcache.NewPool(kvcache.PoolConfig{Layout: m.KVLayout(), BlockTokens: opt.BlockTokens, K: opt.K, V: opt.V, Tokens: m.CtxLen})
+	cfg := kvcache.PoolConfig{Layout: m.KVLayout(), BlockTokens: opt.BlockTokens, K: opt.K, V: opt.V, MemBytes: opt.MemBytes}
+	if opt.MemBytes == 0 {
+		cfg.Tokens = m.CtxLen
+	}
+	pool, err := kvcache.NewPool(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvlm/kvlm/engine"
@@ -24,6 +27,7 @@ type modelFlags struct {
 	kvType    string
 	kvTypeK   string
 	kvTypeV   string
+	kvMem     string
 }
 
 func (f *modelFlags) register(c *cobra.Command) {
@@ -34,6 +38,7 @@ func (f *modelFlags) register(c *cobra.Command) {
 	c.Flags().StringVar(&f.kvType, "kv-type", "f32", "KV storage codec for keys and values: f32 f16 bf16 q8 q4 kivi2 kivi4")
 	c.Flags().StringVar(&f.kvTypeK, "kv-type-k", "", "codec of the keys (overrides --kv-type)")
 	c.Flags().StringVar(&f.kvTypeV, "kv-type-v", "", "codec of the values (overrides --kv-type)")
+	c.Flags().StringVar(&f.kvMem, "kv-mem", "", "KV block pool size, e.g. 64MiB or 2GiB (default: room for the whole context)")
 }
 
 // kvOptions turns the KV flags into cache options.
@@ -56,7 +61,13 @@ func (f *modelFlags) kvOptions() (model.KVOptions, error) {
 	if err != nil {
 		return model.KVOptions{}, err
 	}
-	return model.KVOptions{BlockTokens: f.kvBlock, K: k, V: v}, nil
+	opt := model.KVOptions{BlockTokens: f.kvBlock, K: k, V: v}
+	if f.kvMem != "" {
+		if opt.MemBytes, err = parseBytes(f.kvMem); err != nil {
+			return opt, fmt.Errorf("--kv-mem: %w", err)
+		}
+	}
+	return opt, nil
 }
 
 func (f *modelFlags) load() (*model.Model, tokenizer.Tokenizer, error) {
@@ -92,3 +103,23 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// parseBytes reads a size such as 1048576, 512KiB, 64MiB, 2GiB or 1.5GB.
+func parseBytes(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
+	num, mult := strings.TrimSpace(s), 1.0
+	for _, u := range units {
+		if strings.HasSuffix(strings.ToLower(num), strings.ToLower(u.suffix)) {
+			num, mult = strings.TrimSpace(num[:len(num)-len(u.suffix)]), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || v <= 0 || math.IsInf(v, 0) || v*mult > 1<<50 {
+		return 0, fmt.Errorf("invalid size %q (want e.g. 64MiB or 2GiB)", s)
+	}
+	return int64(v * mult), nil
+}

@@ -244,3 +244,38 @@ func TestContextStop(t *testing.T) {
 		t.Fatalf("stop %q with %d+%d tokens, stderr %q", r.Stop, len(r.PromptTokens), len(r.Tokens), errOut)
 	}
 }
+
+func TestKVFlags(t *testing.T) {
+	s := storiesFiles(t)
+	for _, typ := range []string{"f16", "bf16", "q8", "kivi4"} {
+		out, errOut, code := kvlm(t, "ppl", "-m", s.gguf, "-f", shared.Path(t, "data/tinystories_valid_head.txt"), "--bytes", "4096", "--kv-type", typ, "--json")
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", typ, code, errOut)
+		}
+		var r struct {
+			MeanNLL float64 `json:"mean_nll"`
+		}
+		if err := json.Unmarshal([]byte(out), &r); err != nil || math.Abs(r.MeanNLL-1.311214) > 0.01 {
+			t.Fatalf("%s: %s", typ, out)
+		}
+	}
+	bad := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--kv-type", "q3"}, "unknown codec"},
+		{[]string{"--kv-type-k", "int8"}, "unknown codec"},
+		{[]string{"--kv-block", "0"}, "--kv-block"},
+		{[]string{"--kv-mem", "1KB"}, "fewer than one per"},
+		{[]string{"--kv-mem", "lots"}, "--kv-mem"},
+		{[]string{"--kv-mem", "64KiB", "-n", "300"}, "pool is full"},
+		{[]string{"--kv-type-k", "kivi2", "--kv-block", "64"}, "multiple of the block size"},
+	}
+	for _, c := range bad {
+		args := append([]string{"generate", "-m", s.gguf, "-p", "Once upon a time", "--temp", "0"}, c.args...)
+		_, errOut, code := kvlm(t, args...)
+		if code != 1 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want an error mentioning %q", c.args, code, errOut, c.want)
+		}
+	}
+}
