@@ -131,3 +131,65 @@ func (s *Paged) keep(t *table, keep []int) error {
 	s.pristine = false
 	return nil
 }
+
+// Slots is the number of tokens the table of (layer, head) holds.
+func (s *Paged) Slots(layer, head int) int { return s.tab(layer, head).len() }
+
+// Positions returns the positions of the table of (layer, head), in slot
+// order (a fresh slice).
+func (s *Paged) Positions(layer, head int) []int32 {
+	var out []int32
+	for _, seg := range s.Segments(layer, head) {
+		out = append(out, seg.Pos[:seg.N]...)
+	}
+	return out
+}
+
+// RewriteKeys lets fn change the position and the key of the given slots
+// of (layer, head) (ascending indexes): each key is decoded, handed to fn
+// with its position, and encoded back with the position fn returns. It is
+// how positions are re-indexed (the model re-rotates the key). Shared
+// blocks are copied first; keys in KIVI groups cannot be rewritten, and
+// quantized keys are re-quantized (lossy).
+func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key []float32) int32) error {
+	p := s.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := s.tab(layer, head)
+	d := p.layout.HeadDim
+	key := make([]float32, d)
+	for _, i := range slots {
+		if i < 0 || i >= t.len() {
+			return fmt.Errorf("kvcache: slot %d out of range [0,%d)", i, t.len())
+		}
+		if i >= t.n {
+			r := t.res
+			j := i - t.n
+			r.pos[j] = fn(r.pos[j], r.k[j*d:(j+1)*d])
+			continue
+		}
+		if !p.kc.PerToken() {
+			return fmt.Errorf("kvcache: %s keys are sealed in groups and cannot be rewritten", p.kc.Name())
+		}
+		bi := i / p.B
+		b := t.blocks[bi]
+		if p.meta[b].ref > 1 {
+			nb, err := p.alloc()
+			if err != nil {
+				return err
+			}
+			p.copyBlock(nb, b, min(p.B, t.n-bi*p.B))
+			p.decref(b)
+			t.blocks[bi] = nb
+			p.stats.CopyOnWrite++
+			b = nb
+		}
+		p.kc.Get(p.kbuf(b), p.B, d, i%p.B, key)
+		pos := &p.posbuf(b)[i%p.B]
+		*pos = fn(*pos, key)
+		p.kc.Put(p.kbuf(b), p.B, d, i%p.B, key)
+	}
+	t.dirty = true
+	s.pristine = false
+	return nil
+}

@@ -11,6 +11,18 @@ import (
 	"github.com/kvlm/kvlm/tensor"
 )
 
+// MassHook lets a policy collect the attention mass each stored slot
+// receives.
+type MassHook interface {
+	// Request returns what to collect at layer for the queries of this
+	// forward step, which are tokens [start, start+n) of the sequence's
+	// history (their positions may differ); nil for nothing.
+	Request(layer, start, n int) *attention.MassRequest
+	// Done is called after the layer's attention has filled the request,
+	// with the layer's queries ([n][heads·headDim], rotated) and positions.
+	Done(layer int, req *attention.MassRequest, q []float32, pos []int32)
+}
+
 // ErrContextFull is returned when tokens would go past the model's context
 // length: kvlm never wraps positions around silently.
 var ErrContextFull = errors.New("context length reached")
@@ -24,11 +36,21 @@ type Sequence struct {
 	m     *Model
 	cache kvcache.Sequence
 	pos   int // position of the next token
+	hist  int // tokens run so far (positions may be re-indexed; this is not)
 	Chunk int // prefill tokens per step
 
 	// Computed counts the tokens this sequence has run through the layers
 	// (prefix-cache hits are not computed).
 	Computed int
+
+	// MaxPos is the largest position count Forward accepts: the model's
+	// context length unless a bounded cache (a window policy) or an
+	// experiment lets positions run past it.
+	MaxPos int
+
+	// Mass, if set, is asked before each layer's attention which queries'
+	// attention mass to collect, and handed the result (eviction policies).
+	Mass MassHook
 
 	// Scratch for a chunk of n tokens (grown as needed).
 	x      []float32 // [n][Dim] residual stream
@@ -55,7 +77,7 @@ func (m *Model) NewSequence(cache kvcache.Sequence) (*Sequence, error) {
 		return nil, fmt.Errorf("model: cache layout %+v does not fit the model (%d layers, %d KV heads, head dim %d)",
 			l, m.Config.Layers, m.KVHeads, m.HeadDim)
 	}
-	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len()}
+	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len(), MaxPos: m.CtxLen}
 	half := m.HeadDim / 2
 	s.freq = make([]float32, half)
 	for j := range s.freq {
@@ -113,8 +135,8 @@ func (s *Sequence) Forward(tokens []int, all bool) ([]float32, error) {
 	if len(tokens) == 0 {
 		return nil, errors.New("model: no tokens to run")
 	}
-	if s.pos+len(tokens) > s.m.CtxLen {
-		return nil, fmt.Errorf("%w: %d tokens at position %d go past the context length %d", ErrContextFull, len(tokens), s.pos, s.m.CtxLen)
+	if s.pos+len(tokens) > s.MaxPos {
+		return nil, fmt.Errorf("%w: %d tokens at position %d go past the context length %d", ErrContextFull, len(tokens), s.pos, s.MaxPos)
 	}
 	for _, t := range tokens {
 		if t < 0 || t >= s.m.Vocab {
@@ -146,6 +168,10 @@ func (s *Sequence) Forward(tokens []int, all bool) ([]float32, error) {
 	return s.logits, nil
 }
 
+// SetPos sets the position the next token takes: after a policy re-indexed
+// the cache's positions, the next token continues from the cache length.
+func (s *Sequence) SetPos(n int) { s.pos = n }
+
 // Truncate drops every token from position n on (n ≤ Pos).
 func (s *Sequence) Truncate(n int) error {
 	if n < 0 || n > s.pos {
@@ -154,7 +180,7 @@ func (s *Sequence) Truncate(n int) error {
 	if err := s.cache.Truncate(n); err != nil {
 		return err
 	}
-	s.pos = n
+	s.pos, s.hist = n, n
 	return nil
 }
 
@@ -217,7 +243,13 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		}
 		att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm,
 			Q: s.q, Out: s.att, Pos: s.pos32, Segs: func(h int) []kvcache.Segment { return s.cache.Segments(li, h) }}
+		if s.Mass != nil {
+			att.Mass = s.Mass.Request(li, s.hist, n)
+		}
 		att.Run(&s.scr)
+		if att.Mass != nil {
+			s.Mass.Done(li, att.Mass, s.q, s.pos32)
+		}
 		L.Wo.MatMul(s.xb, s.att, n)
 		tensor.Add(s.x, s.xb)
 		for t := 0; t < n; t++ {
@@ -230,6 +262,7 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		tensor.Add(s.x, s.xb)
 	}
 	s.pos += n
+	s.hist += n
 	s.Computed += n
 	switch len(dst) {
 	case 0:
@@ -254,6 +287,28 @@ func addBias(x, b []float32, n int) {
 	w := len(b)
 	for t := 0; t < n; t++ {
 		tensor.Add(x[t*w:(t+1)*w], b)
+	}
+}
+
+// Rotate turns one head's key, rotated by RoPE for some position, into the
+// key for a position delta further on (delta may be negative): how a policy
+// re-indexes the positions of cached keys.
+func (m *Model) Rotate(key []float32, delta int) {
+	if delta == 0 {
+		return
+	}
+	half := m.HeadDim / 2
+	for j := 0; j < half; j++ {
+		f := 1 / float32(math.Pow(float64(m.RopeTheta), float64(float32(2*j)/float32(m.HeadDim))))
+		a := float64(delta) * float64(f)
+		cs, sn := float32(math.Cos(a)), float32(math.Sin(a))
+		x0, x1 := 2*j, 2*j+1
+		if m.Rope == RopeNeoX {
+			x0, x1 = j, j+half
+		}
+		v0, v1 := key[x0], key[x1]
+		key[x0] = v0*cs - v1*sn
+		key[x1] = v0*sn + v1*cs
 	}
 }
 
