@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/sample"
 )
@@ -30,6 +31,9 @@ type Request struct {
 	// OnToken, if set, is called with each new token as it is sampled;
 	// an error stops generation and is returned.
 	OnToken func(id int) error
+	// Policy, if set, compresses the sequence's cache: once after the
+	// prompt and, on its schedule, before each decode step.
+	Policy *policy.State
 }
 
 // Result is what a generation produced and how long its phases took.
@@ -39,6 +43,7 @@ type Result struct {
 	PromptN     int           // prompt tokens
 	PrefillTime time.Duration // time to run the prompt and sample the first token
 	DecodeTime  time.Duration // time for the remaining tokens
+	PeakKVBytes int64         // the most KV memory the sequence held
 }
 
 // PrefillTokS and DecodeTokS are the phase throughputs (0 when unmeasured).
@@ -70,9 +75,18 @@ func Generate(seq *model.Sequence, req Request) (Result, error) {
 	res.PromptN = len(req.Prompt)
 	history := append([]int(nil), req.Prompt...)
 	start := time.Now()
+	if req.Policy != nil {
+		req.Policy.BeginPrefill(len(req.Prompt))
+	}
 	logits, err := seq.Forward(req.Prompt, false)
 	if err != nil {
 		return res, err
+	}
+	res.PeakKVBytes = seq.Cache().Bytes()
+	if req.Policy != nil {
+		if err := req.Policy.Compress(); err != nil {
+			return res, err
+		}
 	}
 	decodeStart := time.Time{}
 	for {
@@ -105,11 +119,18 @@ func Generate(seq *model.Sequence, req Request) (Result, error) {
 			res.Stop = StopLength
 			break
 		}
-		if seq.Pos() >= ctx {
+		if seq.Pos() >= seq.MaxPos {
 			res.Stop = StopContext
 			break
 		}
-		if logits, err = seq.Forward([]int{next}, false); err != nil {
+		if req.Policy != nil {
+			if err := req.Policy.Before(1); err != nil {
+				return res, err
+			}
+		}
+		logits, err = seq.Forward([]int{next}, false)
+		res.PeakKVBytes = max(res.PeakKVBytes, seq.Cache().Bytes())
+		if err != nil {
 			res.DecodeTime = time.Since(decodeStart)
 			if errors.Is(err, kvcache.ErrNoBlocks) {
 				err = fmt.Errorf("engine: the KV cache pool is full at position %d: %w", seq.Pos(), err)

@@ -91,7 +91,8 @@ func (m *Model) NewSequence(cache kvcache.Sequence) (*Sequence, error) {
 type KVOptions struct {
 	BlockTokens int         // 0: kvcache.DefaultBlockTokens
 	K, V        codec.Codec // nil: f32
-	MemBytes    int64       // pool size in bytes; 0: room for the whole context
+	MemBytes    int64       // pool size in bytes; or
+	Tokens      int         // room for this many tokens; both 0: the model's context
 }
 
 // NewStandaloneSequence starts a sequence over a private block pool sized
@@ -102,7 +103,10 @@ func (m *Model) NewStandaloneSequence(opt KVOptions) (*Sequence, error) {
 	}
 	cfg := kvcache.PoolConfig{Layout: m.KVLayout(), BlockTokens: opt.BlockTokens, K: opt.K, V: opt.V, MemBytes: opt.MemBytes}
 	if opt.MemBytes == 0 {
-		cfg.Tokens = m.CtxLen
+		cfg.Tokens = opt.Tokens
+		if cfg.Tokens == 0 {
+			cfg.Tokens = m.CtxLen
+		}
 	}
 	pool, err := kvcache.NewPool(cfg)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"
@@ -28,6 +29,10 @@ type modelFlags struct {
 	kvTypeK   string
 	kvTypeV   string
 	kvMem     string
+
+	pol       policy.Config // --kv-policy and its parameters
+	agg       string
+	positions string
 }
 
 func (f *modelFlags) register(c *cobra.Command) {
@@ -39,6 +44,42 @@ func (f *modelFlags) register(c *cobra.Command) {
 	c.Flags().StringVar(&f.kvTypeK, "kv-type-k", "", "codec of the keys (overrides --kv-type)")
 	c.Flags().StringVar(&f.kvTypeV, "kv-type-v", "", "codec of the values (overrides --kv-type)")
 	c.Flags().StringVar(&f.kvMem, "kv-mem", "", "KV block pool size, e.g. 64MiB or 2GiB (default: room for the whole context)")
+	fl := c.Flags()
+	fl.StringVar(&f.pol.Method, "kv-policy", "full", "KV compression: "+strings.Join(policy.Methods, ", "))
+	fl.IntVar(&f.pol.Budget, "kv-budget", 0, "tokens kept per (layer, KV head)")
+	fl.Float64Var(&f.pol.Ratio, "kv-ratio", 0, "fraction of tokens kept (kvpress's compression_ratio is 1 − R)")
+	fl.IntVar(&f.pol.Window, "kv-window", 0, "recent tokens always kept (snapkv: observation window, default 32; h2o: default half the budget)")
+	fl.IntVar(&f.pol.Sinks, "kv-sinks", 0, "first tokens always kept (streaming, lminfinite: default 4)")
+	fl.StringVar(&f.pol.Pool, "kv-pool", "", "snapkv family: score pooling, avg or max")
+	fl.IntVar(&f.pol.Kernel, "kv-kernel", 0, "snapkv family: pooling kernel (odd, default 5)")
+	fl.IntVar(&f.pol.Every, "kv-every", 0, "during decoding, prune every N steps (window methods, h2o and tova: every step)")
+	fl.StringVar(&f.positions, "kv-positions", "", "original (default) or reindex (StreamingLLM's positions inside the cache; streaming's default)")
+	fl.StringVar(&f.agg, "kv-agg", "mean", "how the query heads of a KV head combine their scores: mean, max or sum")
+}
+
+// policyConfig is the --kv-policy configuration, normalized.
+func (f *modelFlags) policyConfig() (policy.Config, error) {
+	c := f.pol
+	var err error
+	if c.Agg, err = policy.ParseAgg(f.agg); err != nil {
+		return c, err
+	}
+	if c.Positions, err = policy.ParsePositions(f.positions); err != nil {
+		return c, err
+	}
+	return c.Normalize()
+}
+
+// attachPolicy puts the --kv-policy on a sequence (nil for full).
+func (f *modelFlags) attachPolicy(seq *model.Sequence) (*policy.State, error) {
+	c, err := f.policyConfig()
+	if err != nil {
+		return nil, err
+	}
+	if c.Method == "full" {
+		return nil, nil
+	}
+	return policy.New(c, seq)
 }
 
 // kvOptions turns the KV flags into cache options.
@@ -78,6 +119,9 @@ func (f *modelFlags) load() (*model.Model, tokenizer.Tokenizer, error) {
 		return nil, nil, errors.New("--chunk must be positive")
 	}
 	if _, err := f.kvOptions(); err != nil {
+		return nil, nil, err
+	}
+	if _, err := f.policyConfig(); err != nil {
 		return nil, nil, err
 	}
 	return engine.Load(f.model, f.tokenizer)

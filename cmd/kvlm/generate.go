@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/kvlm/kvlm/engine"
+	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/sample"
 	"github.com/spf13/cobra"
 )
@@ -20,6 +21,8 @@ type generateJSON struct {
 	PrefillTokS  float64 `json:"prefill_tok_s"`
 	DecodeTokS   float64 `json:"decode_tok_s"`
 	KVBytes      int64   `json:"kv_bytes"`
+	KVBytesPeak  int64   `json:"kv_bytes_peak"`
+	KeptPerLayer []int   `json:"kept_per_layer,omitempty"`
 }
 
 func newGenerate() *cobra.Command {
@@ -59,6 +62,11 @@ func newGenerate() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defer seq.Close()
+			pol, err := mf.attachPolicy(seq)
+			if err != nil {
+				return err
+			}
 			out := cmd.OutOrStdout()
 			promptText := tok.DecodeAll(ids)
 			if !asJSON {
@@ -67,7 +75,7 @@ func newGenerate() *cobra.Command {
 			prev := ids[len(ids)-1]
 			var text []byte
 			res, err := engine.Generate(seq, engine.Request{
-				Prompt: ids, MaxTokens: n, EOS: tok.EOS(), Sampler: sampler,
+				Prompt: ids, MaxTokens: n, EOS: tok.EOS(), Sampler: sampler, Policy: pol,
 				OnToken: func(id int) error {
 					piece := tok.Decode(prev, id)
 					prev = id
@@ -90,6 +98,7 @@ func newGenerate() *cobra.Command {
 					Prompt: promptText, Text: string(text), PromptTokens: ids, Tokens: nonNil(res.Tokens), Stop: string(res.Stop),
 					PrefillMS: ms(res.PrefillTime), DecodeMS: ms(res.DecodeTime),
 					PrefillTokS: res.PrefillTokS(), DecodeTokS: res.DecodeTokS(), KVBytes: seq.Cache().Bytes(),
+					KVBytesPeak: res.PeakKVBytes, KeptPerLayer: keptPerLayer(pol),
 				})
 			}
 			fmt.Fprintln(out)
@@ -118,4 +127,11 @@ func nonNil(x []int) []int {
 		return []int{}
 	}
 	return x
+}
+
+func keptPerLayer(p *policy.State) []int {
+	if p == nil {
+		return nil
+	}
+	return p.KeptPerLayer()
 }

@@ -3,27 +3,54 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 
 	"github.com/kvlm/kvlm/eval"
+	"github.com/kvlm/kvlm/kvcache/policy"
+	"github.com/kvlm/kvlm/model"
 	"github.com/spf13/cobra"
 )
+
+type pplJSON struct {
+	eval.PPLResult
+	Mode         string      `json:"mode"`                    // "full", "compress-after" or "stream"
+	Policy       string      `json:"policy"`                  // the --kv-policy configuration
+	KVBytesPeak  int64       `json:"kv_bytes_peak"`           // the most KV memory held
+	KeptPerLayer []int       `json:"kept_per_layer"`          // tokens each layer holds at the end, over its heads
+	Kept         [][][]int32 `json:"kept,omitempty"`          // after --compress-after: per layer, per KV head, sorted original positions
+	NLLByWindow  []float64   `json:"nll_by_window,omitempty"` // --stream: mean NLL of each --report-every predictions
+}
 
 func newPPL() *cobra.Command {
 	var mf modelFlags
 	var file string
-	var ctx, maxBytes int
-	var asJSON bool
+	var ctx, maxBytes, compressAfter, reportEvery int
+	var stream, asJSON bool
 	c := &cobra.Command{
 		Use:   "ppl -m MODEL -f FILE --ctx N",
 		Short: "Perplexity of a text: encode with BOS, feed the first N tokens, score the N-1 predictions",
-		Args:  cobra.NoArgs,
+		Long: `Perplexity of a text: encode with BOS, feed the first --ctx tokens, score the predictions.
+
+With a --kv-policy:
+  --compress-after N   prefill N tokens, compress the cache once, then score the rest
+                       (the predictions of tokens N+1..ctx-1, made after compression)
+  --stream             feed the tokens one by one with the cache bounded by the policy;
+                       --ctx may exceed the model's context (with --kv-policy full, dense
+                       attention runs past the trained positions)`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file == "" {
 				return errors.New("no text given: use -f FILE")
 			}
 			if ctx < 2 {
 				return fmt.Errorf("--ctx must be at least 2, got %d", ctx)
+			}
+			if stream && compressAfter > 0 {
+				return errors.New("--stream and --compress-after are different experiments: give one")
+			}
+			if reportEvery < 1 {
+				return fmt.Errorf("--report-every must be positive")
 			}
 			data, err := os.ReadFile(file)
 			if err != nil {
@@ -37,25 +64,68 @@ func newPPL() *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			if ctx > m.CtxLen {
-				return fmt.Errorf("--ctx %d is longer than the model's context length %d", ctx, m.CtxLen)
+			if ctx > m.CtxLen && !stream {
+				return fmt.Errorf("--ctx %d is longer than the model's context length %d (use --stream to go past it)", ctx, m.CtxLen)
+			}
+			if compressAfter < 0 || (compressAfter > 0 && compressAfter >= ctx-1) {
+				return fmt.Errorf("--compress-after %d must leave tokens to score before --ctx %d", compressAfter, ctx)
 			}
 			ids := tok.Encode(string(data), tok.BOS() >= 0, false)
 			if len(ids) < ctx {
 				return fmt.Errorf("%s encodes to %d tokens, fewer than --ctx %d", file, len(ids), ctx)
 			}
-			seq, err := mf.sequence(m)
+			ids = ids[:ctx]
+			pc, err := mf.policyConfig()
 			if err != nil {
 				return err
 			}
-			r, err := eval.Perplexity(seq, ids[:ctx])
+			opt, err := mf.kvOptions()
 			if err != nil {
 				return err
+			}
+			if stream && pc.Method == "full" && opt.MemBytes == 0 {
+				opt.Tokens = max(ctx, m.CtxLen) // dense: room for every token
+			}
+			seq, err := m.NewStandaloneSequence(opt)
+			if err != nil {
+				return err
+			}
+			defer seq.Close()
+			seq.Chunk = mf.chunk
+			pol, err := mf.attachPolicy(seq)
+			if err != nil {
+				return err
+			}
+			out := pplJSON{Mode: "full", Policy: pc.String()}
+			switch {
+			case compressAfter > 0:
+				out.Mode = "compress-after"
+				err = compressThenContinue(seq, pol, ids, compressAfter, &out)
+			case stream || pol != nil:
+				out.Mode = "stream"
+				if pc.Method == "full" {
+					seq.MaxPos = math.MaxInt32 // dense attention runs past the trained positions
+				}
+				err = streamPPL(seq, pol, ids, reportEvery, &out)
+			default:
+				out.PPLResult, err = eval.Perplexity(seq, ids)
+				out.KVBytesPeak = seq.Cache().Bytes()
+			}
+			if err != nil {
+				return err
+			}
+			if pol != nil {
+				out.KeptPerLayer = pol.KeptPerLayer()
 			}
 			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), r)
+				return writeJSON(cmd.OutOrStdout(), out)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "tokens %d  predictions %d  mean NLL %.6f nats  perplexity %.4f\n", r.Tokens, r.Predictions, r.MeanNLL, r.PPL)
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "tokens %d  predictions %d  mean NLL %.6f nats  perplexity %.4f  (%s, %s, peak KV %s)\n",
+				out.Tokens, out.Predictions, out.MeanNLL, out.PPL, out.Mode, out.Policy, human(out.KVBytesPeak))
+			for i, v := range out.NLLByWindow {
+				fmt.Fprintf(w, "  predictions %6d-%6d  mean NLL %.4f\n", i*reportEvery+1, min((i+1)*reportEvery, out.Predictions), v)
+			}
 			return nil
 		},
 	}
@@ -63,6 +133,92 @@ func newPPL() *cobra.Command {
 	c.Flags().StringVarP(&file, "file", "f", "", "text file")
 	c.Flags().IntVar(&ctx, "ctx", 512, "tokens to feed (BOS included)")
 	c.Flags().IntVar(&maxBytes, "bytes", 0, "use only the first N bytes of the file (0 = all)")
+	c.Flags().IntVar(&compressAfter, "compress-after", 0, "prefill N tokens, compress the cache, then score the rest")
+	c.Flags().BoolVar(&stream, "stream", false, "feed tokens one by one with the cache bounded by the policy")
+	c.Flags().IntVar(&reportEvery, "report-every", 1000, "--stream: report the mean NLL of each run of this many predictions")
 	c.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	return c
+}
+
+// compressThenContinue prefills ids[:n], compresses, then scores the
+// predictions made after compression: tokens n+1..len(ids)-1.
+func compressThenContinue(seq *model.Sequence, pol *policy.State, ids []int, n int, out *pplJSON) error {
+	if pol != nil {
+		pol.BeginPrefill(n)
+	}
+	if _, err := seq.Forward(ids[:n], false); err != nil {
+		return err
+	}
+	out.KVBytesPeak = seq.Cache().Bytes()
+	if pol != nil {
+		if err := pol.Compress(); err != nil {
+			return err
+		}
+		out.Kept = pol.Kept()
+	}
+	var total float64
+	count := 0
+	for p := n; p < len(ids)-1; p++ {
+		if pol != nil {
+			if err := pol.Before(1); err != nil {
+				return err
+			}
+		}
+		logits, err := seq.Forward(ids[p:p+1], false)
+		if err != nil {
+			return err
+		}
+		out.KVBytesPeak = max(out.KVBytesPeak, seq.Cache().Bytes())
+		total += eval.NLL(logits, ids[p+1])
+		count++
+	}
+	out.PPLResult = eval.PPLResult{Tokens: len(ids), Predictions: count, MeanNLL: total / float64(count)}
+	out.PPL = math.Exp(out.MeanNLL)
+	return nil
+}
+
+// streamPPL feeds ids one token at a time (in chunks when no policy
+// prunes), scoring every prediction, and averages them in windows.
+func streamPPL(seq *model.Sequence, pol *policy.State, ids []int, every int, out *pplJSON) error {
+	var total, win float64
+	nwin := 0
+	count := 0
+	step := 1
+	if pol == nil {
+		step = max(1, seq.Chunk) // no eviction: chunks compute the same numbers faster
+	}
+	V := seq.Model().Vocab
+	for p := 0; p < len(ids)-1; p += step {
+		hi := min(p+step, len(ids)-1)
+		if pol != nil {
+			if err := pol.Before(hi - p); err != nil {
+				return err
+			}
+		}
+		logits, err := seq.Forward(ids[p:hi], true)
+		if err != nil {
+			return fmt.Errorf("at token %d: %w", p, err)
+		}
+		out.KVBytesPeak = max(out.KVBytesPeak, seq.Cache().Bytes())
+		for i := p; i < hi; i++ {
+			nll := eval.NLL(logits[(i-p)*V:(i-p+1)*V], ids[i+1])
+			total += nll
+			win += nll
+			nwin++
+			count++
+			if nwin == every {
+				out.NLLByWindow = append(out.NLLByWindow, win/float64(nwin))
+				win, nwin = 0, 0
+			}
+		}
+	}
+	if nwin > 0 {
+		out.NLLByWindow = append(out.NLLByWindow, win/float64(nwin))
+	}
+	out.PPLResult = eval.PPLResult{Tokens: len(ids), Predictions: count, MeanNLL: total / float64(count)}
+	out.PPL = math.Exp(out.MeanNLL)
+	if math.IsNaN(out.MeanNLL) || math.IsInf(out.MeanNLL, 0) {
+		return fmt.Errorf("mean NLL is %v", out.MeanNLL)
+	}
+	return nil
 }

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/kvlm/kvlm/attention"
-	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/internal/shared"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/tokenizer"
@@ -101,7 +100,11 @@ type stories struct {
 
 func loadStories(t testing.TB) stories {
 	t.Helper()
-	m, tok, err := engine.Load(shared.Path(t, "models/stories260K/stories260K.bin"), shared.Path(t, "models/stories260K/tok512.bin"))
+	m, err := model.LoadLlama2C(shared.Path(t, "models/stories260K/stories260K.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.LoadLlama2C(shared.Path(t, "models/stories260K/tok512.bin"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -188,8 +188,10 @@ func (st *State) prune(incoming int) error {
 	}
 	sinks, window := c.Sinks, c.Window
 	if st.kind == kindAccum && window == 0 {
-		window = b / 2 // H2O: half the budget for recent tokens
+		window = (b + incoming) / 2 // H2O: half the budget for recent tokens
 	}
+	// The incoming tokens are the newest of the window.
+	window = max(0, window-incoming)
 	if c.Budget == 0 {
 		// Ratio budgets: the window never exceeds the budget.
 		sinks = min(sinks, b)
