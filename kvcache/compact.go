@@ -84,7 +84,7 @@ func (s *Paged) keep(t *table, keep []int) error {
 		}
 	}
 	if t.res != nil && len(fromBlocks) != t.n-first*B {
-		return fmt.Errorf("slots sealed in KIVI groups cannot be dropped (only the %d-token residual can)", t.res.n)
+		return s.keepSealed(t, first, fromBlocks, fromRes)
 	}
 	need := (len(fromBlocks) + B - 1) / B
 	if t.res == nil && need > 0 {
@@ -130,6 +130,44 @@ func (s *Paged) keep(t *table, keep []int) error {
 	t.dirty = true
 	s.pristine = false
 	return nil
+}
+
+// keepSealed compacts a KIVI table whose sealed blocks lose slots: the
+// surviving slots of blocks first.. are decoded back into the
+// full-precision residual, ahead of its surviving slots, and the residual
+// is sealed again group by group. KIVI keys of those slots are thus
+// quantized twice (with their new group's range); nothing else is lost.
+// The caller holds p.mu.
+func (s *Paged) keepSealed(t *table, first int, fromBlocks, fromRes []int) error {
+	p := s.pool
+	B, d := p.B, p.layout.HeadDim
+	r := t.res
+	n := len(fromBlocks) + len(fromRes)
+	k, v, pos := make([]float32, max(n, len(r.pos))*d), make([]float32, max(n, len(r.pos))*d), make([]int32, max(n, len(r.pos)))
+	for j, slot := range fromBlocks {
+		b, i := t.blocks[slot/B], slot%B
+		p.kc.Get(p.kbuf(b), B, d, i, k[j*d:(j+1)*d])
+		p.vc.Get(p.vbuf(b), B, d, i, v[j*d:(j+1)*d])
+		pos[j] = p.posbuf(b)[i]
+	}
+	for j, slot := range fromRes {
+		o := len(fromBlocks) + j
+		copy(k[o*d:(o+1)*d], r.k[slot*d:(slot+1)*d])
+		copy(v[o*d:(o+1)*d], r.v[slot*d:(slot+1)*d])
+		pos[o] = r.pos[slot]
+	}
+	for j := len(t.blocks) - 1; j >= first; j-- {
+		p.decref(t.blocks[j])
+	}
+	t.blocks = t.blocks[:first]
+	t.n = first * B
+	r.k, r.v, r.pos, r.n = k, v, pos, n
+	t.dirty = true
+	s.pristine = false
+	if s.hold {
+		return nil
+	}
+	return s.sealFull(t)
 }
 
 // Slots is the number of tokens the table of (layer, head) holds.

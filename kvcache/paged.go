@@ -39,6 +39,7 @@ type Paged struct {
 	hashes     []uint64 // prefix hash of each full block registered or matched
 	registered int      // leading blocks known to the prefix cache
 	freed      bool
+	hold       bool // KIVI: keep new tokens in the residual (see HoldSeal)
 }
 
 // NewSequence starts an empty sequence.
@@ -193,28 +194,78 @@ func (s *Paged) appendBlock(t *table, pos int32, k, v []float32) error {
 	return nil
 }
 
+// sealSize is how many residual tokens are sealed at once: a KIVI key
+// group, or one block when only the values are KIVI.
+func (p *Pool) sealSize() int {
+	if p.group > 0 {
+		return p.group
+	}
+	return p.B
+}
+
 // appendResidual adds a token to the f32 residual and seals its oldest
-// group once the residual holds residual+group tokens.
+// group once the residual holds residual+group tokens (unless sealing is
+// held).
 func (s *Paged) appendResidual(t *table, pos int32, k, v []float32) error {
 	p := s.pool
 	d := p.layout.HeadDim
-	seal := p.group
-	if seal == 0 {
-		seal = p.B // values-only KIVI: seal a block at a time
-	}
 	if t.res == nil {
-		c := p.residual + seal
+		c := p.residual + p.sealSize()
 		t.res = &residual{k: make([]float32, c*d), v: make([]float32, c*d), pos: make([]int32, c)}
 	}
 	r := t.res
+	if r.n == len(r.pos) {
+		r.grow(d, 2*len(r.pos))
+	}
 	copy(r.k[r.n*d:(r.n+1)*d], k)
 	copy(r.v[r.n*d:(r.n+1)*d], v)
 	r.pos[r.n] = pos
 	r.n++
-	if r.n < p.residual+seal {
+	if s.hold {
 		return nil
 	}
-	return s.seal(t, seal)
+	return s.sealFull(t)
+}
+
+// sealFull seals groups while the residual holds residual+group tokens.
+func (s *Paged) sealFull(t *table) error {
+	p := s.pool
+	for t.res != nil && t.res.n >= p.residual+p.sealSize() {
+		if err := s.seal(t, p.sealSize()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// grow enlarges the residual buffers to c tokens.
+func (r *residual) grow(d, c int) {
+	k, v, pos := make([]float32, c*d), make([]float32, c*d), make([]int32, c)
+	copy(k, r.k[:r.n*d])
+	copy(v, r.v[:r.n*d])
+	copy(pos, r.pos[:r.n])
+	r.k, r.v, r.pos = k, v, pos
+}
+
+// HoldSeal, with a KIVI cache, keeps new tokens in the full-precision
+// residual instead of sealing them, so a prompt can be compressed before it
+// is quantized; releasing it seals what is due. Without KIVI it does
+// nothing.
+func (s *Paged) HoldSeal(hold bool) error {
+	s.hold = hold
+	if hold || s.pool.residual == 0 {
+		return nil
+	}
+	p := s.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range s.tables {
+		if err := s.sealFull(&s.tables[i]); err != nil {
+			return err
+		}
+		s.tables[i].dirty = true
+	}
+	return nil
 }
 
 // seal moves the oldest m residual tokens (whole blocks) into blocks; keys

@@ -52,6 +52,11 @@ type Sequence struct {
 	// attention mass to collect, and handed the result (eviction policies).
 	Mass MassHook
 
+	// AttnTap, if set, sees each layer's attention output ([n][QDim],
+	// before the output projection) of every forward step: how the
+	// evaluation measures what compression does to attention.
+	AttnTap func(layer int, out []float32)
+
 	// Scratch for a chunk of n tokens (grown as needed).
 	x      []float32 // [n][Dim] residual stream
 	xb     []float32 // [n][Dim] normalised input of a sub-block
@@ -253,6 +258,9 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		att.Run(&s.scr)
 		if att.Mass != nil {
 			s.Mass.Done(li, att.Mass, s.q, s.pos32)
+		}
+		if s.AttnTap != nil {
+			s.AttnTap(li, s.att[:n*c.QDim()])
 		}
 		L.Wo.MatMul(s.xb, s.att, n)
 		tensor.Add(s.x, s.xb)

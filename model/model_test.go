@@ -340,3 +340,41 @@ func TestPrefixReuse(t *testing.T) {
 		t.Fatalf("%d blocks still used", u.Used)
 	}
 }
+
+// TestRotate: rotating a key computed at position p by d equals the key
+// computed at position p+d (RoPE is a rotation by angle·position).
+func TestRotate(t *testing.T) {
+	m := loadStories(t)
+	for _, style := range []RopeStyle{RopeInterleaved, RopeNeoX} {
+		m.Rope = style
+		seq, _ := m.NewStandaloneSequence(KVOptions{})
+		x := make([]float32, m.HeadDim)
+		for i := range x {
+			x[i] = float32(i) - 3.5
+		}
+		at := func(p int) []float32 {
+			y := append([]float32(nil), x...)
+			seq.cos = grow(seq.cos, m.HeadDim/2)
+			seq.sin = grow(seq.sin, m.HeadDim/2)
+			for j, f := range seq.freq {
+				a := float32(p) * f
+				seq.cos[j] = float32(math.Cos(float64(a)))
+				seq.sin[j] = float32(math.Sin(float64(a)))
+			}
+			seq.rope(y, 1, 1)
+			return y
+		}
+		for _, c := range []struct{ p, d int }{{5, 3}, {100, -40}, {7, -7}, {0, 511}} {
+			got := at(c.p)
+			m.Rotate(got, c.d)
+			want := at(c.p + c.d)
+			for i := range got {
+				if math.Abs(float64(got[i]-want[i])) > 2e-5 {
+					t.Fatalf("%s: rotate(%d)+%d differs at %d: %v vs %v", style, c.p, c.d, i, got[i], want[i])
+				}
+			}
+		}
+		seq.Close()
+	}
+	m.Rope = RopeInterleaved
+}

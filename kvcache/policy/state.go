@@ -71,8 +71,14 @@ func (st *State) Config() Config { return st.cfg }
 // BeginPrefill announces that the next forward steps run the n tokens of a
 // prompt, so the scorers watch the right queries (SnapKV's observation
 // window is the prompt's last W tokens).
+//
+// With a KIVI cache the prompt stays in full precision until Compress, so
+// it is compressed first and quantized after.
 func (st *State) BeginPrefill(n int) {
 	st.prefT, st.prefAt = n, st.seen
+	if st.kind != kindNone {
+		st.cache.HoldSeal(true)
+	}
 }
 
 // Request implements model.MassHook.
@@ -138,7 +144,11 @@ func (st *State) Compress() error {
 	if st.kind == kindNone {
 		return nil
 	}
-	return st.prune(0)
+	if err := st.prune(0); err != nil {
+		st.cache.HoldSeal(false)
+		return err
+	}
+	return st.cache.HoldSeal(false)
 }
 
 // Before runs the decoding-time schedule before a forward step of incoming
