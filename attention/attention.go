@@ -13,7 +13,10 @@
 // afterwards (FlashDecoding). On request both hand
 // back the attention mass each stored token received, summed over chosen
 // queries and aggregated over the query heads that share a KV head — the
-// scores the eviction policies need.
+// scores the eviction policies need. A segment may carry per-slot
+// magnitudes (MiniCache's merged layers store unit directions shared by two
+// layers and each layer's norms): scores are then multiplied by KMag[i] and
+// value weights by VMag[i]; segments without them take the plain path.
 package attention
 
 import (
@@ -43,6 +46,11 @@ type MassRequest struct {
 	// n−W: an observation window of W; n−1: the last query).
 	From int
 	Agg  Agg
+	// Weights, if set, weights each contributing query: query t ≥ From
+	// adds Weights[t−From] times its mass (PyramidInfer weights recent
+	// queries by distance). It must cover every query from From on; nil
+	// weights every query 1.
+	Weights []float32
 	// Out[head] receives, added to what it holds, the mass of each slot of
 	// that KV head's segments in order: len ≥ the slots of the table.
 	Out [][]float32
@@ -237,6 +245,9 @@ func (b *Batch) runItem(it *item, sc *Scratch, buf []float32) []float32 {
 				}
 				sj := scores[j*maxN : j*maxN+s.N]
 				codec.DotAll(s.KC, s.K, s.Cap, hd, qj, sj)
+				if s.KMag != nil {
+					scaleBy(sj, s.KMag)
+				}
 				tmax := float32(math.Inf(-1))
 				for i := 0; i < s.N; i++ {
 					if s.Pos[i] > p {
@@ -263,6 +274,17 @@ func (b *Batch) runItem(it *item, sc *Scratch, buf []float32) []float32 {
 					}
 				}
 				*m = mNew
+				if s.VMag != nil {
+					for i := 0; i < s.N; i++ {
+						if s.Pos[i] > p {
+							continue
+						}
+						e := float32(math.Exp(float64(sj[i] - mNew)))
+						*l += e
+						s.VC.Axpy(s.V, s.Cap, hd, i, e*s.VMag[i], oj)
+					}
+					continue
+				}
 				for i := 0; i < s.N; i++ {
 					if s.Pos[i] > p {
 						continue
@@ -314,6 +336,9 @@ func (b *Batch) runExact(h, t int, buf []float32) []float32 {
 		mx := float32(math.Inf(-1))
 		for _, s := range segs {
 			codec.DotAll(s.KC, s.K, s.Cap, hd, qj, sc[k:k+s.N])
+			if s.KMag != nil {
+				scaleBy(sc[k:k+s.N], s.KMag)
+			}
 			for i := 0; i < s.N; i++ {
 				if s.Pos[i] > p {
 					sc[k+i] = float32(math.Inf(-1))
@@ -338,6 +363,15 @@ func (b *Batch) runExact(h, t int, buf []float32) []float32 {
 		}
 		k = 0
 		for _, s := range segs {
+			if s.VMag != nil {
+				for i := 0; i < s.N; i++ {
+					if a := sc[k+i]; a != 0 {
+						s.VC.Axpy(s.V, s.Cap, hd, i, a*s.VMag[i], oj)
+					}
+				}
+				k += s.N
+				continue
+			}
 			for i := 0; i < s.N; i++ {
 				if a := sc[k+i]; a != 0 {
 					s.VC.Axpy(s.V, s.Cap, hd, i, a, oj)
@@ -412,8 +446,13 @@ func (b *Batch) mass(h int, buf []float32) []float32 {
 	}
 	buf = buf[:need]
 	out := b.Mass.Out[h]
-	for t := max(b.Mass.From, 0); t < len(b.Pos); t++ {
+	from := max(b.Mass.From, 0)
+	for t := from; t < len(b.Pos); t++ {
 		p := b.Pos[t]
+		wt := float32(1) // ×1 leaves every unweighted sum bit for bit as it was
+		if b.Mass.Weights != nil {
+			wt = b.Mass.Weights[t-from]
+		}
 		qt := b.Q[t*stride+h*G*hd : t*stride+(h+1)*G*hd]
 		sc := buf[:G*slots]
 		ms := buf[G*slots : G*slots+G]
@@ -426,7 +465,11 @@ func (b *Batch) mass(h int, buf []float32) []float32 {
 				for i := 0; i < s.N; i++ {
 					v := float32(math.Inf(-1))
 					if s.Pos[i] <= p {
-						v = s.KC.Dot(s.K, s.Cap, hd, i, qj) / b.Norm
+						d := s.KC.Dot(s.K, s.Cap, hd, i, qj)
+						if s.KMag != nil {
+							d *= s.KMag[i]
+						}
+						v = d / b.Norm
 					}
 					sc[j*slots+k] = v
 					if v > m {
@@ -464,8 +507,17 @@ func (b *Batch) mass(h int, buf []float32) []float32 {
 			if b.Mass.Agg == AggMean {
 				agg /= float32(G)
 			}
-			out[k] += agg
+			out[k] += wt * agg
 		}
 	}
 	return buf
+}
+
+// scaleBy multiplies each score by its slot's key magnitude (a segment
+// whose keys are stored as unit directions, see kvcache.Segment.KMag).
+func scaleBy(sc, mag []float32) {
+	mag = mag[:len(sc)]
+	for i := range sc {
+		sc[i] *= mag[i]
+	}
 }

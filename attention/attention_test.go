@@ -52,6 +52,7 @@ type fixture struct {
 	seq                  *kvcache.Paged
 	keys, vals           [][][]float64 // [head][token][hd], as stored (decoded)
 	pos                  []int32
+	segs                 func(h int) []kvcache.Segment // nil: the sequence's segments
 }
 
 // build fills a one-layer paged cache with random keys and values and reads
@@ -124,8 +125,12 @@ func (f *fixture) checkMode(t *testing.T, rng *rand.Rand, qpos []int32, splitMin
 		q[i] = float32(rng.NormFloat64())
 	}
 	out := make([]float32, n*stride)
+	segs := f.segs
+	if segs == nil {
+		segs = func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }
+	}
 	b := Batch{Heads: f.heads, G: f.G, HeadDim: f.hd, Norm: float32(math.Sqrt(float64(f.hd))), Q: q, Out: out, Pos: qpos,
-		Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, SplitMin: splitMin, SplitChunk: 100, Mass: mass, Online: online}
+		Segs: segs, SplitMin: splitMin, SplitChunk: 100, Mass: mass, Online: online}
 	var sc Scratch
 	b.Run(&sc)
 	worst := 0.0
@@ -151,11 +156,15 @@ func (f *fixture) checkMode(t *testing.T, rng *rand.Rand, qpos []int32, splitMin
 				}
 			}
 			if mass != nil && ti >= mass.From {
+				w := 1.0
+				if mass.Weights != nil {
+					w = float64(mass.Weights[ti-mass.From])
+				}
 				for i := range agg {
 					if mass.Agg == AggMean {
 						agg[i] /= float64(f.G)
 					}
-					wantMass[h][i] += agg[i]
+					wantMass[h][i] += w * agg[i]
 				}
 			}
 		}
@@ -246,5 +255,85 @@ func TestAttentionMass(t *testing.T) {
 				f.check(t, rng, qpos, 0, m, 1e-5)
 			})
 		}
+	}
+}
+
+// TestAttentionMassWeights: per-query weights scale each query's mass
+// (PyramidInfer's linspace(1, 1.2) over the recent queries).
+func TestAttentionMassWeights(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	f := build(t, rng, 2, 2, 16, 90, 16, codec.F32, codec.F32)
+	var qpos []int32
+	for p := 70; p < 90; p++ {
+		qpos = append(qpos, int32(p))
+	}
+	for _, agg := range []Agg{AggMean, AggMax, AggSum} {
+		for _, from := range []int{0, 12, 19} {
+			w := make([]float32, len(qpos)-from)
+			for i := range w {
+				w[i] = 1 + 0.2*float32(i)/float32(max(1, len(w)-1))
+			}
+			if from == 12 {
+				w[3] = 0 // a zero weight drops a query
+			}
+			m := &MassRequest{From: from, Agg: agg, Weights: w, Out: [][]float32{make([]float32, 90), make([]float32, 90)}}
+			t.Run(fmt.Sprintf("%s_from%d", agg, from), func(t *testing.T) {
+				f.check(t, rng, qpos, 0, m, 1e-5)
+				f.check(t, rng, qpos[:1], -1, nil, 1e-5)
+			})
+		}
+	}
+}
+
+// TestMagnitudes: segments whose slots carry key and value magnitudes
+// (MiniCache's merged layers: unit directions times per-layer norms) give
+// the naive attention over the restored vectors KMag[i]·k_i and VMag[i]·v_i,
+// on every path (two-pass, online, split decode, attention mass), with
+// segments with and without magnitudes mixed and for quantized codecs.
+func TestMagnitudes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, c := range []struct{ k, v string }{{"f32", "f32"}, {"q4", "q8"}, {"kivi4", "kivi2"}} {
+		kc, err := codec.Parse(c.k, codec.Keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vc, err := codec.Parse(c.v, codec.Values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(c.k+"_"+c.v, func(t *testing.T) {
+			const tokens = 1500
+			f := build(t, rng, 2, 4, 16, tokens, 16, kc, vc)
+			segs := make([][]kvcache.Segment, f.heads)
+			for h := range segs {
+				slot := 0
+				for j, s := range f.seq.Segments(0, h) {
+					if j%3 != 2 { // every third segment keeps the plain path
+						s.KMag, s.VMag = make([]float32, s.N), make([]float32, s.N)
+						for i := range s.N {
+							s.KMag[i] = float32(0.25 + 2*rng.Float64())
+							s.VMag[i] = float32(0.25 + 2*rng.Float64())
+							for c := range f.keys[h][slot+i] {
+								f.keys[h][slot+i][c] *= float64(s.KMag[i])
+								f.vals[h][slot+i][c] *= float64(s.VMag[i])
+							}
+						}
+					}
+					segs[h] = append(segs[h], s)
+					slot += s.N
+				}
+			}
+			f.segs = func(h int) []kvcache.Segment { return segs[h] }
+			last := int32(tokens - 1)
+			f.check(t, rng, []int32{last}, -1, nil, 5e-5)
+			f.check(t, rng, []int32{last}, 1, nil, 5e-5)
+			var qpos []int32
+			for p := tokens - 20; p < tokens; p++ {
+				qpos = append(qpos, int32(p))
+			}
+			f.check(t, rng, qpos, 0, nil, 5e-5)
+			m := &MassRequest{From: 5, Agg: AggMean, Out: [][]float32{make([]float32, tokens), make([]float32, tokens)}}
+			f.check(t, rng, qpos, 0, m, 5e-5)
+		})
 	}
 }

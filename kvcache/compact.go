@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvlm/kvlm/kvcache/codec"
 )
@@ -15,7 +16,8 @@ import (
 // others (ragged per-head budgets free memory for real).
 //
 // With a KIVI residual, sealed key groups cannot be split: only residual
-// slots may be dropped.
+// slots may be dropped. A table merged by MergeLayers (MiniCache) cannot be
+// pruned.
 func (s *Paged) Keep(layer, head int, keep []int) error {
 	p := s.pool
 	p.mu.Lock()
@@ -35,6 +37,11 @@ func (s *Paged) RemoveRange(from, to int) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	for i := range s.tables {
+		if t := &s.tables[i]; t.mini != nil && from < t.len() && to > from {
+			return fmt.Errorf("kvcache: layer %d: %w", i/p.layout.KVHeads, errMerged)
+		}
+	}
 	for i := range s.tables {
 		t := &s.tables[i]
 		n := t.len()
@@ -60,6 +67,9 @@ func (s *Paged) keep(t *table, keep []int) error {
 	p := s.pool
 	B, d := p.B, p.layout.HeadDim
 	total := t.len()
+	if t.mini != nil && len(keep) != total {
+		return errMerged
+	}
 	for i, k := range keep {
 		if k < 0 || k >= total || (i > 0 && k <= keep[i-1]) {
 			return fmt.Errorf("kept slots must be ascending indexes below %d", total)
@@ -174,11 +184,17 @@ func (s *Paged) keepSealed(t *table, first int, fromBlocks, fromRes []int) error
 func (s *Paged) Slots(layer, head int) int { return s.tab(layer, head).len() }
 
 // Positions returns the positions of the table of (layer, head), in slot
-// order (a fresh slice).
+// order (a fresh slice). A table merged by MergeLayers does not hold its
+// slots in position order (merged, then retained, then newer tokens); its
+// positions are returned sorted, and the slot-addressed operations (Keep,
+// RewriteKeys) refuse it.
 func (s *Paged) Positions(layer, head int) []int32 {
 	var out []int32
 	for _, seg := range s.Segments(layer, head) {
 		out = append(out, seg.Pos[:seg.N]...)
+	}
+	if s.tab(layer, head).mini != nil {
+		slices.Sort(out)
 	}
 	return out
 }
@@ -194,6 +210,9 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	t := s.tab(layer, head)
+	if t.mini != nil && len(slots) > 0 {
+		return fmt.Errorf("kvcache: layer %d head %d: %w", layer, head, errMerged)
+	}
 	d := p.layout.HeadDim
 	key := make([]float32, d)
 	for _, i := range slots {

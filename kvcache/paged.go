@@ -18,6 +18,7 @@ type table struct {
 	dirty  bool      // blocks or n changed since segs was built
 	kbuf   []float32 // scratch for sealing: [group][headDim]
 	lo, hi []float32 // scratch: per-channel range of a key group [headDim]
+	mini   *merged   // MiniCache: merged and retained tokens before the blocks (minicache.go); nil if unmerged
 }
 
 // residual holds the newest tokens of a table in f32 (KIVI): keys wait for
@@ -58,11 +59,14 @@ func (s *Paged) Layout() Layout { return s.pool.layout }
 
 func (s *Paged) tab(layer, head int) *table { return &s.tables[layer*s.pool.layout.KVHeads+head] }
 
-// tokens a table holds, residual included.
+// tokens a table holds, residual and merged tokens included.
 func (t *table) len() int {
 	n := t.n
 	if t.res != nil {
 		n += t.res.n
+	}
+	if t.mini != nil {
+		n += t.mini.len()
 	}
 	return n
 }
@@ -337,6 +341,11 @@ type Segment struct {
 	Cap    int         // slots the encoding is laid out for
 	N      int         // filled slots
 	Pos    []int32     // [N] position of each slot
+	// KMag and VMag, when not nil, are per-slot magnitudes [N]: the
+	// stored key (value) of slot i is a unit direction and the token's key
+	// (value) is KMag[i] (VMag[i]) times it. MiniCache's merged layers
+	// share directions between two layers and keep each layer's norms.
+	KMag, VMag []float32
 }
 
 // Segments returns (layer, head)'s stored tokens in order. The slice stays
@@ -349,6 +358,9 @@ func (s *Paged) Segments(layer, head int) []Segment {
 	p := s.pool
 	d := p.layout.HeadDim
 	t.segs = t.segs[:0]
+	if t.mini != nil {
+		t.segs = t.mini.segments(p, t.segs)
+	}
 	for j, b := range t.blocks {
 		n := min(p.B, t.n-j*p.B)
 		t.segs = append(t.segs, Segment{K: p.kbuf(b), V: p.vbuf(b), KC: p.kc, VC: p.vc, Cap: p.B, N: n, Pos: p.posbuf(b)[:n]})
@@ -379,11 +391,20 @@ func (s *Paged) Truncate(n int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i := range s.tables {
+		if t := &s.tables[i]; t.mini != nil && n < t.len() && n < t.mini.len() {
+			return fmt.Errorf("kvcache: cannot truncate to %d tokens: the first %d of layer %d are merged (MiniCache)", n, t.mini.len(), i/p.layout.KVHeads)
+		}
+	}
+	for i := range s.tables {
 		t := &s.tables[i]
 		if n >= t.len() {
 			continue
 		}
 		t.dirty = true
+		n := n // tokens of the blocks and residual to keep
+		if t.mini != nil {
+			n -= t.mini.len()
+		}
 		if t.res != nil {
 			if n < t.n {
 				return fmt.Errorf("kvcache: cannot truncate to %d tokens: %d are sealed in KIVI groups", n, t.n)
@@ -422,6 +443,9 @@ func (s *Paged) Fork() *Paged {
 		for _, b := range t.blocks {
 			p.incref(b)
 		}
+		if t.mini != nil {
+			ft.mini = t.mini.fork(p)
+		}
 		if t.res != nil {
 			r := *t.res
 			r.k = append([]float32(nil), r.k...)
@@ -447,7 +471,10 @@ func (s *Paged) Free() {
 		for j := len(t.blocks) - 1; j >= 0; j-- {
 			p.decref(t.blocks[j])
 		}
-		t.blocks, t.n, t.res, t.segs = nil, 0, nil, nil
+		if t.mini != nil {
+			t.mini.free(p)
+		}
+		t.blocks, t.n, t.res, t.segs, t.mini = nil, 0, nil, nil, nil
 	}
 	s.freed = true
 }
@@ -459,6 +486,10 @@ type Memory struct {
 	Used     int64 // bytes holding tokens (each slot's share of its block)
 	Wasted   int64 // Reserved − Used: empty slots of partly filled blocks
 	Residual int64 // bytes of the KIVI full-precision residual buffers
+	// Magnitudes is the bytes of MiniCache's per-slot norms of merged
+	// tokens (two float32 per merged slot per layer). A block of directions
+	// shared by the two layers of a merged pair counts once in Blocks.
+	Magnitudes int64
 }
 
 // Memory reports the sequence's footprint.
@@ -474,8 +505,11 @@ func (s *Paged) Memory() Memory {
 			m.Residual += rb
 			m.Used += int64(t.res.n) * (int64(2*p.layout.HeadDim*4) + 4)
 		}
+		if t.mini != nil {
+			t.mini.memory(p, &m)
+		}
 	}
-	m.Reserved = int64(m.Blocks)*int64(p.blockBytes) + m.Residual
+	m.Reserved = int64(m.Blocks)*int64(p.blockBytes) + m.Residual + m.Magnitudes
 	m.Wasted = m.Reserved - m.Used
 	return m
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -92,6 +93,11 @@ func refsFromTables(seqs []*Paged) map[int32]int32 {
 		for i := range s.tables {
 			for _, b := range s.tables[i].blocks {
 				refs[b]++
+			}
+			if m := s.tables[i].mini; m != nil {
+				for _, b := range append(slices.Clone(m.dir.blocks), m.ret.blocks...) {
+					refs[b]++
+				}
 			}
 		}
 	}

@@ -23,6 +23,20 @@ type MassHook interface {
 	Done(layer int, req *attention.MassRequest, q []float32, pos []int32)
 }
 
+// RowPruner lets a policy drop tokens (rows of the residual stream) between
+// the layers of a forward step, as PyramidInfer does during a prefill: a
+// dropped token computes nothing in later layers (no K/V, attention or FFN),
+// so its KV exists only in the layers it reached and later layers' tables
+// hold fewer tokens. Positions stay the original ones.
+type RowPruner interface {
+	// AfterLayer is called after each layer's FFN but the last one, with
+	// the positions of the step's rows still computed. It returns the rows
+	// to keep, as ascending indexes into pos, or nil to keep them all. The
+	// last row must be kept: its logits are the step's result. The pruner
+	// is not consulted when every row's logits are wanted.
+	AfterLayer(layer int, pos []int32) []int
+}
+
 // ErrContextFull is returned when tokens would go past the model's context
 // length: kvlm never wraps positions around silently.
 var ErrContextFull = errors.New("context length reached")
@@ -50,7 +64,16 @@ type Sequence struct {
 
 	// Mass, if set, is asked before each layer's attention which queries'
 	// attention mass to collect, and handed the result (eviction policies).
+	// With a Prune hook, a layer's n is the count of rows still computed.
 	Mass MassHook
+
+	// Prune, if set, may drop rows between layers (PyramidInfer).
+	Prune RowPruner
+
+	// RowLayers counts the rows computed, summed over layers: Computed ×
+	// layers without a Prune hook, less with one (the prefill compute a
+	// pruner saves).
+	RowLayers int
 
 	// AttnTap, if set, sees each layer's attention output ([n][QDim],
 	// before the output projection) of every forward step: how the
@@ -234,8 +257,11 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		}
 	}
 	norm := float32(math.Sqrt(float64(c.HeadDim)))
+	rows := n // rows still computed: fewer than n once a pruner dropped some
+	prune := s.Prune != nil && len(dst) != n*c.Vocab
 	for li := range m.Layers {
 		L := &m.Layers[li]
+		n := rows
 		for t := 0; t < n; t++ {
 			tensor.RMSNorm(s.xb[t*c.Dim:(t+1)*c.Dim], s.x[t*c.Dim:(t+1)*c.Dim], L.AttnNorm, c.NormEps)
 		}
@@ -247,35 +273,47 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		addBias(s.v, L.Bv, n)
 		s.rope(s.q, n, c.Heads)
 		s.rope(s.k, n, c.KVHeads)
-		if err := s.cache.Append(li, s.pos32, s.k, s.v); err != nil {
+		// Sliced to the live rows (the whole buffers when nothing was pruned).
+		pos, q := s.pos32[:n], s.q[:n*c.QDim()]
+		if err := s.cache.Append(li, pos, s.k[:n*c.KVDim()], s.v[:n*c.KVDim()]); err != nil {
 			return fmt.Errorf("model: layer %d: %w", li, err)
 		}
 		att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm,
-			Q: s.q, Out: s.att, Pos: s.pos32, Segs: func(h int) []kvcache.Segment { return s.cache.Segments(li, h) }}
+			Q: q, Out: s.att[:n*c.QDim()], Pos: pos, Segs: func(h int) []kvcache.Segment { return s.cache.Segments(li, h) }}
 		if s.Mass != nil {
 			att.Mass = s.Mass.Request(li, s.hist, n)
 		}
 		att.Run(&s.scr)
 		if att.Mass != nil {
-			s.Mass.Done(li, att.Mass, s.q, s.pos32)
+			s.Mass.Done(li, att.Mass, q, pos)
 		}
 		if s.AttnTap != nil {
 			s.AttnTap(li, s.att[:n*c.QDim()])
 		}
 		L.Wo.MatMul(s.xb, s.att, n)
-		tensor.Add(s.x, s.xb)
+		tensor.Add(s.x[:n*c.Dim], s.xb[:n*c.Dim])
 		for t := 0; t < n; t++ {
 			tensor.RMSNorm(s.xb[t*c.Dim:(t+1)*c.Dim], s.x[t*c.Dim:(t+1)*c.Dim], L.FFNNorm, c.NormEps)
 		}
 		L.WGate.MatMul(s.gate, s.xb, n)
 		L.WUp.MatMul(s.up, s.xb, n)
-		tensor.SwiGLU(s.gate, s.gate, s.up)
+		tensor.SwiGLU(s.gate[:n*c.HiddenDim], s.gate[:n*c.HiddenDim], s.up[:n*c.HiddenDim])
 		L.WDown.MatMul(s.xb, s.gate, n)
-		tensor.Add(s.x, s.xb)
+		tensor.Add(s.x[:n*c.Dim], s.xb[:n*c.Dim])
+		s.RowLayers += n
+		if prune && li < len(m.Layers)-1 {
+			if keep := s.Prune.AfterLayer(li, pos); keep != nil {
+				if err := s.compactRows(keep, n); err != nil {
+					return fmt.Errorf("model: layer %d: %w", li, err)
+				}
+				rows = len(keep)
+			}
+		}
 	}
 	s.pos += n
 	s.hist += n
 	s.Computed += n
+	n = rows // the rows left: the last one is the step's last token
 	switch len(dst) {
 	case 0:
 	case c.Vocab:
@@ -288,6 +326,32 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 			tensor.RMSNorm(r, r, m.OutNorm, c.NormEps)
 		}
 		m.Output.MatMul(dst, s.x, n)
+	}
+	return nil
+}
+
+// compactRows keeps rows keep (ascending indexes below n, the last row
+// among them) of the per-row state that outlives a layer: the residual
+// stream, the positions and the RoPE tables.
+func (s *Sequence) compactRows(keep []int, n int) error {
+	for i, r := range keep {
+		if r < 0 || r >= n || (i > 0 && r <= keep[i-1]) {
+			return fmt.Errorf("row pruner: kept rows must be ascending indexes below %d", n)
+		}
+	}
+	if len(keep) == 0 || keep[len(keep)-1] != n-1 {
+		return errors.New("row pruner: the last row must be kept")
+	}
+	D, half := s.m.Dim, s.m.HeadDim/2
+	for i, r := range keep {
+		if r == i {
+			continue
+		}
+		// r > i: rows move towards the front, so copying in order is safe.
+		copy(s.x[i*D:(i+1)*D], s.x[r*D:(r+1)*D])
+		copy(s.cos[i*half:(i+1)*half], s.cos[r*half:(r+1)*half])
+		copy(s.sin[i*half:(i+1)*half], s.sin[r*half:(r+1)*half])
+		s.pos32[i] = s.pos32[r]
 	}
 	return nil
 }

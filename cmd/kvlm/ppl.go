@@ -7,8 +7,6 @@ import (
 	"os"
 
 	"github.com/kvlm/kvlm/eval"
-	"github.com/kvlm/kvlm/kvcache/policy"
-	"github.com/kvlm/kvlm/model"
 	"github.com/spf13/cobra"
 )
 
@@ -100,13 +98,17 @@ With a --kv-policy:
 			switch {
 			case compressAfter > 0:
 				out.Mode = "compress-after"
-				err = compressThenContinue(seq, pol, ids, compressAfter, &out)
+				var r eval.CompressResult
+				r, err = eval.CompressAfter(seq, pol, ids, compressAfter)
+				out.PPLResult, out.KVBytesPeak, out.Kept = r.PPLResult, r.KVBytesPeak, r.Kept
 			case stream || pol != nil:
 				out.Mode = "stream"
 				if pc.Method == "full" {
 					seq.MaxPos = math.MaxInt32 // dense attention runs past the trained positions
 				}
-				err = streamPPL(seq, pol, ids, reportEvery, &out)
+				var r eval.StreamResult
+				r, err = eval.Stream(seq, pol, ids, reportEvery)
+				out.PPLResult, out.KVBytesPeak, out.NLLByWindow = r.PPLResult, r.KVBytesPeak, r.NLLByWindow
 			default:
 				out.PPLResult, err = eval.Perplexity(seq, ids)
 				out.KVBytesPeak = seq.Cache().Bytes()
@@ -138,87 +140,4 @@ With a --kv-policy:
 	c.Flags().IntVar(&reportEvery, "report-every", 1000, "--stream: report the mean NLL of each run of this many predictions")
 	c.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	return c
-}
-
-// compressThenContinue prefills ids[:n], compresses, then scores the
-// predictions made after compression: tokens n+1..len(ids)-1.
-func compressThenContinue(seq *model.Sequence, pol *policy.State, ids []int, n int, out *pplJSON) error {
-	if pol != nil {
-		pol.BeginPrefill(n)
-	}
-	if _, err := seq.Forward(ids[:n], false); err != nil {
-		return err
-	}
-	out.KVBytesPeak = seq.Cache().Bytes()
-	if pol != nil {
-		if err := pol.Compress(); err != nil {
-			return err
-		}
-		out.Kept = pol.Kept()
-	}
-	var total float64
-	count := 0
-	for p := n; p < len(ids)-1; p++ {
-		if pol != nil {
-			if err := pol.Before(1); err != nil {
-				return err
-			}
-		}
-		logits, err := seq.Forward(ids[p:p+1], false)
-		if err != nil {
-			return err
-		}
-		out.KVBytesPeak = max(out.KVBytesPeak, seq.Cache().Bytes())
-		total += eval.NLL(logits, ids[p+1])
-		count++
-	}
-	out.PPLResult = eval.PPLResult{Tokens: len(ids), Predictions: count, MeanNLL: total / float64(count)}
-	out.PPL = math.Exp(out.MeanNLL)
-	return nil
-}
-
-// streamPPL feeds ids one token at a time (in chunks when no policy
-// prunes), scoring every prediction, and averages them in windows.
-func streamPPL(seq *model.Sequence, pol *policy.State, ids []int, every int, out *pplJSON) error {
-	var total, win float64
-	nwin := 0
-	count := 0
-	step := 1
-	if pol == nil {
-		step = max(1, seq.Chunk) // no eviction: chunks compute the same numbers faster
-	}
-	V := seq.Model().Vocab
-	for p := 0; p < len(ids)-1; p += step {
-		hi := min(p+step, len(ids)-1)
-		if pol != nil {
-			if err := pol.Before(hi - p); err != nil {
-				return err
-			}
-		}
-		logits, err := seq.Forward(ids[p:hi], true)
-		if err != nil {
-			return fmt.Errorf("at token %d: %w", p, err)
-		}
-		out.KVBytesPeak = max(out.KVBytesPeak, seq.Cache().Bytes())
-		for i := p; i < hi; i++ {
-			nll := eval.NLL(logits[(i-p)*V:(i-p+1)*V], ids[i+1])
-			total += nll
-			win += nll
-			nwin++
-			count++
-			if nwin == every {
-				out.NLLByWindow = append(out.NLLByWindow, win/float64(nwin))
-				win, nwin = 0, 0
-			}
-		}
-	}
-	if nwin > 0 {
-		out.NLLByWindow = append(out.NLLByWindow, win/float64(nwin))
-	}
-	out.PPLResult = eval.PPLResult{Tokens: len(ids), Predictions: count, MeanNLL: total / float64(count)}
-	out.PPL = math.Exp(out.MeanNLL)
-	if math.IsNaN(out.MeanNLL) || math.IsInf(out.MeanNLL, 0) {
-		return fmt.Errorf("mean NLL is %v", out.MeanNLL)
-	}
-	return nil
 }

@@ -10,8 +10,11 @@
 // (accumulated attention: heavy hitters + recent), tova (the last query's
 // attention, one token set per layer), snapkv (an observation window's
 // pooled attention), adakv (head-adaptive budgets around snapkv),
-// pyramidkv (snapkv with budgets shrinking with depth) and knorm (keys of
-// small norm).
+// pyramidkv (snapkv with budgets shrinking with depth), knorm (keys of
+// small norm), pyramidinfer (tokens pruned between layers during the
+// prefill, so deeper layers compute and store fewer; see pyramidinfer.go)
+// and minicache (adjacent layers' KV merged into shared directions, no
+// token dropped; see minicache.go).
 package policy
 
 import (
@@ -38,7 +41,7 @@ const (
 // Config is one policy's parameters. The zero value of a field means the
 // method's default.
 type Config struct {
-	Method    string        // full window streaming lminfinite h2o tova snapkv adakv pyramidkv knorm
+	Method    string        // full window streaming lminfinite h2o tova snapkv adakv pyramidkv knorm pyramidinfer minicache
 	Budget    int           // tokens kept per (layer, KV head); or
 	Ratio     float64       // the fraction of tokens kept (kvpress's compression_ratio is 1 − Ratio)
 	Window    int           // recent tokens always kept (snapkv: the observation window)
@@ -50,21 +53,34 @@ type Config struct {
 	Positions Positions     // original (default) or re-indexed
 	Alpha     float64       // adakv: share of the budget spread evenly (0.2)
 	Beta      float64       // pyramidkv: ratio of the largest to the smallest layer budget (20)
+
+	// PyramidInfer (the authors' released defaults in brackets).
+	Recent   float64 // share of the prompt whose queries score the rest (0.2)
+	MinKeep  int     // context never pruned below this many tokens (64)
+	Decay    float64 // prefill: last-layer retention of the cosine schedule (0.9)
+	GenDecay float64 // decoding: last-layer retention of a compressed chunk's schedule (0.1)
+
+	// MiniCache (minicache.go).
+	Interp    float64 // SLERP weight of the upper layer of a merged pair (0.6)
+	Gamma     float64 // share of tokens retained unmerged in both layers (0.05)
+	MergeFrom int     // lower layer of the first merged pair (0: Layers/2)
 }
 
 // Methods lists the method names.
-var Methods = []string{"full", "window", "streaming", "lminfinite", "h2o", "tova", "snapkv", "adakv", "pyramidkv", "knorm"}
+var Methods = []string{"full", "window", "streaming", "lminfinite", "h2o", "tova", "snapkv", "adakv", "pyramidkv", "knorm", "pyramidinfer", "minicache"}
 
 // kind groups methods by how they score.
 type kind int
 
 const (
-	kindNone   kind = iota // full
-	kindWindow             // window, streaming, lminfinite: no scores
-	kindAccum              // h2o: accumulated attention of every query
-	kindLast               // tova: the last query's attention
-	kindSnap               // snapkv, adakv, pyramidkv: an observation window's attention
-	kindNorm               // knorm: key norms
+	kindNone    kind = iota // full
+	kindWindow              // window, streaming, lminfinite: no scores
+	kindAccum               // h2o: accumulated attention of every query
+	kindLast                // tova: the last query's attention
+	kindSnap                // snapkv, adakv, pyramidkv: an observation window's attention
+	kindNorm                // knorm: key norms
+	kindPyramid             // pyramidinfer: recent queries' attention, tokens pruned between layers
+	kindMerge               // minicache: adjacent layers merged, no token dropped
 )
 
 func methodKind(m string) (kind, bool) {
@@ -81,6 +97,10 @@ func methodKind(m string) (kind, bool) {
 		return kindSnap, true
 	case "knorm":
 		return kindNorm, true
+	case "pyramidinfer":
+		return kindPyramid, true
+	case "minicache":
+		return kindMerge, true
 	}
 	return 0, false
 }
@@ -137,6 +157,12 @@ func (c Config) Normalize() (Config, error) {
 			return c, fmt.Errorf("policy: method full keeps every token; it takes no budget")
 		}
 		return c, nil
+	}
+	if k == kindPyramid {
+		return c.normalizePyramid()
+	}
+	if k == kindMerge {
+		return c.normalizeMiniCache()
 	}
 	if k == kindWindow {
 		// A window policy's budget is its sinks plus its window.
@@ -235,6 +261,15 @@ func (c Config) String() string {
 	}
 	if c.Positions == PosReindex {
 		s += " positions=reindex"
+	}
+	if c.Method == "minicache" {
+		s += fmt.Sprintf(" t=%g gamma=%g from=%d", c.Interp, c.Gamma, c.MergeFrom)
+		if c.Every > 0 {
+			s += fmt.Sprintf(" every=%d", c.Every)
+		}
+	}
+	if c.Method == "pyramidinfer" {
+		s += fmt.Sprintf(" recent=%g decay=%g gen-decay=%g min-keep=%d", c.Recent, c.Decay, c.GenDecay, c.MinKeep)
 	}
 	return s
 }

@@ -33,6 +33,8 @@ type State struct {
 	prefAt int         // history index where that prefill starts
 
 	Pruned int // prunes applied
+
+	pyr *pyramid // pyramidinfer's own schedule (pyramidinfer.go); nil for the others
 }
 
 // New attaches a policy to a sequence whose cache is a *kvcache.Paged.
@@ -55,7 +57,11 @@ func New(cfg Config, seq *model.Sequence) (*State, error) {
 	if k != kindNone {
 		seq.Mass = st
 	}
-	if cfg.Every > 0 {
+	if k == kindPyramid { // hook: pyramidinfer.go
+		st.pyr = newPyramid(st)
+		seq.Prune = st.pyr
+	}
+	if cfg.Every > 0 && k != kindMerge { // merging (minicache) does not bound the cache
 		// Eviction during decoding bounds the cache: positions may run on.
 		seq.MaxPos = math.MaxInt32
 	}
@@ -76,6 +82,9 @@ func (st *State) Config() Config { return st.cfg }
 // it is compressed first and quantized after.
 func (st *State) BeginPrefill(n int) {
 	st.prefT, st.prefAt = n, st.seen
+	if st.pyr != nil { // hook: pyramidinfer.go
+		st.pyr.begin(n)
+	}
 	if st.kind != kindNone {
 		st.cache.HoldSeal(true)
 	}
@@ -83,6 +92,9 @@ func (st *State) BeginPrefill(n int) {
 
 // Request implements model.MassHook.
 func (st *State) Request(layer, start, n int) *attention.MassRequest {
+	if st.pyr != nil { // hook: pyramidinfer.go
+		return st.pyr.request(layer, start, n)
+	}
 	// New slots were appended to the layer's tables: track their origin.
 	for h := 0; h < st.H; h++ {
 		t := layer*st.H + h
@@ -121,6 +133,10 @@ func (st *State) Request(layer, start, n int) *attention.MassRequest {
 
 // Done implements model.MassHook: it adds (or, for TOVA, sets) the mass.
 func (st *State) Done(layer int, req *attention.MassRequest, _ []float32, _ []int32) {
+	if st.pyr != nil { // hook: pyramidinfer.go
+		st.pyr.done(layer, req)
+		return
+	}
 	for h, m := range req.Out {
 		t := layer*st.H + h
 		sc := st.scores[t]
@@ -144,6 +160,20 @@ func (st *State) Compress() error {
 	if st.kind == kindNone {
 		return nil
 	}
+	if st.pyr != nil { // hook: pyramidinfer.go (the prompt was pruned during the prefill)
+		err := st.pyr.compress()
+		if herr := st.cache.HoldSeal(false); err == nil {
+			err = herr
+		}
+		return err
+	}
+	if st.kind == kindMerge { // hook: minicache.go (layers merged, no token dropped)
+		err := st.merge(false)
+		if herr := st.cache.HoldSeal(false); err == nil {
+			err = herr
+		}
+		return err
+	}
 	if err := st.prune(0); err != nil {
 		st.cache.HoldSeal(false)
 		return err
@@ -156,6 +186,12 @@ func (st *State) Compress() error {
 // so that, with the incoming tokens, they hold at most the budget. It also
 // applies LM-Infinite's distance cap to the global tokens.
 func (st *State) Before(incoming int) error {
+	if st.pyr != nil { // hook: pyramidinfer.go
+		return st.pyr.before()
+	}
+	if st.kind == kindMerge { // hook: minicache.go
+		return st.mergeBefore()
+	}
 	if st.kind == kindNone || st.cfg.Every == 0 {
 		return nil
 	}

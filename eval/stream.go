@@ -1,0 +1,108 @@
+package eval
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/kvlm/kvlm/kvcache/policy"
+	"github.com/kvlm/kvlm/model"
+)
+
+// CompressResult is a compress-then-continue perplexity.
+type CompressResult struct {
+	PPLResult
+	KVBytesPeak int64       // the most KV memory held
+	Kept        [][][]int32 // per layer, per KV head: sorted original positions after compression
+}
+
+// StreamResult is a streaming perplexity.
+type StreamResult struct {
+	PPLResult
+	KVBytesPeak int64     // the most KV memory held
+	NLLByWindow []float64 // mean NLL of each run of `every` predictions
+}
+
+// CompressAfter prefills ids[:n], compresses, then scores the
+// predictions made after compression: tokens n+1..len(ids)-1.
+func CompressAfter(seq *model.Sequence, pol *policy.State, ids []int, n int) (CompressResult, error) {
+	var out CompressResult
+	if pol != nil {
+		pol.BeginPrefill(n)
+	}
+	if _, err := seq.Forward(ids[:n], false); err != nil {
+		return out, err
+	}
+	out.KVBytesPeak = seq.Cache().Bytes()
+	if pol != nil {
+		if err := pol.Compress(); err != nil {
+			return out, err
+		}
+		out.Kept = pol.Kept()
+	}
+	var total float64
+	count := 0
+	for p := n; p < len(ids)-1; p++ {
+		if pol != nil {
+			if err := pol.Before(1); err != nil {
+				return out, err
+			}
+		}
+		logits, err := seq.Forward(ids[p:p+1], false)
+		if err != nil {
+			return out, err
+		}
+		out.KVBytesPeak = max(out.KVBytesPeak, seq.Cache().Bytes())
+		total += NLL(logits, ids[p+1])
+		count++
+	}
+	out.PPLResult = PPLResult{Tokens: len(ids), Predictions: count, MeanNLL: total / float64(count)}
+	out.PPL = math.Exp(out.MeanNLL)
+	return out, nil
+}
+
+// Stream feeds ids one token at a time (in chunks when no policy
+// prunes), scoring every prediction, and averages them in windows.
+func Stream(seq *model.Sequence, pol *policy.State, ids []int, every int) (StreamResult, error) {
+	var out StreamResult
+	var total, win float64
+	nwin := 0
+	count := 0
+	step := 1
+	if pol == nil {
+		step = max(1, seq.Chunk) // no eviction: chunks compute the same numbers faster
+	}
+	V := seq.Model().Vocab
+	for p := 0; p < len(ids)-1; p += step {
+		hi := min(p+step, len(ids)-1)
+		if pol != nil {
+			if err := pol.Before(hi - p); err != nil {
+				return out, err
+			}
+		}
+		logits, err := seq.Forward(ids[p:hi], true)
+		if err != nil {
+			return out, fmt.Errorf("at token %d: %w", p, err)
+		}
+		out.KVBytesPeak = max(out.KVBytesPeak, seq.Cache().Bytes())
+		for i := p; i < hi; i++ {
+			nll := NLL(logits[(i-p)*V:(i-p+1)*V], ids[i+1])
+			total += nll
+			win += nll
+			nwin++
+			count++
+			if nwin == every {
+				out.NLLByWindow = append(out.NLLByWindow, win/float64(nwin))
+				win, nwin = 0, 0
+			}
+		}
+	}
+	if nwin > 0 {
+		out.NLLByWindow = append(out.NLLByWindow, win/float64(nwin))
+	}
+	out.PPLResult = PPLResult{Tokens: len(ids), Predictions: count, MeanNLL: total / float64(count)}
+	out.PPL = math.Exp(out.MeanNLL)
+	if math.IsNaN(out.MeanNLL) || math.IsInf(out.MeanNLL, 0) {
+		return out, fmt.Errorf("mean NLL is %v", out.MeanNLL)
+	}
+	return out, nil
+}

@@ -1,0 +1,352 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/kvlm/kvlm/attention"
+)
+
+// PyramidInfer (arXiv 2405.12532) prunes the tokens themselves during the
+// prefill: after each layer only the pivotal context (PvC) goes on, so the
+// next layer computes keys, values, attention and FFN for fewer tokens.
+//
+// Prefill (the whole prompt of T tokens runs as one forward step):
+//   - the recent window is the last 1+⌊Recent·T⌋ tokens (the last token
+//     included); their queries score every earlier token at each layer:
+//     attention averaged over all query heads, each query's row weighted by
+//     linspace(1, 1.2) from the oldest to the newest;
+//   - after layer l (not the last), of the ctx tokens before the window,
+//     ⌊ctx·r(l)⌋ are kept, r(l) = (1−Decay)(cos(πl/L)+1)/2 + Decay: the
+//     first Sinks tokens, then the best-scored (ties: the earlier token);
+//     the window always goes on. So sets shrink multiplicatively with depth
+//     and layer l+1 keeps a subset of layer l's tokens. No pruning happens
+//     when ctx ≤ min(MinKeep, T − window) or when ⌊ctx·r(l)⌋ would not
+//     exceed that floor (the authors' rule: the context never drops to the
+//     floor or below it);
+//   - a token's KV is stored by each layer it reached (layer l's tables
+//     hold the tokens alive at layer l), at its original position.
+//
+// Decoding: the prompt's KV is never compressed again. Generated tokens
+// are pending until 16 of them lie beyond the recent window (of the same
+// length as the prompt's); then, in each layer, the oldest 16 are reduced
+// to max(1, ⌊16·0.9·r_gen(l)⌋), r_gen with GenDecay, chosen by the
+// window's queries' attention, weighted as in the prefill.
+//
+// The published code sets the same rules (recent ratio 0.2, decay 0.9,
+// floor 64, 4 sinks, distance weight 1.2; while generating, chunks of 16,
+// compression 0.9, decay 0.1).
+const (
+	pyrDistance    = 1.2 // the newest recent query's weight (the oldest: 1)
+	pyrGenChunk    = 16  // decoding: generated tokens compressed together
+	pyrGenCompress = 0.9 // decoding: a chunk keeps 16·0.9·r_gen(l) tokens
+)
+
+// normalizePyramid fills in PyramidInfer's defaults.
+func (c Config) normalizePyramid() (Config, error) {
+	switch {
+	case c.Budget > 0 || c.Ratio > 0:
+		return c, errors.New("policy: pyramidinfer follows its own schedule; it takes no budget or ratio (set recent, decay, gen-decay, min-keep)")
+	case c.Window > 0:
+		return c, errors.New("policy: pyramidinfer's recent window is a share of the prompt (recent), not a window")
+	case c.Every > 0:
+		return c, errors.New("policy: pyramidinfer compresses generated tokens 16 at a time; it takes no every")
+	case c.Positions == PosReindex:
+		return c, errors.New("policy: pyramidinfer keeps original positions")
+	case c.Agg != attention.AggMean:
+		return c, errors.New("policy: pyramidinfer averages attention over the heads (agg mean)")
+	case c.MinKeep < 0:
+		return c, fmt.Errorf("policy: min-keep must not be negative, got %d", c.MinKeep)
+	}
+	if c.Recent == 0 {
+		c.Recent = 0.2
+	}
+	if c.Decay == 0 {
+		c.Decay = 0.9
+	}
+	if c.GenDecay == 0 {
+		c.GenDecay = 0.1
+	}
+	if c.MinKeep == 0 {
+		c.MinKeep = 64
+	}
+	if c.Sinks == 0 {
+		c.Sinks = 4
+	}
+	if !(c.Recent > 0 && c.Recent < 1) {
+		return c, fmt.Errorf("policy: recent must be in (0, 1), got %g", c.Recent)
+	}
+	if !(c.Decay > 0 && c.Decay <= 1) || !(c.GenDecay > 0 && c.GenDecay <= 1) {
+		return c, fmt.Errorf("policy: decay and gen-decay must be in (0, 1], got %g and %g", c.Decay, c.GenDecay)
+	}
+	return c, nil
+}
+
+// pyrSchedule is the cosine retention of layer l of L falling from 1 at the
+// first layer towards d: (1−d)(cos(πl/L)+1)/2 + d.
+func pyrSchedule(l, L int, d float64) float64 {
+	return (1-d)*(math.Cos(math.Pi*float64(l)/float64(L))+1)/2 + d
+}
+
+// pyrWeights is linspace(1, pyrDistance, n), the weights of n recent
+// queries from the oldest to the newest (torch.linspace: [1] when n is 1).
+func pyrWeights(n int) []float32 {
+	w := make([]float32, n)
+	for i := range w {
+		w[i] = 1
+		if n > 1 {
+			w[i] = float32(1 + (pyrDistance-1)*float64(i)/float64(n-1))
+		}
+	}
+	return w
+}
+
+// pyrWindow is the recent window of a prompt of T tokens: 1+⌊recent·T⌋.
+func pyrWindow(T int, recent float64) int { return min(T, 1+int(float64(T)*recent)) }
+
+// pyramid is PyramidInfer's state: the State's mass hook dispatches here,
+// and it is the sequence's row pruner.
+type pyramid struct {
+	st *State
+
+	// The prompt (BeginPrefill to Compress).
+	T      int       // prompt tokens; 0 outside a prefill
+	win    int       // recent window, tokens (the prompt's; kept while decoding)
+	chunk  int       // the sequence's Chunk before the prefill raised it
+	active bool      // the current step runs the whole prompt: rows are pruned
+	stepN  int       // tokens of the current step
+	rows   []int32   // history index of each row still computed in the step
+	score  []float32 // the current layer's score of each row
+
+	// Decoding (after Compress).
+	decoding bool
+	pending  int           // generated tokens not yet compressed: the last slots of every table
+	qrows    [][][]float32 // [layer][pending token] its query's head-mean attention over the pending slots up to itself
+	chunks   int           // generated chunks compressed
+}
+
+func newPyramid(st *State) *pyramid {
+	return &pyramid{st: st, qrows: make([][][]float32, st.L)}
+}
+
+// begin starts a prefill of n tokens: they must run as one forward step
+// (the window's queries score the whole prompt at every layer), so the
+// sequence's chunk grows to n until Compress restores it. A prompt run in
+// several steps anyway is not pruned.
+func (p *pyramid) begin(n int) {
+	p.T, p.win = n, pyrWindow(n, p.st.cfg.Recent)
+	p.chunk = p.st.seq.Chunk
+	if p.st.seq.Chunk < n {
+		p.st.seq.Chunk = n
+	}
+}
+
+// request implements State.Request.
+func (p *pyramid) request(layer, start, n int) *attention.MassRequest {
+	st := p.st
+	if layer == 0 {
+		p.stepN = n
+		p.active = p.T > 0 && start == st.prefAt && n == p.T
+		p.rows = p.rows[:0]
+		for i := 0; i < n; i++ {
+			p.rows = append(p.rows, int32(start+i))
+		}
+		if p.decoding {
+			p.pending += n
+		}
+	}
+	if n != len(p.rows) {
+		panic(fmt.Sprintf("policy: pyramidinfer: layer %d runs %d rows, %d expected", layer, n, len(p.rows)))
+	}
+	for h := 0; h < st.H; h++ {
+		st.orig[layer*st.H+h] = append(st.orig[layer*st.H+h], p.rows...)
+	}
+	if layer == st.L-1 {
+		st.seen = start + p.stepN
+	}
+	var req *attention.MassRequest
+	switch {
+	case p.active && p.target(layer, n) > 0:
+		// The window's queries, weighted by distance (only at layers that
+		// prune: the first one never does).
+		req = &attention.MassRequest{From: n - p.win, Agg: attention.AggMean, Weights: pyrWeights(p.win)}
+	case p.decoding:
+		// The step's last query (one per decode step).
+		req = &attention.MassRequest{From: n - 1, Agg: attention.AggMean}
+	default:
+		return nil
+	}
+	req.Out = make([][]float32, st.H)
+	for h := range req.Out {
+		req.Out[h] = make([]float32, st.cache.Slots(layer, h))
+	}
+	return req
+}
+
+// done implements State.Done: the mass averaged over the KV heads (each
+// already the mean of its query heads) is the mean over all heads.
+func (p *pyramid) done(layer int, req *attention.MassRequest) {
+	H := float32(len(req.Out))
+	slots := len(req.Out[0])
+	mean := func(first, n int) []float32 {
+		out := make([]float32, n)
+		for _, m := range req.Out {
+			for i := range out {
+				out[i] += m[first+i]
+			}
+		}
+		for i := range out {
+			out[i] /= H
+		}
+		return out
+	}
+	if p.active {
+		n := len(p.rows)
+		p.score = mean(slots-n, n) // the step's rows are the table's last slots
+		return
+	}
+	if p.decoding {
+		P := p.pending
+		for i := 0; i < p.stepN-1; i++ {
+			// A step of several tokens scores only its last query.
+			p.qrows[layer] = append(p.qrows[layer], make([]float32, P-p.stepN+i+1))
+		}
+		p.qrows[layer] = append(p.qrows[layer], mean(slots-P, P))
+	}
+}
+
+// AfterLayer implements model.RowPruner: the prompt's tokens going on to
+// the next layer.
+func (p *pyramid) AfterLayer(layer int, _ []int32) []int {
+	if !p.active {
+		return nil
+	}
+	c := p.st.cfg
+	n, W := len(p.rows), p.win
+	ctx := n - W
+	k := p.target(layer, n)
+	if k == 0 {
+		return nil
+	}
+	sinks := 0
+	for sinks < ctx && p.rows[sinks] < int32(c.Sinks) {
+		sinks++
+	}
+	keep := Keep(n, max(k, sinks)+W, sinks, W, p.score)
+	if len(keep) == n {
+		return nil
+	}
+	for i, r := range keep {
+		p.rows[i] = p.rows[r]
+	}
+	p.rows = p.rows[:len(keep)]
+	return keep
+}
+
+// target is how many of the context tokens (those before the window)
+// layer keeps when n prompt tokens reached it: ⌊ctx·r(layer)⌋, or 0 when
+// the layer prunes nothing (the last layer, r = 1, or the context would
+// not stay above the floor min(MinKeep, T − window)).
+func (p *pyramid) target(layer, n int) int {
+	L, W := p.st.L, p.win
+	if layer >= L-1 {
+		return 0
+	}
+	ctx := n - W
+	floor := min(p.st.cfg.MinKeep, p.T-W)
+	r := pyrSchedule(layer, L, p.st.cfg.Decay)
+	if ctx <= floor || r >= 1 {
+		return 0
+	}
+	if k := int(float64(ctx) * r); k > floor {
+		return k
+	}
+	return 0
+}
+
+// compress ends the prefill: its pruning is done, decoding starts.
+func (p *pyramid) compress() error {
+	st := p.st
+	if p.T > 0 {
+		st.seq.Chunk = p.chunk
+	}
+	pruned := false
+	for l := 1; l < st.L; l++ {
+		pruned = pruned || st.cache.Slots(l, 0) != st.cache.Slots(0, 0)
+	}
+	if pruned {
+		st.Pruned++
+		// The tables no longer hold tokens 0..n−1 in every layer: rewriting
+		// no key marks the cache as pruned, so no prefix is registered.
+		if err := st.cache.RewriteKeys(0, 0, nil, func(pos int32, _ []float32) int32 { return pos }); err != nil {
+			return err
+		}
+	}
+	if p.win == 0 {
+		p.win = pyrWindow(st.seen, st.cfg.Recent)
+	}
+	p.T, p.active, p.decoding, p.pending = 0, false, true, 0
+	for l := range p.qrows {
+		p.qrows[l] = nil
+	}
+	return nil
+}
+
+// before compresses the oldest pending chunk while 16 generated tokens lie
+// beyond the recent window.
+func (p *pyramid) before() error {
+	for p.decoding && p.pending-p.win >= pyrGenChunk {
+		if err := p.compressChunk(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// compressChunk reduces, in every layer, the oldest 16 pending tokens to
+// the schedule's count, by the weighted attention of the window's queries.
+func (p *pyramid) compressChunk() error {
+	st := p.st
+	C, P, W := pyrGenChunk, p.pending, p.win
+	w := pyrWeights(W)
+	for l := 0; l < st.L; l++ {
+		k := max(1, int(float64(C)*pyrGenCompress*pyrSchedule(l, st.L, st.cfg.GenDecay)))
+		q := p.qrows[l]
+		score := make([]float32, C)
+		for i := P - W; i < P; i++ {
+			for j := range score {
+				score[j] += w[i-(P-W)] * q[i][j]
+			}
+		}
+		n := st.cache.Slots(l, 0)
+		first := n - P
+		keep := make([]int, 0, n-C+k)
+		for i := 0; i < first; i++ {
+			keep = append(keep, i)
+		}
+		for _, j := range Keep(C, k, 0, 0, score) {
+			keep = append(keep, first+j)
+		}
+		for i := first + C; i < n; i++ {
+			keep = append(keep, i)
+		}
+		for h := 0; h < st.H; h++ {
+			t := l*st.H + h
+			if err := st.cache.Keep(l, h, keep); err != nil {
+				return err
+			}
+			st.orig[t] = gather32(st.orig[t], keep)
+		}
+		// The chunk's own queries leave, and the rows lose the chunk.
+		q = q[C:]
+		for i := range q {
+			q[i] = q[i][C:]
+		}
+		p.qrows[l] = q
+	}
+	p.pending -= C
+	p.chunks++
+	st.Pruned++
+	return nil
+}
