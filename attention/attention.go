@@ -335,6 +335,15 @@ func (b *Batch) runExact(h, t int, buf []float32) []float32 {
 		k := 0
 		mx := float32(math.Inf(-1))
 		for _, s := range segs {
+			if hidden(s, p) {
+				// A block wholly after the query (later prompt tokens of a
+				// prefill chunk): no need to score it.
+				for i := range sc[k : k+s.N] {
+					sc[k+i] = float32(math.Inf(-1))
+				}
+				k += s.N
+				continue
+			}
 			codec.DotAll(s.KC, s.K, s.Cap, hd, qj, sc[k:k+s.N])
 			if s.KMag != nil {
 				scaleBy(sc[k:k+s.N], s.KMag)
@@ -381,6 +390,16 @@ func (b *Batch) runExact(h, t int, buf []float32) []float32 {
 		}
 	}
 	return buf
+}
+
+// hidden reports whether every slot of s lies after position p.
+func hidden(s kvcache.Segment, p int32) bool {
+	for _, q := range s.Pos[:s.N] {
+		if q <= p {
+			return false
+		}
+	}
+	return true
 }
 
 // merge combines the partial states of split heads by log-sum-exp.

@@ -177,7 +177,13 @@ func (s *Paged) keepSealed(t *table, first int, fromBlocks, fromRes []int) error
 	if s.hold {
 		return nil
 	}
-	return s.sealFull(t)
+	if err := s.sealFull(t); err != nil {
+		return err
+	}
+	if c := p.residual + p.sealSize(); len(r.pos) > c && r.n <= c {
+		r.grow(d, c)
+	}
+	return nil
 }
 
 // Slots is the number of tokens the table of (layer, head) holds.

@@ -214,13 +214,14 @@ func Slerp(lower, upper []float32, t float64, out []float32) (omega, normLower, 
 // MergeLayers merges the tables of layers upper−1 and upper, for every KV
 // head, MiniCache's way: the candidate tokens are the tables' oldest
 // unmerged ones, all but the newest max(opt.Recent, KIVI residual R), and
-// must hold the same positions in both layers. Of them the ⌈γ·n⌉ most distant stay
-// whole in both layers; the others are replaced by one shared unit
-// direction per token (keys and values, in the pool's codecs) plus each
-// layer's norms. The old blocks are released first, so a merge needs no
-// spare blocks beyond what the directions of a small merge may add. A pair
-// can be merged again later (the new tokens are appended); a layer belongs
-// to one pair only.
+// must hold the same positions in both layers. Of them the ⌈γ·n⌉ most
+// distant stay whole in both layers; the others are replaced by one shared
+// unit direction per token (keys and values, in the pool's codecs) plus
+// each layer's norms. The old blocks are released before the new ones are
+// taken, so a merge needs no spare blocks beyond what the directions of a
+// small merge may add (ErrNoBlocks otherwise, with that head unchanged;
+// heads merged before an error stay merged). A pair can be merged again
+// later (the new tokens are appended); a layer belongs to one pair only.
 func (s *Paged) MergeLayers(upper int, opt MergeOptions) (MergeStats, error) {
 	var st MergeStats
 	p := s.pool

@@ -264,10 +264,14 @@ func (s *Paged) HoldSeal(hold bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i := range s.tables {
-		if err := s.sealFull(&s.tables[i]); err != nil {
+		t := &s.tables[i]
+		if err := s.sealFull(t); err != nil {
 			return err
 		}
-		s.tables[i].dirty = true
+		if r := t.res; r != nil && len(r.pos) > p.residual+p.sealSize() {
+			r.grow(p.layout.HeadDim, p.residual+p.sealSize()) // give back what the held prompt took
+		}
+		t.dirty = true
 	}
 	return nil
 }
