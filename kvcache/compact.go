@@ -96,38 +96,10 @@ func (s *Paged) keep(t *table, keep []int) error {
 	if t.res != nil && len(fromBlocks) != t.n-first*B {
 		return s.keepSealed(t, first, fromBlocks, fromRes)
 	}
-	need := (len(fromBlocks) + B - 1) / B
-	if t.res == nil && need > 0 {
-		if p.nfree < need {
-			return fmt.Errorf("%w: compaction needs %d blocks", ErrNoBlocks, need)
+	if t.res == nil {
+		if err := s.compactInPlace(t, first, fromBlocks); err != nil {
+			return err
 		}
-		fresh := make([]int32, need)
-		for i := range fresh {
-			fresh[i], _ = p.alloc()
-		}
-		for k, slot := range fromBlocks {
-			src, si := t.blocks[slot/B], slot%B
-			dst, di := fresh[k/B], k%B
-			if !codec.CopySlot(p.kc, p.kbuf(dst), B, di, p.kbuf(src), B, si, d) ||
-				!codec.CopySlot(p.vc, p.vbuf(dst), B, di, p.vbuf(src), B, si, d) {
-				for _, b := range fresh {
-					p.decref(b)
-				}
-				return fmt.Errorf("codec %s/%s cannot move slots", p.kc.Name(), p.vc.Name())
-			}
-			p.posbuf(dst)[di] = p.posbuf(src)[si]
-		}
-		for j := len(t.blocks) - 1; j >= first; j-- {
-			p.decref(t.blocks[j])
-		}
-		t.blocks = append(t.blocks[:first], fresh...)
-		t.n = first*B + len(fromBlocks)
-	} else if t.res == nil {
-		for j := len(t.blocks) - 1; j >= first; j-- {
-			p.decref(t.blocks[j])
-		}
-		t.blocks = t.blocks[:first]
-		t.n = first * B
 	}
 	if r := t.res; r != nil {
 		for k, slot := range fromRes {
@@ -139,6 +111,49 @@ func (s *Paged) keep(t *table, keep []int) error {
 	}
 	t.dirty = true
 	s.pristine = false
+	return nil
+}
+
+// compactInPlace moves the kept slots of blocks first.. down over the
+// dropped ones, in order, inside the table's own blocks (a slot only ever
+// moves to an earlier place, so nothing is overwritten before it is read),
+// then releases the blocks left empty. Shared blocks are copied first; no
+// other block is allocated, so a full pool can still be pruned. The caller
+// holds p.mu.
+func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
+	p := s.pool
+	B, d := p.B, p.layout.HeadDim
+	used := (len(fromBlocks) + B - 1) / B // blocks that will hold the kept slots
+	for j := first; j < first+used; j++ {
+		if b := t.blocks[j]; p.meta[b].ref > 1 {
+			nb, err := p.alloc()
+			if err != nil {
+				return fmt.Errorf("%w: copying a shared block before compaction", err)
+			}
+			p.copyBlock(nb, b, B)
+			p.decref(b)
+			t.blocks[j] = nb
+			p.stats.CopyOnWrite++
+		}
+	}
+	for k, slot := range fromBlocks {
+		dk := first*B + k
+		if dk == slot {
+			continue
+		}
+		src, si := t.blocks[slot/B], slot%B
+		dst, di := t.blocks[dk/B], dk%B
+		if !codec.CopySlot(p.kc, p.kbuf(dst), B, di, p.kbuf(src), B, si, d) ||
+			!codec.CopySlot(p.vc, p.vbuf(dst), B, di, p.vbuf(src), B, si, d) {
+			return fmt.Errorf("codec %s/%s cannot move slots", p.kc.Name(), p.vc.Name())
+		}
+		p.posbuf(dst)[di] = p.posbuf(src)[si]
+	}
+	for j := len(t.blocks) - 1; j >= first+used; j-- {
+		p.decref(t.blocks[j])
+	}
+	t.blocks = t.blocks[:first+used]
+	t.n = first*B + len(fromBlocks)
 	return nil
 }
 
