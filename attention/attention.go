@@ -67,6 +67,9 @@ type Batch struct {
 	Q   []float32 // [n][Heads·G·HeadDim] queries; group h at offset h·G·HeadDim
 	Out []float32 // [n][Heads·G·HeadDim] outputs, same layout
 	Pos []int32   // [n] positions; a query sees slots at positions ≤ its own
+	// Window, if positive, also hides slots at positions ≤ the query's − Window
+	// (sliding-window attention, as Mistral's).
+	Window int32
 
 	Segs func(head int) []kvcache.Segment // the stored tokens of each KV head
 	Mass *MassRequest                     // nil: no mass wanted
@@ -250,7 +253,7 @@ func (b *Batch) runItem(it *item, sc *Scratch, buf []float32) []float32 {
 				}
 				tmax := float32(math.Inf(-1))
 				for i := 0; i < s.N; i++ {
-					if s.Pos[i] > p {
+					if b.hide(s.Pos[i], p) {
 						continue
 					}
 					v := sj[i] / b.Norm
@@ -276,7 +279,7 @@ func (b *Batch) runItem(it *item, sc *Scratch, buf []float32) []float32 {
 				*m = mNew
 				if s.VMag != nil {
 					for i := 0; i < s.N; i++ {
-						if s.Pos[i] > p {
+						if b.hide(s.Pos[i], p) {
 							continue
 						}
 						e := float32(math.Exp(float64(sj[i] - mNew)))
@@ -286,7 +289,7 @@ func (b *Batch) runItem(it *item, sc *Scratch, buf []float32) []float32 {
 					continue
 				}
 				for i := 0; i < s.N; i++ {
-					if s.Pos[i] > p {
+					if b.hide(s.Pos[i], p) {
 						continue
 					}
 					e := float32(math.Exp(float64(sj[i] - mNew)))
@@ -335,7 +338,7 @@ func (b *Batch) runExact(h, t int, buf []float32) []float32 {
 		k := 0
 		mx := float32(math.Inf(-1))
 		for _, s := range segs {
-			if hidden(s, p) {
+			if b.hidden(s, p) {
 				// A block wholly after the query (later prompt tokens of a
 				// prefill chunk): no need to score it.
 				for i := range sc[k : k+s.N] {
@@ -349,7 +352,7 @@ func (b *Batch) runExact(h, t int, buf []float32) []float32 {
 				scaleBy(sc[k:k+s.N], s.KMag)
 			}
 			for i := 0; i < s.N; i++ {
-				if s.Pos[i] > p {
+				if b.hide(s.Pos[i], p) {
 					sc[k+i] = float32(math.Inf(-1))
 					continue
 				}
@@ -392,10 +395,16 @@ func (b *Batch) runExact(h, t int, buf []float32) []float32 {
 	return buf
 }
 
-// hidden reports whether every slot of s lies after position p.
-func hidden(s kvcache.Segment, p int32) bool {
+// hide reports whether a query at position p must not see a slot at
+// position q: q is later, or outside the sliding window.
+func (b *Batch) hide(q, p int32) bool {
+	return q > p || (b.Window > 0 && q <= p-b.Window)
+}
+
+// hidden reports whether every slot of s is hidden from position p.
+func (b *Batch) hidden(s kvcache.Segment, p int32) bool {
 	for _, q := range s.Pos[:s.N] {
-		if q <= p {
+		if !b.hide(q, p) {
 			return false
 		}
 	}
@@ -483,7 +492,7 @@ func (b *Batch) mass(h int, buf []float32) []float32 {
 			for _, s := range segs {
 				for i := 0; i < s.N; i++ {
 					v := float32(math.Inf(-1))
-					if s.Pos[i] <= p {
+					if !b.hide(s.Pos[i], p) {
 						d := s.KC.Dot(s.K, s.Cap, hd, i, qj)
 						if s.KMag != nil {
 							d *= s.KMag[i]

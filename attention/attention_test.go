@@ -337,3 +337,47 @@ func TestMagnitudes(t *testing.T) {
 		})
 	}
 }
+
+// TestSlidingWindow: with Window set, a query sees only the keys of its
+// last Window positions (naive reference restricted to them).
+func TestSlidingWindow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	f := build(t, rng, 2, 2, 16, 200, 16, codec.F32, codec.F32)
+	const W = 37
+	qpos := []int32{199, 150, 36, 0}
+	for _, pos := range [][]int32{qpos[:1], qpos} {
+		n := len(pos)
+		stride := f.heads * f.G * f.hd
+		q := make([]float32, n*stride)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		for _, split := range []int{-1, 1} {
+			out := make([]float32, n*stride)
+			b := Batch{Heads: f.heads, G: f.G, HeadDim: f.hd, Norm: float32(math.Sqrt(float64(f.hd))), Q: q, Out: out, Pos: pos, Window: W,
+				Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, SplitMin: split, SplitChunk: 50}
+			var sc Scratch
+			b.Run(&sc)
+			for ti, p := range pos {
+				for h := 0; h < f.heads; h++ {
+					var keys, vals [][]float64
+					var kp []int32
+					for i, kpos := range f.pos {
+						if kpos > p-W {
+							keys, vals, kp = append(keys, f.keys[h][i]), append(vals, f.vals[h][i]), append(kp, kpos)
+						}
+					}
+					for j := 0; j < f.G; j++ {
+						off := ti*stride + (h*f.G+j)*f.hd
+						want, _ := naive(f64(q[off:off+f.hd]), keys, vals, kp, p, math.Sqrt(float64(f.hd)))
+						for c := range want {
+							if d := math.Abs(want[c] - float64(out[off+c])); d > 1e-5 {
+								t.Fatalf("split %d query %d: |Δ| %.3g", split, p, d)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}

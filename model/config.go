@@ -41,6 +41,16 @@ type Config struct {
 	NormEps   float32   // RMSNorm epsilon
 	RopeTheta float32   // RoPE base frequency
 	Rope      RopeStyle // which dimension pairs RoPE rotates
+
+	// RoPE scaling (see RopeFreqs): Llama 3.1's per-pair frequency divisors
+	// (GGUF tensor rope_freqs.weight, or rope.scaling.type "llama3"), nil
+	// for none; and linear position scaling (rope.scaling.type "linear"),
+	// positions divided by RopeScale (0 or 1: none).
+	RopeFreqFactors []float32 `json:",omitempty"`
+	RopeScale       float32   `json:",omitempty"`
+	// SlidingWindow is the attention window of {arch}.attention.sliding_window
+	// (0: none): a query sees the keys of the last SlidingWindow positions.
+	SlidingWindow int `json:",omitempty"`
 }
 
 // GroupSize is the number of query heads that share one KV head.
@@ -78,6 +88,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.RopeTheta > 1) || math.IsInf(float64(c.RopeTheta), 0) {
 		return fmt.Errorf("model: RoPE theta %g must be > 1", c.RopeTheta)
+	}
+	if err := c.validateRopeScaling(); err != nil {
+		return err
 	}
 	return nil
 }

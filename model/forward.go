@@ -106,12 +106,7 @@ func (m *Model) NewSequence(cache kvcache.Sequence) (*Sequence, error) {
 			l, m.Config.Layers, m.KVHeads, m.HeadDim)
 	}
 	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len(), MaxPos: m.CtxLen}
-	half := m.HeadDim / 2
-	s.freq = make([]float32, half)
-	for j := range s.freq {
-		// As run.c: 1 / theta^(2j/head_dim), in float32.
-		s.freq[j] = 1 / float32(math.Pow(float64(m.RopeTheta), float64(float32(2*j)/float32(m.HeadDim))))
-	}
+	s.freq = m.RopeFreqs()
 	return s, nil
 }
 
@@ -374,8 +369,7 @@ func (m *Model) Rotate(key []float32, delta int) {
 		return
 	}
 	half := m.HeadDim / 2
-	for j := 0; j < half; j++ {
-		f := 1 / float32(math.Pow(float64(m.RopeTheta), float64(float32(2*j)/float32(m.HeadDim))))
+	for j, f := range m.RopeFreqs() {
 		a := float64(delta) * float64(f)
 		cs, sn := float32(math.Cos(a)), float32(math.Sin(a))
 		x0, x1 := 2*j, 2*j+1

@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/kvlm/kvlm/gguf"
 	"github.com/kvlm/kvlm/tensor"
@@ -77,9 +78,9 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 		}{
 			{&L.AttnNorm, "attn_norm.weight", cfg.Dim, false},
 			{&L.FFNNorm, "ffn_norm.weight", cfg.Dim, false},
-			{&L.Bq, "attn_q.bias", cfg.QDim(), true},
-			{&L.Bk, "attn_k.bias", cfg.KVDim(), true},
-			{&L.Bv, "attn_v.bias", cfg.KVDim(), true},
+			{&L.Bq, "attn_q.bias", cfg.QDim(), !Archs[cfg.Arch].Biases},
+			{&L.Bk, "attn_k.bias", cfg.KVDim(), !Archs[cfg.Arch].Biases},
+			{&L.Bv, "attn_v.bias", cfg.KVDim(), !Archs[cfg.Arch].Biases},
 		}
 		for _, v := range vecs {
 			if *v.dst, err = ggufVector(f, p+v.name, v.n, v.optional); err != nil {
@@ -104,11 +105,9 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 	if err != nil {
 		return c, err
 	}
-	switch arch {
-	case "llama":
-		c.Rope = RopeInterleaved
-	default:
-		return c, fmt.Errorf("model: architecture %q is not supported (supported: llama)", arch)
+	a, ok := Archs[arch]
+	if !ok {
+		return c, fmt.Errorf("model: architecture %q is not supported (supported: %s)", arch, strings.Join(ArchNames(), ", "))
 	}
 	c.Arch = arch
 	k := func(s string) string { return arch + "." + s }
@@ -179,6 +178,9 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 		}
 		c.RopeTheta = float32(v)
 	}
+	if err := archFromGGUF(f, a, &c); err != nil {
+		return c, err
+	}
 	// The vocabulary size comes from the embedding tensor; validate the rest now.
 	t, ok := f.Tensor("token_embd.weight")
 	if !ok {
@@ -246,8 +248,12 @@ func TokenizerFromGGUF(f *gguf.File) (tokenizer.Tokenizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if kind != "llama" {
-		return nil, fmt.Errorf("model: tokenizer model %q is not supported (supported: llama)", kind)
+	switch kind {
+	case "llama":
+	case "gpt2":
+		return bpeFromGGUF(f)
+	default:
+		return nil, fmt.Errorf("model: tokenizer.ggml.model %q is not supported (supported: llama, gpt2)", kind)
 	}
 	pieces, err := f.Strings("tokenizer.ggml.tokens")
 	if err != nil {
@@ -291,4 +297,67 @@ func TokenizerFromGGUF(f *gguf.File) (tokenizer.Tokenizer, error) {
 		return nil, err
 	}
 	return tokenizer.NewSentencePiece(pieces, scores, types, bos, eos, unk)
+}
+
+// bpeFromGGUF builds a byte-level BPE tokenizer (tokenizer.ggml.model
+// "gpt2") from tokens, token_type, merges and pre.
+func bpeFromGGUF(f *gguf.File) (tokenizer.Tokenizer, error) {
+	var c tokenizer.BPEConfig
+	var err error
+	if c.Tokens, err = f.Strings("tokenizer.ggml.tokens"); err != nil {
+		return nil, err
+	}
+	if _, ok := f.Lookup("tokenizer.ggml.token_type"); ok {
+		if c.Types, err = f.Int32s("tokenizer.ggml.token_type"); err != nil {
+			return nil, err
+		}
+	}
+	if c.Merges, err = f.Strings("tokenizer.ggml.merges"); err != nil {
+		return nil, err
+	}
+	c.Pre = "default"
+	if _, ok := f.Lookup("tokenizer.ggml.pre"); ok {
+		if c.Pre, err = f.String("tokenizer.ggml.pre"); err != nil {
+			return nil, err
+		}
+	}
+	id := func(key string) (int, error) {
+		if _, ok := f.Lookup(key); !ok {
+			return -1, nil
+		}
+		v, err := f.Uint(key)
+		if err != nil {
+			return 0, err
+		}
+		if v >= uint64(len(c.Tokens)) {
+			return 0, fmt.Errorf("model: %s = %d is outside the vocabulary of %d", key, v, len(c.Tokens))
+		}
+		return int(v), nil
+	}
+	if c.BOS, err = id("tokenizer.ggml.bos_token_id"); err != nil {
+		return nil, err
+	}
+	if c.EOS, err = id("tokenizer.ggml.eos_token_id"); err != nil {
+		return nil, err
+	}
+	flag := func(key string, def bool) (bool, error) {
+		if _, ok := f.Lookup(key); !ok {
+			return def, nil
+		}
+		return f.Bool(key)
+	}
+	if c.AddBOS, err = flag("tokenizer.ggml.add_bos_token", c.Pre == "llama-bpe" || c.Pre == "llama3" || c.Pre == "llama-v3"); err != nil {
+		return nil, err
+	}
+	if c.AddEOS, err = flag("tokenizer.ggml.add_eos_token", false); err != nil {
+		return nil, err
+	}
+	tok, err := tokenizer.NewBPE(c)
+	if err != nil {
+		if strings.Contains(err.Error(), "pre-tokenizer") {
+			return nil, fmt.Errorf("model: tokenizer.ggml.pre %q is not supported (supported: %s)", c.Pre, strings.Join(tokenizer.Pretokenizers, ", "))
+		}
+		return nil, err
+	}
+	return tok, nil
 }

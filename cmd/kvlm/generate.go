@@ -7,6 +7,7 @@ import (
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/sample"
+	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"
 )
 
@@ -51,7 +52,7 @@ func newGenerate() *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			ids := tok.Encode(prompt, tok.BOS() >= 0, false)
+			ids := tok.Encode(prompt, tokenizer.AddsBOS(tok), false)
 			if len(ids) > m.CtxLen {
 				return fmt.Errorf("prompt is %d tokens, longer than the context length %d", len(ids), m.CtxLen)
 			}

@@ -38,6 +38,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetErr(stderr)
 	root.AddCommand(newGenerate(), newPPL(), newBench(), newInspect(), newConvert())
 	root.AddCommand(newKVCalc())
+	root.AddCommand(newPull(), newList(), newTokenize())
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

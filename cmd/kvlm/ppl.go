@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/kvlm/kvlm/eval"
+	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"
 )
 
@@ -68,7 +69,7 @@ With a --kv-policy:
 			if compressAfter < 0 || (compressAfter > 0 && compressAfter >= ctx-1) {
 				return fmt.Errorf("--compress-after %d must leave tokens to score before --ctx %d", compressAfter, ctx)
 			}
-			ids := tok.Encode(string(data), tok.BOS() >= 0, false)
+			ids := tok.Encode(string(data), tokenizer.AddsBOS(tok), false)
 			if len(ids) < ctx {
 				return fmt.Errorf("%s encodes to %d tokens, fewer than --ctx %d", file, len(ids), ctx)
 			}

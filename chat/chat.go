@@ -1,0 +1,388 @@
+// Package chat turns a conversation into the prompt a chat model was trained
+// on. Templates are built-in renderers of the common formats (Llama 2,
+// Llama 3, ChatML, Mistral, Zephyr, Phi-3), each rendering exactly the
+// string its Hugging Face Jinja template renders; a model's template is
+// recognised from the content of its GGUF tokenizer.chat_template, or else
+// chosen by architecture and vocabulary, and can be overridden by name.
+package chat
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/kvlm/kvlm/gguf"
+	"github.com/kvlm/kvlm/tokenizer"
+)
+
+// Message is one turn of a conversation. Role is "system", "user" or
+// "assistant" (Llama 3 and ChatML pass other roles through).
+type Message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// Template renders conversations in one chat format.
+type Template struct {
+	Name string
+	// BOS and EOS are the texts of the tokens the template writes as
+	// bos_token and eos_token ("<s>", "</s>" by default; ForModel takes them
+	// from the vocabulary).
+	BOS, EOS string
+	// DefaultSystem, for ChatML, is the system message written when a
+	// conversation starts without one (Qwen 2's "You are a helpful
+	// assistant."); "" for none.
+	DefaultSystem string
+	// Stops are the texts that end an assistant turn: special tokens (see
+	// StopIDs) or plain strings to cut generated text at.
+	Stops []string
+	// WritesBOS: the rendered prompt starts with BOS's text, so Encode adds
+	// no BOS of its own.
+	WritesBOS bool
+
+	render func(t *Template, msgs []Message, gen bool) (string, error)
+}
+
+// Render returns the prompt for msgs; with gen, it ends with the header of
+// the assistant turn the model is to write (add_generation_prompt).
+func (t *Template) Render(msgs []Message, gen bool) (string, error) {
+	return t.render(t, msgs, gen)
+}
+
+// Encode renders msgs and tokenizes the prompt, the text of special tokens
+// becoming those tokens. BOS is added when the template does not write it
+// and the vocabulary asks for it (tokenizer.AddsBOS).
+func (t *Template) Encode(tok tokenizer.Tokenizer, msgs []Message, gen bool) ([]int, error) {
+	p, err := t.Render(msgs, gen)
+	if err != nil {
+		return nil, err
+	}
+	return tokenizer.EncodeSpecial(tok, p, !t.WritesBOS && tokenizer.AddsBOS(tok), false), nil
+}
+
+// StopIDs returns the token ids that end an assistant turn: EOS and every
+// stop text that is a single token of tok.
+func (t *Template) StopIDs(tok tokenizer.Tokenizer) []int {
+	var ids []int
+	if e := tok.EOS(); e >= 0 {
+		ids = append(ids, e)
+	}
+	for _, s := range t.Stops {
+		if id, ok := tokenizer.TokenID(tok, s); ok && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// templates are the built-in templates by name.
+var templates = map[string]Template{
+	"llama2": {Name: "llama2", BOS: "<s>", EOS: "</s>", Stops: []string{"</s>"}, WritesBOS: true, render: renderLlama2},
+	"llama3": {Name: "llama3", BOS: "<|begin_of_text|>", EOS: "<|end_of_text|>", Stops: []string{"<|eot_id|>", "<|end_of_text|>", "<|eom_id|>"},
+		WritesBOS: true, render: renderLlama3},
+	"chatml":  {Name: "chatml", BOS: "<s>", EOS: "</s>", Stops: []string{"<|im_end|>", "<|endoftext|>"}, render: renderChatML},
+	"mistral": {Name: "mistral", BOS: "<s>", EOS: "</s>", Stops: []string{"</s>"}, WritesBOS: true, render: renderMistral},
+	"zephyr":  {Name: "zephyr", BOS: "<s>", EOS: "</s>", Stops: []string{"</s>", "<|user|>"}, render: renderZephyr},
+	"phi3":    {Name: "phi3", BOS: "<s>", EOS: "<|endoftext|>", Stops: []string{"<|end|>", "<|endoftext|>", "<|user|>"}, render: renderPhi3},
+}
+
+// aliases are other names --chat-template accepts.
+var aliases = map[string]string{"llama-2": "llama2", "llama-3": "llama3", "qwen": "chatml", "qwen2": "chatml", "phi-3": "phi3"}
+
+// Names lists the built-in templates.
+func Names() []string {
+	n := make([]string, 0, len(templates))
+	for k := range templates {
+		n = append(n, k)
+	}
+	sort.Strings(n)
+	return n
+}
+
+// Lookup returns a copy of the named template.
+func Lookup(name string) (*Template, error) {
+	key := strings.ToLower(strings.TrimSpace(name))
+	if a, ok := aliases[key]; ok {
+		key = a
+	}
+	t, ok := templates[key]
+	if !ok {
+		return nil, fmt.Errorf("chat: unknown template %q (known: %s)", name, strings.Join(Names(), ", "))
+	}
+	t.Stops = slices.Clone(t.Stops)
+	return &t, nil
+}
+
+var chatmlSystem = regexp.MustCompile(`<\|im_start\|>system(?:\n|\\n)([^'"{}<>\\]+)<\|im_end\|>`)
+
+// Detect recognises a Jinja chat template by its content and returns the
+// name of the built-in template rendering the same format, or "".
+func Detect(src string) string {
+	has := func(s ...string) bool {
+		for _, x := range s {
+			if !strings.Contains(src, x) {
+				return false
+			}
+		}
+		return true
+	}
+	switch {
+	case src == "":
+		return ""
+	case has("<|start_header_id|>", "<|end_header_id|>"):
+		return "llama3"
+	case has("<|im_start|>"):
+		return "chatml"
+	case has("<|user|>", "<|end|>"):
+		return "phi3"
+	case has("<|user|>", "<|assistant|>"):
+		return "zephyr"
+	case has("[INST]", "<<SYS>>"):
+		return "llama2"
+	case has("[INST]"):
+		return "mistral"
+	}
+	return ""
+}
+
+// Model says what ForModel knows of a model.
+type Model struct {
+	Arch     string              // general.architecture
+	Template string              // tokenizer.chat_template ("" if none)
+	Tok      tokenizer.Tokenizer // nil if unknown
+}
+
+// ForModel chooses the template of a model: override (a name, as given to
+// --chat-template) if set, else the built-in template whose format the
+// model's own template has, else one implied by its architecture and
+// vocabulary. BOS and EOS texts come from the vocabulary. how says which
+// rule chose ("override", "chat_template", "architecture").
+func ForModel(m Model, override string) (t *Template, how string, err error) {
+	switch {
+	case override != "":
+		t, err = Lookup(override)
+		how = "override"
+	case Detect(m.Template) != "":
+		t, err = Lookup(Detect(m.Template))
+		how = "chat_template"
+	default:
+		t, err = Lookup(byArch(m))
+		how = "architecture"
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	if t.Name == "chatml" {
+		if sm := chatmlSystem.FindStringSubmatch(m.Template); sm != nil {
+			t.DefaultSystem = sm[1]
+		}
+	}
+	if m.Tok != nil {
+		if p := specialText(m.Tok, m.Tok.BOS()); p != "" {
+			t.BOS = p
+		}
+		if p := specialText(m.Tok, m.Tok.EOS()); p != "" && t.Name != "phi3" {
+			t.EOS = p
+		}
+	}
+	return t, how, nil
+}
+
+// specialText is the text of a special token as a template writes it ("" if
+// the id is out of range).
+func specialText(tok tokenizer.Tokenizer, id int) string {
+	if id < 0 || id >= tok.VocabSize() {
+		return ""
+	}
+	// llama2.c vocabularies store "\n<s>\n".
+	return strings.Trim(tok.Piece(id), "\n")
+}
+
+func byArch(m Model) string {
+	has := func(p string) bool {
+		if m.Tok == nil {
+			return false
+		}
+		_, ok := tokenizer.TokenID(m.Tok, p)
+		return ok
+	}
+	switch {
+	case m.Arch == "qwen2" || has("<|im_start|>"):
+		return "chatml"
+	case m.Arch == "phi3" || has("<|end|>") && has("<|user|>"):
+		return "phi3"
+	case has("<|start_header_id|>"):
+		return "llama3"
+	case m.Arch == "mistral":
+		return "mistral"
+	}
+	return "llama2"
+}
+
+// FromGGUF chooses the template of an open GGUF model (see ForModel).
+func FromGGUF(f *gguf.File, tok tokenizer.Tokenizer, override string) (*Template, string, error) {
+	m := Model{Tok: tok}
+	if _, ok := f.Lookup("general.architecture"); ok {
+		a, err := f.String("general.architecture")
+		if err != nil {
+			return nil, "", err
+		}
+		m.Arch = a
+	}
+	if _, ok := f.Lookup("tokenizer.chat_template"); ok {
+		s, err := f.String("tokenizer.chat_template")
+		if err != nil {
+			return nil, "", err
+		}
+		m.Template = s
+	}
+	return ForModel(m, override)
+}
+
+// splitSystem takes a leading system message off msgs.
+func splitSystem(msgs []Message) (sys string, hasSys bool, rest []Message) {
+	if len(msgs) > 0 && msgs[0].Role == "system" {
+		return msgs[0].Content, true, msgs[1:]
+	}
+	return "", false, msgs
+}
+
+// alternate checks the user/assistant alternation the Llama 2 and Mistral
+// templates require.
+func alternate(name string, msgs []Message) error {
+	for i, m := range msgs {
+		if m.Role != "user" && m.Role != "assistant" {
+			return fmt.Errorf("chat: %s: role %q is not supported (only an initial system message, then user and assistant)", name, m.Role)
+		}
+		if (m.Role == "user") != (i%2 == 0) {
+			return fmt.Errorf("chat: %s: conversation roles must alternate user/assistant/user/… after the optional system message", name)
+		}
+	}
+	return nil
+}
+
+// renderLlama2 is Llama 2 chat's template:
+//
+//	<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] {user} [/INST]
+//
+// (message text stripped of surrounding white space; no generation prompt
+// beyond the closing [/INST]).
+func renderLlama2(t *Template, msgs []Message, gen bool) (string, error) {
+	sys, hasSys, rest := splitSystem(msgs)
+	if err := alternate(t.Name, rest); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for i, m := range rest {
+		c := m.Content
+		if i == 0 && hasSys {
+			c = "<<SYS>>\n" + sys + "\n<</SYS>>\n\n" + c
+		}
+		if m.Role == "user" {
+			b.WriteString(t.BOS + "[INST] " + strings.TrimSpace(c) + " [/INST]")
+		} else {
+			b.WriteString(" " + strings.TrimSpace(c) + " " + t.EOS)
+		}
+	}
+	return b.String(), nil
+}
+
+// renderLlama3 is Llama 3 Instruct's template:
+//
+//	<|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>…<|start_header_id|>assistant<|end_header_id|>\n\n
+func renderLlama3(t *Template, msgs []Message, gen bool) (string, error) {
+	var b strings.Builder
+	for i, m := range msgs {
+		if i == 0 {
+			b.WriteString(t.BOS)
+		}
+		b.WriteString("<|start_header_id|>" + m.Role + "<|end_header_id|>\n\n" + strings.TrimSpace(m.Content) + "<|eot_id|>")
+	}
+	if gen {
+		b.WriteString("<|start_header_id|>assistant<|end_header_id|>\n\n")
+	}
+	return b.String(), nil
+}
+
+// renderChatML is ChatML (Qwen):
+//
+//	<|im_start|>{role}\n{content}<|im_end|>\n…<|im_start|>assistant\n
+//
+// with the default system message first when the conversation has none.
+func renderChatML(t *Template, msgs []Message, gen bool) (string, error) {
+	var b strings.Builder
+	for i, m := range msgs {
+		if i == 0 && t.DefaultSystem != "" && m.Role != "system" {
+			b.WriteString("<|im_start|>system\n" + t.DefaultSystem + "<|im_end|>\n")
+		}
+		b.WriteString("<|im_start|>" + m.Role + "\n" + m.Content + "<|im_end|>\n")
+	}
+	if gen {
+		b.WriteString("<|im_start|>assistant\n")
+	}
+	return b.String(), nil
+}
+
+// renderMistral is Mistral 7B Instruct's template (v0.1/v0.2):
+//
+//	<s> [INST] {system}\n\n{user} [/INST] {assistant}</s> [INST] {user} [/INST]
+func renderMistral(t *Template, msgs []Message, gen bool) (string, error) {
+	sys, hasSys, rest := splitSystem(msgs)
+	if err := alternate(t.Name, rest); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString(t.BOS)
+	for i, m := range rest {
+		if m.Role == "user" {
+			if i == 0 && hasSys {
+				b.WriteString(" [INST] " + sys + "\n\n" + m.Content + " [/INST]")
+			} else {
+				b.WriteString(" [INST] " + m.Content + " [/INST]")
+			}
+		} else {
+			b.WriteString(" " + m.Content + t.EOS)
+		}
+	}
+	return b.String(), nil
+}
+
+// renderZephyr is Zephyr's (and TinyLlama Chat's) template:
+//
+//	<|system|>\n{system}</s>\n<|user|>\n{user}</s>\n<|assistant|>\n
+func renderZephyr(t *Template, msgs []Message, gen bool) (string, error) {
+	var b strings.Builder
+	for _, m := range msgs {
+		switch m.Role {
+		case "system", "user", "assistant":
+		default:
+			return "", fmt.Errorf("chat: zephyr: role %q is not supported (system, user, assistant)", m.Role)
+		}
+		b.WriteString("<|" + m.Role + "|>\n" + m.Content + t.EOS + "\n")
+	}
+	if gen {
+		b.WriteString("<|assistant|>\n")
+	}
+	return b.String(), nil
+}
+
+// renderPhi3 is Phi-3's template:
+//
+//	<|system|>\n{system}<|end|>\n<|user|>\n{user}<|end|>\n<|assistant|>\n
+func renderPhi3(t *Template, msgs []Message, gen bool) (string, error) {
+	var b strings.Builder
+	for _, m := range msgs {
+		switch m.Role {
+		case "system", "user", "assistant":
+		default:
+			return "", fmt.Errorf("chat: phi3: role %q is not supported (system, user, assistant)", m.Role)
+		}
+		b.WriteString("<|" + m.Role + "|>\n" + m.Content + "<|end|>\n")
+	}
+	if gen {
+		b.WriteString("<|assistant|>\n")
+	}
+	return b.String(), nil
+}

@@ -1,0 +1,270 @@
+package chat
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvlm/kvlm/gguf"
+	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/kvlm/kvlm/tokenizer"
+)
+
+var (
+	sys  = Message{"system", "You are terse."}
+	u1   = Message{"user", "Hi there"}
+	a1   = Message{"assistant", "Hello! "}
+	u2   = Message{"user", " What is 2+2?"}
+	conv = []Message{sys, u1, a1, u2}
+)
+
+// TestRender checks every template's exact output (the strings the Hugging
+// Face Jinja templates render).
+func TestRender(t *testing.T) {
+	cases := []struct {
+		tmpl string
+		msgs []Message
+		gen  bool
+		want string
+	}{
+		{"llama2", conv, true, "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi there [/INST] Hello! </s><s>[INST] What is 2+2? [/INST]"},
+		{"llama2", []Message{u1}, false, "<s>[INST] Hi there [/INST]"},
+		{"llama2", []Message{u1, a1}, false, "<s>[INST] Hi there [/INST] Hello! </s>"},
+
+		{"llama3", conv, true, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>" +
+			"<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>" +
+			"<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>" +
+			"<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>" +
+			"<|start_header_id|>assistant<|end_header_id|>\n\n"},
+		{"llama3", []Message{u1}, false, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"},
+
+		{"chatml", conv, true, "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n" +
+			"<|im_start|>assistant\nHello! <|im_end|>\n<|im_start|>user\n What is 2+2?<|im_end|>\n<|im_start|>assistant\n"},
+		{"chatml", []Message{u1}, false, "<|im_start|>user\nHi there<|im_end|>\n"},
+
+		{"mistral", conv, true, "<s> [INST] You are terse.\n\nHi there [/INST] Hello! </s> [INST]  What is 2+2? [/INST]"},
+		{"mistral", []Message{u1}, true, "<s> [INST] Hi there [/INST]"},
+
+		{"zephyr", conv, true, "<|system|>\nYou are terse.</s>\n<|user|>\nHi there</s>\n<|assistant|>\nHello! </s>\n<|user|>\n What is 2+2?</s>\n<|assistant|>\n"},
+		{"zephyr", []Message{u1}, false, "<|user|>\nHi there</s>\n"},
+
+		{"phi3", conv, true, "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi there<|end|>\n<|assistant|>\nHello! <|end|>\n<|user|>\n What is 2+2?<|end|>\n<|assistant|>\n"},
+		{"phi3", []Message{u1}, false, "<|user|>\nHi there<|end|>\n"},
+	}
+	for _, c := range cases {
+		tm, err := Lookup(c.tmpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tm.Render(c.msgs, c.gen)
+		if err != nil {
+			t.Errorf("%s: %v", c.tmpl, err)
+			continue
+		}
+		if got != c.want {
+			t.Errorf("%s:\n got %q\nwant %q", c.tmpl, got, c.want)
+		}
+	}
+}
+
+func TestChatMLDefaultSystem(t *testing.T) {
+	tm, _ := Lookup("chatml")
+	tm.DefaultSystem = "You are a helpful assistant."
+	got, _ := tm.Render([]Message{u1}, true)
+	want := "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+	if got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got, _ := tm.Render(conv[:2], false); strings.Contains(got, "helpful") {
+		t.Errorf("default system written despite a system message: %q", got)
+	}
+}
+
+func TestRenderErrors(t *testing.T) {
+	for _, c := range []struct {
+		tmpl string
+		msgs []Message
+		want string
+	}{
+		{"llama2", []Message{a1}, "must alternate"},
+		{"llama2", []Message{u1, u1}, "must alternate"},
+		{"mistral", []Message{u1, sys}, `role "system" is not supported`},
+		{"zephyr", []Message{{"tool", "x"}}, `role "tool" is not supported`},
+		{"phi3", []Message{{"tool", "x"}}, `role "tool" is not supported`},
+	} {
+		tm, _ := Lookup(c.tmpl)
+		if _, err := tm.Render(c.msgs, true); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s %v: error %v, want %q", c.tmpl, c.msgs, err, c.want)
+		}
+	}
+	if _, err := Lookup("vicuna"); err == nil || !strings.Contains(err.Error(), `unknown template "vicuna" (known: chatml, llama2, llama3, mistral, phi3, zephyr)`) {
+		t.Errorf("Lookup error %v", err)
+	}
+}
+
+// Jinja sources as models ship them (abridged where long).
+var jinja = map[string]string{
+	"llama2":  "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}",
+	"llama3":  "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
+	"chatml":  "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+	"mistral": "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}",
+	"zephyr":  "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}",
+	"phi3":    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}",
+}
+
+func TestDetect(t *testing.T) {
+	for want, src := range jinja {
+		if got := Detect(src); got != want {
+			t.Errorf("Detect(%s template) = %q", want, got)
+		}
+	}
+	if Detect("{{ messages }}") != "" || Detect("") != "" {
+		t.Error("unknown templates must not be recognised")
+	}
+}
+
+func TestForModel(t *testing.T) {
+	cases := []struct {
+		m        Model
+		override string
+		name     string
+		how      string
+	}{
+		{Model{Arch: "llama", Template: jinja["llama3"]}, "", "llama3", "chat_template"},
+		{Model{Arch: "qwen2", Template: jinja["chatml"]}, "", "chatml", "chat_template"},
+		{Model{Arch: "qwen2"}, "", "chatml", "architecture"},
+		{Model{Arch: "mistral"}, "", "mistral", "architecture"},
+		{Model{Arch: "llama"}, "", "llama2", "architecture"},
+		{Model{Arch: "llama", Template: jinja["zephyr"]}, "", "zephyr", "chat_template"},
+		{Model{Arch: "llama", Template: jinja["llama3"]}, "ChatML", "chatml", "override"},
+		{Model{Arch: "llama", Template: "{{ unknown }}"}, "", "llama2", "architecture"},
+	}
+	for _, c := range cases {
+		tm, how, err := ForModel(c.m, c.override)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tm.Name != c.name || how != c.how {
+			t.Errorf("%+v override %q: %s by %s, want %s by %s", c.m.Arch, c.override, tm.Name, how, c.name, c.how)
+		}
+	}
+	tm, _, _ := ForModel(Model{Arch: "qwen2", Template: jinja["chatml"]}, "")
+	if tm.DefaultSystem != "You are a helpful assistant." {
+		t.Errorf("Qwen default system %q", tm.DefaultSystem)
+	}
+	if _, _, err := ForModel(Model{}, "nope"); err == nil {
+		t.Error("unknown override accepted")
+	}
+}
+
+var llama3Vocab = struct {
+	tok *tokenizer.BPE
+	err error
+}{}
+
+func llama3Tok(t *testing.T) *tokenizer.BPE {
+	if llama3Vocab.tok != nil {
+		return llama3Vocab.tok
+	}
+	enc, err := os.ReadFile(shared.Path(t, "models/llama3-tokenizer/encoder.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bpe, err := os.ReadFile(shared.Path(t, "models/llama3-tokenizer/vocab.bpe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, merges, err := tokenizer.ReadGPT2Vocab(enc, bpe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := make([]int32, len(tokens))
+	for i := range types {
+		types[i] = tokenizer.TypeNormal
+	}
+	for _, s := range tokenizer.Llama3Specials() {
+		tokens = append(tokens, s)
+		types = append(types, tokenizer.TypeControl)
+	}
+	tok, err := tokenizer.NewBPE(tokenizer.BPEConfig{Tokens: tokens, Types: types, Merges: merges, Pre: "llama-bpe",
+		BOS: 128000, EOS: 128009, AddBOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	llama3Vocab.tok = tok
+	return tok
+}
+
+// TestEncodeLlama3: the rendered Llama 3 prompt tokenizes to the header
+// tokens of Meta's prompt format, with one BOS.
+func TestEncodeLlama3(t *testing.T) {
+	tok := llama3Tok(t)
+	tm, how, err := ForModel(Model{Arch: "llama", Tok: tok}, "")
+	if err != nil || tm.Name != "llama3" || how != "architecture" {
+		t.Fatalf("%v %v %v", tm, how, err)
+	}
+	ids, err := tm.Encode(tok, []Message{{"user", "hello"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int{128000, 128006, 882, 128007, 271, 15339, 128009, 128006, 78191, 128007, 271}
+	if !slices.Equal(ids, want) {
+		t.Errorf("ids %v, want %v", ids, want)
+	}
+	stops := tm.StopIDs(tok)
+	for _, id := range []int{128009, 128001, 128008} {
+		if !slices.Contains(stops, id) {
+			t.Errorf("stop ids %v lack %d", stops, id)
+		}
+	}
+}
+
+func TestEncodeLlama2SentencePiece(t *testing.T) {
+	tok, err := tokenizer.LoadLlama2C(shared.Path(t, "models/llama2-tokenizer/tokenizer.bin"), 32000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, _, err := ForModel(Model{Arch: "llama", Tok: tok}, "")
+	if err != nil || tm.Name != "llama2" || tm.BOS != "<s>" || tm.EOS != "</s>" {
+		t.Fatalf("%+v %v", tm, err)
+	}
+	ids, err := tm.Encode(tok, []Message{u1, a1, u2}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []int
+	want = append(want, 1)
+	want = append(want, tok.Encode("[INST] Hi there [/INST] Hello! ", false, false)...)
+	want = append(want, 2, 1)
+	want = append(want, tok.Encode("[INST] What is 2+2? [/INST]", false, false)...)
+	if !slices.Equal(ids, want) {
+		t.Errorf("ids %v\nwant %v", ids, want)
+	}
+	if s := tm.StopIDs(tok); !slices.Equal(s, []int{2}) {
+		t.Errorf("stops %v", s)
+	}
+}
+
+func TestFromGGUF(t *testing.T) {
+	w := gguf.NewWriter()
+	for k, v := range map[string]any{"general.architecture": "qwen2", "tokenizer.chat_template": jinja["chatml"]} {
+		if err := w.Set(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	if err := w.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tm, how, err := FromGGUF(f, nil, "")
+	if err != nil || tm.Name != "chatml" || how != "chat_template" || tm.DefaultSystem == "" {
+		t.Fatalf("%+v %s %v", tm, how, err)
+	}
+}

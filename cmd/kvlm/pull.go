@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+
+	"github.com/kvlm/kvlm/hub"
+	"github.com/spf13/cobra"
+)
+
+func newPull() *cobra.Command {
+	var dir, sum string
+	var force, quiet bool
+	c := &cobra.Command{
+		Use:   "pull hf://OWNER/REPO/FILE.gguf | URL",
+		Short: "Download a model file into the model directory (resumable, size and sha256 checked)",
+		Long: "Download a model file from the Hugging Face hub (hf://OWNER/REPO/FILE, hf://OWNER/REPO@REV/FILE) or an\n" +
+			"http(s) URL into the model directory ($KVLM_MODELS, default kvlm/models under the user cache\n" +
+			"directory). An interrupted download is resumed by pulling again. The hub's published size and\n" +
+			"sha256 (LFS files) are checked; a mismatch deletes the partial file. $HF_TOKEN is sent to the hub\n" +
+			"for gated models; $KVLM_HF_ENDPOINT (or $HF_ENDPOINT) replaces https://huggingface.co.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ref, err := hub.Parse(args[0])
+			if err != nil {
+				return err
+			}
+			if dir == "" {
+				if dir, err = hub.Dir(); err != nil {
+					return err
+				}
+			}
+			opt := hub.Options{Dir: dir, SHA256: sum, Force: force, Token: os.Getenv("HF_TOKEN")}
+			if !quiet {
+				opt.Progress = cmd.ErrOrStderr()
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+			defer stop()
+			res, err := hub.Pull(ctx, ref, opt)
+			if err != nil {
+				return err
+			}
+			errw := cmd.ErrOrStderr()
+			switch {
+			case res.Skipped:
+				fmt.Fprintf(errw, "already present (%s)\n", hub.HumanBytes(res.Size))
+			case res.Verified:
+				fmt.Fprintf(errw, "%s, sha256 %s verified\n", hub.HumanBytes(res.Size), res.SHA256)
+			default:
+				fmt.Fprintf(errw, "%s, sha256 %s (none published to check against)\n", hub.HumanBytes(res.Size), res.SHA256)
+			}
+			if res.Resumed > 0 && !res.Skipped {
+				fmt.Fprintf(errw, "resumed after %s\n", hub.HumanBytes(res.Resumed))
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), res.Path)
+			return err
+		},
+	}
+	c.Flags().StringVar(&dir, "dir", "", "model directory (default $KVLM_MODELS or the user cache directory)")
+	c.Flags().StringVar(&sum, "sha256", "", "expected sha256 of the file (overrides the hub's)")
+	c.Flags().BoolVar(&force, "force", false, "download again even if the file is present")
+	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
+	return c
+}

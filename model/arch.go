@@ -1,0 +1,205 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/kvlm/kvlm/gguf"
+	"github.com/kvlm/kvlm/tensor"
+)
+
+// Arch describes a GGUF general.architecture the loader runs. Every one is
+// llama-shaped (RMSNorm, RoPE attention with GQA, SwiGLU FFN); they differ
+// in the RoPE convention and in optional tensors.
+type Arch struct {
+	Name string
+	// Rope is the pair layout llama.cpp uses for the architecture
+	// (LLAMA_ROPE_TYPE_NORM: interleaved; LLAMA_ROPE_TYPE_NEOX: halves).
+	Rope RopeStyle
+	// Biases: the architecture has Q/K/V biases (blk.N.attn_{q,k,v}.bias).
+	Biases bool
+}
+
+// Archs are the supported architectures. SmolLM, TinyLlama and Mistral
+// 7B GGUFs are written as "llama"; "mistral" is accepted as its alias.
+var Archs = map[string]Arch{
+	"llama":   {Name: "llama", Rope: RopeInterleaved},
+	"mistral": {Name: "mistral", Rope: RopeInterleaved},
+	"qwen2":   {Name: "qwen2", Rope: RopeNeoX, Biases: true},
+}
+
+// ArchNames lists the supported architectures, sorted.
+func ArchNames() []string {
+	names := make([]string, 0, len(Archs))
+	for n := range Archs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// RopeFreqs returns the RoPE frequency of each of the HeadDim/2 dimension
+// pairs: run.c's 1/theta^(2j/head_dim) in float32, divided by the pair's
+// frequency factor (Llama 3.1) and by the linear scale. The angle of pair j
+// at position p is p·RopeFreqs()[j].
+func (c Config) RopeFreqs() []float32 {
+	half := c.HeadDim / 2
+	freq := make([]float32, half)
+	for j := range freq {
+		freq[j] = 1 / float32(math.Pow(float64(c.RopeTheta), float64(float32(2*j)/float32(c.HeadDim))))
+		if c.RopeFreqFactors != nil {
+			freq[j] /= c.RopeFreqFactors[j]
+		}
+		if c.RopeScale > 0 && c.RopeScale != 1 {
+			freq[j] /= c.RopeScale
+		}
+	}
+	return freq
+}
+
+func (c Config) validateRopeScaling() error {
+	if c.RopeFreqFactors != nil {
+		if len(c.RopeFreqFactors) != c.HeadDim/2 {
+			return fmt.Errorf("model: %d RoPE frequency factors for head dim %d (want %d)", len(c.RopeFreqFactors), c.HeadDim, c.HeadDim/2)
+		}
+		for j, f := range c.RopeFreqFactors {
+			if !(f > 0) || math.IsInf(float64(f), 0) {
+				return fmt.Errorf("model: RoPE frequency factor %d is %g; factors must be positive", j, f)
+			}
+		}
+	}
+	if c.RopeScale < 0 || math.IsNaN(float64(c.RopeScale)) || math.IsInf(float64(c.RopeScale), 0) {
+		return fmt.Errorf("model: RoPE linear scale %g must be positive", c.RopeScale)
+	}
+	if c.SlidingWindow < 0 {
+		return fmt.Errorf("model: sliding window %d must not be negative", c.SlidingWindow)
+	}
+	return nil
+}
+
+// Llama3RopeFactors computes Llama 3.1's per-pair frequency divisors from
+// its rope_scaling (type "llama3"): pairs of short wavelength keep their
+// frequency, long ones are divided by factor, and those between are
+// interpolated smoothly. This is what converters store as rope_freqs.weight.
+func Llama3RopeFactors(headDim int, theta, factor, lowFreq, highFreq float64, origCtx int) []float32 {
+	half := headDim / 2
+	out := make([]float32, half)
+	lowWave := float64(origCtx) / lowFreq
+	highWave := float64(origCtx) / highFreq
+	for j := range out {
+		freq := 1 / math.Pow(theta, float64(2*j)/float64(headDim))
+		wave := 2 * math.Pi / freq
+		switch {
+		case wave < highWave:
+			out[j] = 1
+		case wave > lowWave:
+			out[j] = float32(factor)
+		default:
+			smooth := (float64(origCtx)/wave - lowFreq) / (highFreq - lowFreq)
+			out[j] = float32(1 / ((1-smooth)/factor + smooth))
+		}
+	}
+	return out
+}
+
+// archFromGGUF reads the architecture-dependent settings: the RoPE style,
+// RoPE scaling and the sliding window. c.HeadDim and c.RopeTheta must be set.
+func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
+	c.Rope = a.Rope
+	k := func(s string) string { return a.Name + "." + s }
+	has := func(key string) bool { _, ok := f.Lookup(k(key)); return ok }
+	float := func(key string, def float64) (float64, error) {
+		if !has(key) {
+			return def, nil
+		}
+		v, err := f.Float(k(key))
+		if err != nil {
+			return 0, err
+		}
+		if !(v > 0) || math.IsInf(v, 0) {
+			return 0, fmt.Errorf("model: %s = %g must be positive", k(key), v)
+		}
+		return v, nil
+	}
+	if has("attention.sliding_window") {
+		w, err := f.Uint(k("attention.sliding_window"))
+		if err != nil {
+			return err
+		}
+		if w > 1<<30 {
+			return fmt.Errorf("model: %s = %d is out of range", k("attention.sliding_window"), w)
+		}
+		c.SlidingWindow = int(w)
+	}
+	typ := ""
+	if has("rope.scaling.type") {
+		s, err := f.String(k("rope.scaling.type"))
+		if err != nil {
+			return err
+		}
+		typ = strings.ToLower(s)
+	}
+	switch typ {
+	case "", "none":
+		// The older key of linear scaling.
+		v, err := float("rope.scale_linear", 1)
+		if err != nil {
+			return err
+		}
+		c.RopeScale = float32(v)
+	case "linear":
+		v, err := float("rope.scaling.factor", 1)
+		if err != nil {
+			return err
+		}
+		c.RopeScale = float32(v)
+	case "llama3":
+		factor, err := float("rope.scaling.factor", 8)
+		if err != nil {
+			return err
+		}
+		low, err := float("rope.scaling.low_freq_factor", 1)
+		if err != nil {
+			return err
+		}
+		high, err := float("rope.scaling.high_freq_factor", 4)
+		if err != nil {
+			return err
+		}
+		if high <= low {
+			return fmt.Errorf("model: %s %g must exceed %s %g", k("rope.scaling.high_freq_factor"), high, k("rope.scaling.low_freq_factor"), low)
+		}
+		orig := 8192
+		if has("rope.scaling.original_context_length") {
+			v, err := f.Uint(k("rope.scaling.original_context_length"))
+			if err != nil {
+				return err
+			}
+			if v == 0 || v > 1<<30 {
+				return fmt.Errorf("model: %s = %d is out of range", k("rope.scaling.original_context_length"), v)
+			}
+			orig = int(v)
+		}
+		c.RopeFreqFactors = Llama3RopeFactors(c.HeadDim, float64(c.RopeTheta), factor, low, high, orig)
+	default:
+		return fmt.Errorf("model: %s = %q is not supported (supported: none, linear, llama3)", k("rope.scaling.type"), typ)
+	}
+	// Precomputed factors, as llama.cpp's converter writes them for Llama
+	// 3.1 and later, take precedence.
+	if t, ok := f.Tensor("rope_freqs.weight"); ok {
+		if len(t.Shape) != 1 || int(t.Shape[0]) != c.HeadDim/2 {
+			return fmt.Errorf("model: tensor rope_freqs.weight has shape %v, want [%d]", t.Shape, c.HeadDim/2)
+		}
+		if !t.Type.Supported() {
+			return fmt.Errorf("model: tensor rope_freqs.weight has type %s, which is not supported", t.Type)
+		}
+		v := make([]float32, c.HeadDim/2)
+		if err := tensor.Dequantize(t.Type, f.TensorData(t), v); err != nil {
+			return fmt.Errorf("model: tensor rope_freqs.weight: %w", err)
+		}
+		c.RopeFreqFactors = v
+	}
+	return nil
+}
