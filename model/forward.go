@@ -363,17 +363,46 @@ func addBias(x, b []float32, n int) {
 
 // Rotate turns one head's key, rotated by RoPE for some position, into the
 // key for a position delta further on (delta may be negative): how a policy
-// re-indexes the positions of cached keys.
-func (m *Model) Rotate(key []float32, delta int) {
+// re-indexes the positions of cached keys. A Rotator does the same faster
+// when many keys move.
+func (m *Model) Rotate(key []float32, delta int) { m.NewRotator().Rotate(key, delta) }
+
+// Rotator re-rotates keys by position deltas, keeping the cosines and sines
+// of the deltas it has seen (a re-indexing policy moves most keys by the same
+// few deltas step after step). Not safe for concurrent use.
+type Rotator struct {
+	freq   []float32            // [HeadDim/2] RoPE frequencies
+	neox   bool                 // NEOX halves instead of interleaved pairs
+	tables map[int][2][]float32 // delta → cosines, sines [HeadDim/2]
+}
+
+// NewRotator returns a rotator for the model's RoPE.
+func (m *Model) NewRotator() *Rotator {
+	return &Rotator{freq: m.RopeFreqs(), neox: m.Rope == RopeNeoX, tables: map[int][2][]float32{}}
+}
+
+// Rotate moves key by delta positions.
+func (r *Rotator) Rotate(key []float32, delta int) {
 	if delta == 0 {
 		return
 	}
-	half := m.HeadDim / 2
-	for j, f := range m.RopeFreqs() {
-		a := float64(delta) * float64(f)
-		cs, sn := float32(math.Cos(a)), float32(math.Sin(a))
+	t, ok := r.tables[delta]
+	if !ok {
+		if len(r.tables) > 256 {
+			clear(r.tables)
+		}
+		t = [2][]float32{make([]float32, len(r.freq)), make([]float32, len(r.freq))}
+		for j, f := range r.freq {
+			a := float64(delta) * float64(f)
+			t[0][j], t[1][j] = float32(math.Cos(a)), float32(math.Sin(a))
+		}
+		r.tables[delta] = t
+	}
+	half := len(r.freq)
+	for j := range r.freq {
+		cs, sn := t[0][j], t[1][j]
 		x0, x1 := 2*j, 2*j+1
-		if m.Rope == RopeNeoX {
+		if r.neox {
 			x0, x1 = j, j+half
 		}
 		v0, v1 := key[x0], key[x1]

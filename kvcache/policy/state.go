@@ -32,6 +32,8 @@ type State struct {
 	prefT  int         // tokens of the prefill in progress (0: none)
 	prefAt int         // history index where that prefill starts
 
+	rot *model.Rotator // re-rotates keys (re-indexing, LM-Infinite's cap)
+
 	Pruned int // prunes applied
 
 	pyr *pyramid // pyramidinfer's own schedule (pyramidinfer.go); nil for the others
@@ -364,7 +366,7 @@ func (st *State) normScores(l, h int) []float32 {
 // moves the sequence's next position to the cache length.
 func (st *State) reindex() error {
 	n := st.cache.Slots(0, 0)
-	m := st.seq.Model()
+	m := st.rotator()
 	for t := range st.orig {
 		l, h := t/st.H, t%st.H
 		if st.cache.Slots(l, h) != n {
@@ -395,7 +397,7 @@ func (st *State) reindex() error {
 func (st *State) capDistance(incoming int) error {
 	next := int32(st.seq.Pos())
 	target := next - int32(st.cfg.Window)
-	m := st.seq.Model()
+	m := st.rotator()
 	for t := range st.orig {
 		l, h := t/st.H, t%st.H
 		s := min(st.cfg.Sinks, st.cache.Slots(l, h))
@@ -415,6 +417,14 @@ func (st *State) capDistance(incoming int) error {
 		}
 	}
 	return nil
+}
+
+// rotator re-rotates keys for re-indexing, with cached tables.
+func (st *State) rotator() *model.Rotator {
+	if st.rot == nil {
+		st.rot = st.seq.Model().NewRotator()
+	}
+	return st.rot
 }
 
 // Kept returns, for each layer and KV head, the sorted original positions
