@@ -125,6 +125,10 @@ func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
 	B, d := p.B, p.layout.HeadDim
 	used := (len(fromBlocks) + B - 1) / B // blocks that will hold the kept slots
 	for j := first; j < first+used; j++ {
+		if b := t.blocks[j]; p.meta[b].entry != nil {
+			// The block's contents change: it no longer holds the cached prefix.
+			p.dropEntry(p.meta[b].entry)
+		}
 		if b := t.blocks[j]; p.meta[b].ref > 1 {
 			nb, err := p.alloc()
 			if err != nil {
@@ -261,6 +265,9 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 			t.blocks[bi] = nb
 			p.stats.CopyOnWrite++
 			b = nb
+		}
+		if e := p.meta[b].entry; e != nil {
+			p.dropEntry(e) // the block's contents change
 		}
 		p.kc.Get(p.kbuf(b), p.B, d, i%p.B, key)
 		pos := &p.posbuf(b)[i%p.B]

@@ -490,3 +490,35 @@ func checkSnapshot(t *testing.T, s *Paged, ref []map[int32][]float32, want []int
 		}
 	}
 }
+
+// TestPruneDropsPrefixEntry: compacting or rewriting a registered block
+// drops its prefix-cache entry, so no later sequence gets changed contents.
+func TestPruneDropsPrefixEntry(t *testing.T) {
+	p := newTestPool(t, 1, 1, 4, 4, 64)
+	prompt := seqRange(0, 13)
+	a := p.NewSequence()
+	if err := appendTokens(t, a, 0, 13); err != nil {
+		t.Fatal(err)
+	}
+	a.RegisterPrefix(prompt, 0)
+	if err := a.Keep(0, 0, append([]int{1}, seqRange(3, 13)...)); err != nil {
+		t.Fatal(err)
+	}
+	b := p.NewSequence()
+	if n := b.MatchPrefix(prompt, 0); n != 0 {
+		t.Fatalf("matched %d tokens of blocks whose contents changed", n)
+	}
+	b.Free()
+	c := p.NewSequence()
+	if err := appendTokens(t, c, 0, 13); err != nil {
+		t.Fatal(err)
+	}
+	c.RegisterPrefix(prompt, 0)
+	if err := c.RewriteKeys(0, 0, []int{0}, func(pos int32, k []float32) int32 { return pos }); err != nil {
+		t.Fatal(err)
+	}
+	d := p.NewSequence()
+	if n := d.MatchPrefix(prompt, 0); n != 0 {
+		t.Fatalf("after rewriting block 0 matched %d tokens, want none", n)
+	}
+}

@@ -39,6 +39,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(newGenerate(), newPPL(), newBench(), newInspect(), newConvert())
 	root.AddCommand(newKVCalc())
 	root.AddCommand(newPull(), newList(), newTokenize())
+	root.AddCommand(newServe(), newChat())
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

@@ -1,0 +1,414 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/kvlm/kvlm/chat"
+	"github.com/kvlm/kvlm/engine"
+	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/kvcache/policy"
+	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/sample"
+	"github.com/kvlm/kvlm/server"
+	"github.com/kvlm/kvlm/tokenizer"
+	"github.com/spf13/cobra"
+)
+
+// kvlm chat: an interactive conversation in the terminal, with two ways to
+// keep a long conversation going:
+//
+//   - truncate (the common practice): the whole conversation is rendered
+//     each turn; when it no longer fits, whole old turns (a user message and
+//     its answer) are dropped. Through the engine, the turns still there are
+//     served from the prefix cache, so only new text is prefilled until a
+//     drop changes the start of the prompt.
+//   - stream (StreamingLLM): one sequence lives through the conversation;
+//     each turn only its new text is run, and the cache keeps the first
+//     --sinks tokens and the last --window, positions re-indexed inside the
+//     cache: history is never encoded again and the context never fills.
+
+type chatter interface {
+	turn(user string, out io.Writer) (string, error) // the assistant's reply
+	status() string                                  // KV use after the last turn
+	reset() error
+	close()
+}
+
+func newChat() *cobra.Command {
+	var f serveFlags
+	var strategy, system string
+	var n, window, sinks, ctxLimit int
+	var p sample.Params
+	c := &cobra.Command{
+		Use:   "chat -m MODEL [--strategy truncate|stream]",
+		Short: "Chat with a model in the terminal, showing the KV cache in use",
+		Long: `Chat in the terminal. Type a message and Enter; /reset starts over, /kv shows
+the KV cache, /quit (or end of input) leaves.
+
+Long conversations: --strategy truncate drops whole old turns when the
+conversation outgrows the context (earlier turns come from the prefix
+cache); --strategy stream keeps one sequence whose cache holds --sinks
+first tokens and the last --window (StreamingLLM), never re-encoding history.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.model == "" {
+				return errors.New("no model given: use -m MODEL")
+			}
+			if n <= 0 {
+				return fmt.Errorf("-n must be at least 1, got %d", n)
+			}
+			if err := p.Validate(); err != nil {
+				return err
+			}
+			cfg, err := f.engineConfig()
+			if err != nil {
+				return err
+			}
+			m, tok, err := engine.Load(f.model, f.tokenizer)
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			format, _, err := server.ChooseFormat(f.model, tok, f.template)
+			if err != nil {
+				return err
+			}
+			if ctxLimit <= 0 || ctxLimit > m.CtxLen {
+				ctxLimit = m.CtxLen
+			}
+			base := chatBase{m: m, tok: tok, format: format, n: n, params: p, system: system, ctx: ctxLimit}
+			var ch chatter
+			switch strategy {
+			case "truncate":
+				ch, err = newTruncChat(base, cfg)
+			case "stream":
+				ch, err = newStreamChat(base, cfg, sinks, window)
+			default:
+				err = fmt.Errorf("--strategy must be truncate or stream, got %q", strategy)
+			}
+			if err != nil {
+				return err
+			}
+			defer ch.close()
+			out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			fmt.Fprintf(errOut, "kvlm chat: template %s, strategy %s, context %d tokens. /reset, /kv, /quit.\n", format.Name(), strategy, ctxLimit)
+			in := bufio.NewScanner(cmd.InOrStdin())
+			in.Buffer(make([]byte, 64<<10), 1<<20)
+			for {
+				fmt.Fprint(out, "> ")
+				if !in.Scan() {
+					fmt.Fprintln(out)
+					return in.Err()
+				}
+				line := strings.TrimSpace(in.Text())
+				switch line {
+				case "":
+					continue
+				case "/quit", "/exit":
+					return nil
+				case "/kv":
+					fmt.Fprintln(errOut, ch.status())
+					continue
+				case "/reset":
+					if err := ch.reset(); err != nil {
+						return err
+					}
+					fmt.Fprintln(errOut, "[conversation reset]")
+					continue
+				}
+				if _, err := ch.turn(line, out); err != nil {
+					fmt.Fprintf(errOut, "kvlm: %v\n", oneLine(err))
+					continue
+				}
+				fmt.Fprintln(out)
+				fmt.Fprintln(errOut, ch.status())
+			}
+		},
+	}
+	f.register(c)
+	fl := c.Flags()
+	fl.StringVar(&strategy, "strategy", "truncate", "long conversations: truncate (drop old turns) or stream (sinks + window, never re-encode)")
+	fl.StringVar(&system, "system", "", "system message")
+	fl.IntVarP(&n, "n", "n", 256, "most tokens per reply")
+	fl.IntVar(&ctxLimit, "context", 0, "truncate: tokens a conversation may take (default: the model's context)")
+	fl.IntVar(&window, "window", 0, "stream: recent tokens kept (default: half the context)")
+	fl.IntVar(&sinks, "sinks", 4, "stream: first tokens kept")
+	fl.Float32Var(&p.Temperature, "temp", 0.8, "temperature (0 = greedy)")
+	fl.Float32Var(&p.TopP, "top-p", 0.9, "nucleus sampling threshold (1 = off)")
+	fl.Float32Var(&p.RepeatPenalty, "repeat-penalty", 1, "repetition penalty (1 = off)")
+	fl.Uint64Var(&p.Seed, "seed", 0, "random seed (0 = a fixed default)")
+	return c
+}
+
+// chatBase is what both strategies share.
+type chatBase struct {
+	m      *model.Model
+	tok    tokenizer.Tokenizer
+	format server.ChatFormat
+	n      int
+	params sample.Params
+	system string
+	ctx    int
+}
+
+func (b *chatBase) start() []chat.Message {
+	if b.system == "" {
+		return nil
+	}
+	return []chat.Message{{Role: "system", Content: b.system}}
+}
+
+// truncChat renders the whole conversation each turn, through the engine.
+type truncChat struct {
+	chatBase
+	e       *engine.Engine
+	msgs    []chat.Message
+	turns   int
+	dropped int
+	last    engine.Usage
+	prompt  int
+}
+
+func newTruncChat(b chatBase, cfg engine.Config) (*truncChat, error) {
+	cfg.MaxRunning = 1
+	e, err := engine.New(b.m, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &truncChat{chatBase: b, e: e, msgs: b.start()}, nil
+}
+
+func (c *truncChat) close()       { c.e.Close() }
+func (c *truncChat) reset() error { c.msgs, c.dropped = c.start(), 0; return nil }
+
+func (c *truncChat) turn(user string, out io.Writer) (string, error) {
+	msgs := append(c.msgs, chat.Message{Role: "user", Content: user})
+	room := min(c.n, c.ctx/4) // the reply's share of the context
+	var ids []int
+	for {
+		var err error
+		if ids, err = c.format.Encode(c.tok, msgs); err != nil {
+			return "", err
+		}
+		if len(ids)+room <= c.ctx {
+			break
+		}
+		// Drop the oldest whole turn after the system message.
+		first := 0
+		if len(msgs) > 0 && msgs[0].Role == "system" {
+			first = 1
+		}
+		if len(msgs)-first <= 1 {
+			return "", fmt.Errorf("this message is %d tokens; with room for a reply it does not fit the context of %d", len(ids), c.ctx)
+		}
+		k := 1
+		if first+1 < len(msgs)-1 && msgs[first+1].Role == "assistant" {
+			k = 2
+		}
+		msgs = append(msgs[:first:first], msgs[first+k:]...)
+		c.dropped++
+	}
+	p := c.params
+	p.Seed += uint64(c.turns)
+	h, err := c.e.Submit(engine.GenRequest{Prompt: ids, MaxTokens: min(c.n, c.m.CtxLen-len(ids)), StopTokens: c.format.StopIDs(c.tok), Sampling: p})
+	if err != nil {
+		return "", err
+	}
+	defer h.Cancel()
+	ts := server.NewTextStream(c.tok, ids[len(ids)-1], c.format.Stops())
+	var reply strings.Builder
+	for {
+		ev, err := h.Next(context.Background())
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return "", err
+		}
+		if ev.Done {
+			if ev.Err != nil {
+				return "", ev.Err
+			}
+			continue
+		}
+		piece, stopped := ts.Add(ev.Token)
+		reply.WriteString(piece)
+		fmt.Fprint(out, piece)
+		if stopped {
+			h.StopChoice(0)
+		}
+	}
+	rest := ts.Flush()
+	reply.WriteString(rest)
+	fmt.Fprint(out, rest)
+	c.turns++
+	c.last, c.prompt = h.Usage(), len(ids)
+	c.msgs = append(msgs, chat.Message{Role: "assistant", Content: reply.String()})
+	return reply.String(), nil
+}
+
+func (c *truncChat) status() string {
+	u := c.last
+	st := c.e.Stats()
+	return fmt.Sprintf("[kv: prompt %d tokens, %d from the prefix cache, %d generated; %s peak; pool %s of %s in use, %s cached for reuse; %d old turns dropped to fit %d tokens]",
+		u.PromptTokens, u.CachedTokens, u.CompletionTokens, humanBytes(u.KVBytesPeak), humanBytes(st.UsedBytes), humanBytes(st.BudgetBytes),
+		humanBytes(cachedBytes(st)), c.dropped, c.ctx)
+}
+
+func cachedBytes(st engine.Stats) int64 {
+	var n int64
+	for _, p := range st.Pools {
+		n += int64(p.Cached) * int64(p.BlockBytes)
+	}
+	return n
+}
+
+// streamChat keeps one sequence under the streaming policy.
+type streamChat struct {
+	chatBase
+	cfg           engine.Config
+	sinks, window int
+	seq           *model.Sequence
+	pol           *policy.State
+	smp           *sample.Sampler
+	msgs          []chat.Message
+	inCache       string // the conversation's text as run so far
+	hist          []int  // every token run
+	logits        []float32
+	turns         int
+}
+
+func newStreamChat(b chatBase, cfg engine.Config, sinks, window int) (*streamChat, error) {
+	if window <= 0 {
+		window = b.m.CtxLen / 2
+	}
+	if sinks < 0 || sinks+window >= b.m.CtxLen {
+		return nil, fmt.Errorf("--sinks %d + --window %d must be below the context length %d", sinks, window, b.m.CtxLen)
+	}
+	c := &streamChat{chatBase: b, cfg: cfg, sinks: sinks, window: window}
+	return c, c.reset()
+}
+
+func (c *streamChat) feedChunk() int { return max(1, c.window/2) }
+
+func (c *streamChat) reset() error {
+	if c.seq != nil {
+		c.seq.Close()
+	}
+	k, err := codec.Parse(c.cfg.K, codec.Keys)
+	if err != nil {
+		return err
+	}
+	v, err := codec.Parse(c.cfg.V, codec.Values)
+	if err != nil {
+		return err
+	}
+	seq, err := c.m.NewStandaloneSequence(model.KVOptions{BlockTokens: c.cfg.BlockTokens, K: k, V: v,
+		Tokens: c.sinks + c.window + c.feedChunk() + 2*c.cfg.BlockTokens})
+	if err != nil {
+		return err
+	}
+	pol, err := policy.New(policy.Config{Method: "streaming", Sinks: c.sinks, Window: c.window}, seq)
+	if err != nil {
+		seq.Close()
+		return err
+	}
+	smp, err := sample.New(c.params)
+	if err != nil {
+		seq.Close()
+		return err
+	}
+	c.seq, c.pol, c.smp = seq, pol, smp
+	c.msgs, c.inCache, c.hist, c.logits = c.start(), "", nil, nil
+	return nil
+}
+
+func (c *streamChat) close() {
+	if c.seq != nil {
+		c.seq.Close()
+	}
+}
+
+// feed runs tokens through the sequence, the policy making room first.
+func (c *streamChat) feed(ids []int) error {
+	for len(ids) > 0 {
+		k := min(len(ids), c.feedChunk())
+		if err := c.pol.Before(k); err != nil {
+			return err
+		}
+		l, err := c.seq.Forward(ids[:k], false)
+		if err != nil {
+			return err
+		}
+		c.logits = l
+		c.hist = append(c.hist, ids[:k]...)
+		ids = ids[k:]
+	}
+	return nil
+}
+
+func (c *streamChat) turn(user string, out io.Writer) (string, error) {
+	msgs := append(c.msgs, chat.Message{Role: "user", Content: user})
+	full, err := c.format.Render(msgs)
+	if err != nil {
+		return "", err
+	}
+	// Only what the sequence has not run: the rendering's suffix past what
+	// it holds (the previous turns, the replies as generated).
+	same := 0
+	for same < len(full) && same < len(c.inCache) && full[same] == c.inCache[same] {
+		same++
+	}
+	ids := c.format.EncodeText(c.tok, full[same:], len(c.hist) == 0)
+	if len(ids) == 0 {
+		return "", errors.New("nothing new to say")
+	}
+	if err := c.feed(ids); err != nil {
+		return "", err
+	}
+	stops := c.format.StopIDs(c.tok)
+	ts := server.NewTextStream(c.tok, c.hist[len(c.hist)-1], c.format.Stops())
+	var reply strings.Builder
+	for range c.n {
+		id := c.smp.Sample(c.logits, c.hist)
+		if id < 0 || containsInt(stops, id) {
+			break
+		}
+		piece, stopped := ts.Add(id)
+		reply.WriteString(piece)
+		fmt.Fprint(out, piece)
+		if err := c.feed([]int{id}); err != nil {
+			return "", err
+		}
+		if stopped {
+			break
+		}
+	}
+	rest := ts.Flush()
+	reply.WriteString(rest)
+	fmt.Fprint(out, rest)
+	c.turns++
+	c.msgs = append(msgs, chat.Message{Role: "assistant", Content: reply.String()})
+	c.inCache = full + reply.String()
+	return reply.String(), nil
+}
+
+func containsInt(xs []int, x int) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *streamChat) status() string {
+	mem := c.seq.Cache().Bytes()
+	return fmt.Sprintf("[kv: %d tokens in the cache (sinks %d + window %d) of %d run over %d turns, %s; history never re-encoded]",
+		c.seq.Cache().Len(), c.sinks, c.window, len(c.hist), c.turns, humanBytes(mem))
+}

@@ -1,0 +1,471 @@
+package engine
+
+// The serving engine: many requests over one model, continuous batching.
+//
+// One goroutine (the scheduler) owns every sequence. Between steps it
+// drops cancelled and stopped samples (their blocks are released at once),
+// admits waiting requests while the KV budget has room for their prompts,
+// runs one decode step of every running sample as one batch
+// (model.DecodeBatch: each weight matrix read once for all of them), and
+// then up to PrefillChunk prompt tokens of the samples still prefilling, so
+// a long prompt is spread over several steps instead of stalling the
+// others. When the blocks run out mid-generation, the newest sample is
+// preempted: its blocks are freed and it waits at the head of the queue to
+// be recomputed from its tokens (prompt and generated so far; the prefix
+// cache usually hands most of them back).
+//
+// KV memory: one kvcache.Pool per (key codec, value codec) pair, created on
+// first use, all drawing on one byte budget (Config.KVMem): admission and
+// each step check the bytes referenced in every pool together against it.
+// Each pool's arena is sized to the whole budget but only touched as
+// blocks are used, so several pools cost virtual memory, not resident
+// memory, beyond what the budget lets them reference at once.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/kvcache/policy"
+	"github.com/kvlm/kvlm/model"
+)
+
+// Config sets up an Engine. Zero fields take the defaults given.
+type Config struct {
+	KVMem        int64  // KV byte budget of all pools together (default: MaxRunning full contexts in the default codecs, at most 4 GiB)
+	BlockTokens  int    // tokens per KV block (kvcache.DefaultBlockTokens)
+	K, V         string // default codecs of keys and values ("f32")
+	MaxRunning   int    // samples decoded together at most (32)
+	MaxQueue     int    // requests waiting at most; more get ErrQueueFull (256)
+	PrefillChunk int    // prompt tokens run per scheduler step (model.DefaultChunk)
+	MaxPools     int    // distinct (K, V) codec pairs at most (4)
+	MaxN         int    // samples per request at most (16)
+	Observer     Observer
+}
+
+// Observer receives the engine's measurements (metrics). Calls come from
+// the scheduler goroutine and must be quick.
+type Observer interface {
+	FirstToken(d time.Duration)                   // time from submission to a request's first token
+	InterToken(d time.Duration)                   // time between two tokens of a sample
+	Step(prefill, generated int, d time.Duration) // one scheduler step: prompt tokens run, tokens generated, its duration
+	Evicted(policy string, tokens float64)        // tokens a compression policy dropped (mean over tables)
+	Preempted()                                   // a sample was preempted (recomputed later)
+	Finished(r FinishReason)                      // a sample ended
+}
+
+type nopObserver struct{}
+
+func (nopObserver) FirstToken(time.Duration)     {}
+func (nopObserver) InterToken(time.Duration)     {}
+func (nopObserver) Step(int, int, time.Duration) {}
+func (nopObserver) Evicted(string, float64)      {}
+func (nopObserver) Preempted()                   {}
+func (nopObserver) Finished(FinishReason)        {}
+
+// Engine schedules generations over one model.
+type Engine struct {
+	m      *model.Model
+	cfg    Config
+	obs    Observer
+	tables int   // (layer, KV head) tables per sequence
+	budget int64 // KV bytes
+
+	mu      sync.Mutex
+	pools   map[string]*poolEntry // "k/v" → pool
+	defPool *kvcache.Pool
+	waiting []*request // FIFO, bounded by MaxQueue
+	control []func()   // work to run on the scheduler goroutine
+	closed  bool
+	nextID  uint64
+	wakeCh  chan struct{}
+	doneCh  chan struct{}
+
+	// Scheduler-owned state (read by Stats through atomics).
+	running   []*seqState
+	preempted []*seqState
+	slots     map[int]*slot
+
+	fpOnce sync.Once
+	fp     string
+
+	nRunning, nWaiting atomic.Int64
+	prefixQueried      atomic.Int64 // prompt tokens looked up in the prefix cache
+	prefixHit          atomic.Int64 // prompt tokens found there
+	preemptions        atomic.Int64
+	stepGen            int // tokens generated in the current step
+}
+
+// New starts an engine over m. Close stops it.
+func New(m *model.Model, cfg Config) (*Engine, error) {
+	if cfg.BlockTokens == 0 {
+		cfg.BlockTokens = kvcache.DefaultBlockTokens
+	}
+	if cfg.K == "" {
+		cfg.K = "f32"
+	}
+	if cfg.V == "" {
+		cfg.V = "f32"
+	}
+	if cfg.MaxRunning <= 0 {
+		cfg.MaxRunning = 32
+	}
+	if cfg.MaxQueue <= 0 {
+		cfg.MaxQueue = 256
+	}
+	if cfg.PrefillChunk <= 0 {
+		cfg.PrefillChunk = model.DefaultChunk
+	}
+	if cfg.MaxPools <= 0 {
+		cfg.MaxPools = 4
+	}
+	if cfg.MaxN <= 0 {
+		cfg.MaxN = 16
+	}
+	e := &Engine{m: m, cfg: cfg, obs: cfg.Observer, pools: map[string]*poolEntry{},
+		wakeCh: make(chan struct{}, 1), doneCh: make(chan struct{}), slots: map[int]*slot{}}
+	if e.obs == nil {
+		e.obs = nopObserver{}
+	}
+	l := m.KVLayout()
+	e.tables = l.Layers * l.KVHeads
+	k, v, err := parseCodecs(cfg.K, cfg.V)
+	if err != nil {
+		return nil, err
+	}
+	e.budget = cfg.KVMem
+	if e.budget == 0 {
+		// MaxRunning full contexts in the default codecs, capped.
+		probe, err := kvcache.NewPool(kvcache.PoolConfig{Layout: l, BlockTokens: cfg.BlockTokens, K: k, V: v, Tokens: cfg.BlockTokens})
+		if err != nil {
+			return nil, err
+		}
+		perSeq := int64((m.CtxLen+cfg.BlockTokens-1)/cfg.BlockTokens) * int64(e.tables) * int64(probe.BlockBytes())
+		e.budget = min(int64(cfg.MaxRunning)*perSeq, 4<<30)
+	}
+	if e.defPool, err = e.pool(cfg.K, cfg.V); err != nil {
+		return nil, err
+	}
+	go e.loop()
+	return e, nil
+}
+
+// Model is the engine's model.
+func (e *Engine) Model() *model.Model { return e.m }
+
+// Budget is the KV byte budget.
+func (e *Engine) Budget() int64 { return e.budget }
+
+// Config is the configuration with defaults filled in.
+func (e *Engine) Config() Config { return e.cfg }
+
+func parseCodecs(kn, vn string) (codec.Codec, codec.Codec, error) {
+	k, err := codec.Parse(kn, codec.Keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := codec.Parse(vn, codec.Values)
+	if err != nil {
+		return nil, nil, err
+	}
+	return k, v, nil
+}
+
+// poolEntry is a pool and the requests and slots using it.
+type poolEntry struct {
+	p    *kvcache.Pool
+	refs int
+}
+
+// pool returns the pool of a codec pair with one more reference (release
+// it with unref), creating it on first use. At MaxPools pairs an unused
+// pool (no reference, no block held) is dropped to make room.
+func (e *Engine) pool(kn, vn string) (*kvcache.Pool, error) {
+	if kn == "" {
+		kn = e.cfg.K
+	}
+	if vn == "" {
+		vn = e.cfg.V
+	}
+	k, v, err := parseCodecs(kn, vn)
+	if err != nil {
+		return nil, err
+	}
+	key := k.Name() + "/" + v.Name()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if pe := e.pools[key]; pe != nil {
+		pe.refs++
+		return pe.p, nil
+	}
+	if len(e.pools) >= e.cfg.MaxPools {
+		for name, pe := range e.pools {
+			if pe.p != e.defPool && pe.refs == 0 && pe.p.Usage().Used == 0 {
+				delete(e.pools, name)
+				break
+			}
+		}
+	}
+	if len(e.pools) >= e.cfg.MaxPools {
+		return nil, fmt.Errorf("the server keeps at most %d KV codec pairs at once and all are in use (%s)", e.cfg.MaxPools, strings.Join(e.poolNamesLocked(), ", "))
+	}
+	p, err := kvcache.NewPool(kvcache.PoolConfig{Layout: e.m.KVLayout(), BlockTokens: e.cfg.BlockTokens, K: k, V: v, MemBytes: e.budget})
+	if err != nil {
+		return nil, err
+	}
+	e.pools[key] = &poolEntry{p: p, refs: 1}
+	return p, nil
+}
+
+// ref adds delta references to the pool p.
+func (e *Engine) ref(p *kvcache.Pool, delta int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, pe := range e.pools {
+		if pe.p == p {
+			pe.refs += delta
+			return
+		}
+	}
+}
+
+func (e *Engine) poolNamesLocked() []string {
+	var out []string
+	for k := range e.pools {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (e *Engine) poolList() []*kvcache.Pool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]*kvcache.Pool, 0, len(e.pools))
+	for _, pe := range e.pools {
+		out = append(out, pe.p)
+	}
+	return out
+}
+
+// usedBytes is what every pool's referenced blocks take.
+func (e *Engine) usedBytes() int64 {
+	var n int64
+	for _, p := range e.poolList() {
+		n += p.Usage().BytesUsed
+	}
+	return n
+}
+
+func (e *Engine) wake() {
+	select {
+	case e.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+// Submit validates a request and queues it. Errors: *InvalidError (the
+// request can never run), ErrQueueFull, ErrClosed.
+func (e *Engine) Submit(r GenRequest) (*Handle, error) {
+	if r.N == 0 {
+		r.N = 1
+	}
+	if err := e.validate(&r); err != nil {
+		return nil, err
+	}
+	pool, err := e.pool(r.K, r.V)
+	if err != nil {
+		return nil, invalid("kv: %v", err)
+	}
+	queued := false
+	defer func() {
+		if !queued {
+			e.ref(pool, -1)
+		}
+	}()
+	pol, err := r.Policy.Normalize()
+	if err != nil {
+		return nil, invalid("kv: %v", err)
+	}
+	r.Policy = pol
+	if r.Slot != nil && pol.Method != "full" {
+		return nil, invalid("kv: a slot keeps only uncompressed sequences; drop the policy or the slot")
+	}
+	// Attach the policy to a throwaway sequence: what policy.New refuses
+	// (re-indexed positions with grouped keys, …) is refused now.
+	if pol.Method != "full" {
+		ps := pool.NewSequence()
+		seq, err := e.m.NewSequence(ps)
+		if err == nil {
+			_, err = policy.New(pol, seq)
+		}
+		ps.Free()
+		if err != nil {
+			return nil, invalid("kv: %v", err)
+		}
+	}
+	if need := e.admitBytes(pool, len(r.Prompt), r.N); need > e.budget {
+		return nil, invalid("the prompt needs %d bytes of KV cache, more than the whole pool (%d bytes)", need, e.budget)
+	}
+	h := newHandle(r.N, e.wake)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, ErrClosed
+	}
+	if len(e.waiting) >= e.cfg.MaxQueue {
+		return nil, fmt.Errorf("%w (%d requests waiting); retry later", ErrQueueFull, len(e.waiting))
+	}
+	e.nextID++
+	req := &request{id: e.nextID, r: r, h: h, pool: pool, submitted: time.Now(),
+		usage: Usage{PromptTokens: len(r.Prompt), Policy: pol.String()}}
+	kc, vc := pool.Codecs()
+	req.usage.K, req.usage.V = kc.Name(), vc.Name()
+	e.waiting = append(e.waiting, req)
+	queued = true
+	e.nWaiting.Add(1) // the scheduler recounts at its next step
+	e.wake()
+	return h, nil
+}
+
+func (e *Engine) validate(r *GenRequest) error {
+	m := e.m
+	switch {
+	case len(r.Prompt) == 0:
+		return invalid("empty prompt")
+	case len(r.Prompt) >= m.CtxLen:
+		return invalid("the prompt is %d tokens; the context length is %d, and at least one token must be generated", len(r.Prompt), m.CtxLen)
+	case r.MaxTokens <= 0:
+		return invalid("max_tokens must be at least 1, got %d", r.MaxTokens)
+	case r.N < 1 || r.N > e.cfg.MaxN:
+		return invalid("n must be between 1 and %d, got %d", e.cfg.MaxN, r.N)
+	case r.N > e.cfg.MaxRunning:
+		return invalid("n = %d is more than the server runs at once (%d)", r.N, e.cfg.MaxRunning)
+	}
+	for _, t := range r.Prompt {
+		if t < 0 || t >= m.Vocab {
+			return invalid("prompt token id %d out of range [0,%d)", t, m.Vocab)
+		}
+	}
+	if err := r.Sampling.Validate(); err != nil {
+		return invalid("%v", err)
+	}
+	if r.Slot != nil && (*r.Slot < 0 || *r.Slot >= MaxSlots) {
+		return invalid("kv: slot must be between 0 and %d, got %d", MaxSlots-1, *r.Slot)
+	}
+	return nil
+}
+
+// admitBytes is the KV a request needs to start: its prompt plus one new
+// token in every table, and a block per table for each extra sample.
+func (e *Engine) admitBytes(p *kvcache.Pool, tokens, n int) int64 {
+	B := p.BlockTokens()
+	blocks := e.tables*((tokens+1+B-1)/B) + e.tables*(n-1)
+	if kivi(p) {
+		blocks += e.tables * sealBlocks(p)
+	}
+	return int64(blocks) * int64(p.BlockBytes())
+}
+
+func kivi(p *kvcache.Pool) bool {
+	k, v := p.Codecs()
+	_, grouped := k.(codec.Grouped)
+	return grouped || strings.HasPrefix(v.Name(), "kivi")
+}
+
+// sealBlocks is how many blocks per table a KIVI seal allocates at once.
+func sealBlocks(p *kvcache.Pool) int {
+	k, _ := p.Codecs()
+	if g, ok := k.(codec.Grouped); ok {
+		return g.GroupTokens() / p.BlockTokens()
+	}
+	return 1
+}
+
+// Stats is a snapshot of the engine for metrics.
+type Stats struct {
+	Running, Waiting int   // samples decoding or prefilling; requests and preempted samples waiting
+	BudgetBytes      int64 // the KV byte budget
+	UsedBytes        int64 // referenced by sequences, all pools
+	Pools            []PoolStats
+	PrefixQueried    int64 // prompt tokens looked up in the prefix cache
+	PrefixHit        int64 // prompt tokens served from it
+	Preemptions      int64
+}
+
+// PoolStats is one codec pair's pool.
+type PoolStats struct {
+	Name string // "k/v" codec names
+	kvcache.Usage
+	BlockTokens int
+	BlockBytes  int
+}
+
+// Stats reports the engine's state; safe from any goroutine.
+func (e *Engine) Stats() Stats {
+	st := Stats{Running: int(e.nRunning.Load()), Waiting: int(e.nWaiting.Load()), BudgetBytes: e.budget,
+		PrefixQueried: e.prefixQueried.Load(), PrefixHit: e.prefixHit.Load(), Preemptions: e.preemptions.Load()}
+	e.mu.Lock()
+	names := make(map[*kvcache.Pool]string, len(e.pools))
+	for k, pe := range e.pools {
+		names[pe.p] = k
+	}
+	e.mu.Unlock()
+	for p, name := range names {
+		u := p.Usage()
+		st.UsedBytes += u.BytesUsed
+		st.Pools = append(st.Pools, PoolStats{Name: name, Usage: u, BlockTokens: p.BlockTokens(), BlockBytes: p.BlockBytes()})
+	}
+	sortPools(st.Pools)
+	return st
+}
+
+func sortPools(p []PoolStats) {
+	for i := 1; i < len(p); i++ {
+		for j := i; j > 0 && p[j].Name < p[j-1].Name; j-- {
+			p[j], p[j-1] = p[j-1], p[j]
+		}
+	}
+}
+
+// Close stops the scheduler: waiting and running requests end with
+// FinishCancelled and every block is released.
+func (e *Engine) Close() {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		<-e.doneCh
+		return
+	}
+	e.closed = true
+	e.mu.Unlock()
+	e.wake()
+	<-e.doneCh
+}
+
+// do runs fn on the scheduler goroutine and waits for it.
+func (e *Engine) do(fn func()) error {
+	done := make(chan struct{})
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return ErrClosed
+	}
+	e.control = append(e.control, func() { defer close(done); fn() })
+	e.mu.Unlock()
+	e.wake()
+	select {
+	case <-done:
+		return nil
+	case <-e.doneCh:
+		return ErrClosed
+	}
+}
+
+var errKVFull = errors.New("the KV cache pool cannot hold this sequence")

@@ -1,0 +1,656 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/policy"
+	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/sample"
+)
+
+// request is a submitted GenRequest as the scheduler tracks it.
+type request struct {
+	id        uint64
+	r         GenRequest
+	h         *Handle
+	pool      *kvcache.Pool
+	submitted time.Time
+
+	choices  []*seqState // by sample index, once created (choice 0 at admission, the others at the fork)
+	forked   bool        // samples 1..N-1 exist
+	ended    []bool      // by sample index
+	live     int         // samples not ended
+	firstTok bool
+	started  bool // admitted once (prefix-cache statistics counted)
+	usage    Usage
+	evicted  int64 // slots dropped by the policy, summed over tables
+	curBytes int64
+}
+
+// prefix says whether the request uses the prefix cache. Compressed
+// sequences neither use nor fill it: kvcache compacts blocks in place,
+// which would corrupt blocks a cache entry still names.
+func (q *request) prefix() bool { return !q.r.NoPrefixCache && q.r.Policy.Method == "full" }
+
+// seqState is one sample.
+type seqState struct {
+	req    *request
+	choice int
+	seq    *model.Sequence // nil while waiting (preempted)
+	cache  *kvcache.Paged
+	pol    *policy.State
+	smp    *sample.Sampler
+
+	hist       []int // prompt, then the tokens generated
+	gen        int   // tokens generated
+	fed        int   // leading tokens of hist in the cache
+	prefilling bool  // the next run is a prefill of hist[fed:]
+	sharedTail bool  // forked: the next write may copy shared blocks
+	last       time.Time
+	done       bool
+	bytes      int64 // KV bytes after the last step
+}
+
+func (s *seqState) newer(t *seqState) bool {
+	if s.req.id != t.req.id {
+		return s.req.id > t.req.id
+	}
+	return s.choice > t.choice
+}
+
+func (e *Engine) loop() {
+	defer close(e.doneCh)
+	for {
+		e.mu.Lock()
+		closed := e.closed
+		ctl := e.control
+		e.control = nil
+		idle := len(e.waiting) == 0 && len(ctl) == 0
+		e.mu.Unlock()
+		for _, f := range ctl {
+			e.safely(f)
+		}
+		if closed {
+			e.safely(e.shutdown)
+			return
+		}
+		if idle && len(e.running) == 0 && len(e.preempted) == 0 {
+			<-e.wakeCh
+			continue
+		}
+		e.safely(e.step)
+	}
+}
+
+// safely runs fn; a panic (a bug) fails every sample in flight instead of
+// taking the process down.
+func (e *Engine) safely(fn func()) {
+	defer func() {
+		p := recover()
+		if p == nil {
+			return
+		}
+		log.Printf("kvlm engine: internal error: %v\n%s", p, debug.Stack())
+		err := fmt.Errorf("engine: internal error: %v", p)
+		for _, s := range slices.Concat(e.running, e.preempted) {
+			func() {
+				defer func() { recover() }()
+				e.finish(s, FinishError, err)
+			}()
+		}
+		e.running, e.preempted = nil, nil
+		e.gauges()
+	}()
+	fn()
+}
+
+// step is one scheduler iteration.
+func (e *Engine) step() {
+	start := time.Now()
+	e.stepGen = 0
+	e.reap()
+	e.admit()
+	dec := e.decode()
+	pre := e.prefill()
+	e.gauges()
+	if dec+pre > 0 {
+		e.obs.Step(pre, e.stepGen, time.Since(start))
+	}
+}
+
+func (e *Engine) gauges() {
+	e.nRunning.Store(int64(len(e.running)))
+	pre := len(e.preempted)
+	e.mu.Lock()
+	e.nWaiting.Store(int64(len(e.waiting) + pre))
+	e.mu.Unlock()
+}
+
+// reap ends cancelled requests and stopped samples, releasing their blocks.
+func (e *Engine) reap() {
+	for _, s := range slices.Concat(e.running, e.preempted) {
+		switch {
+		case s.req.h.cancelled.Load():
+			e.finish(s, FinishCancelled, nil)
+		case s.req.h.stopped[s.choice].Load():
+			e.finish(s, FinishStopped, nil)
+		}
+	}
+	e.mu.Lock()
+	var gone []*request
+	e.waiting = slices.DeleteFunc(e.waiting, func(q *request) bool {
+		if q.h.cancelled.Load() {
+			gone = append(gone, q)
+			return true
+		}
+		return false
+	})
+	e.mu.Unlock()
+	for _, q := range gone {
+		e.endRequest(q, FinishCancelled, nil)
+	}
+}
+
+// endRequest ends every sample of a request that never started.
+func (e *Engine) endRequest(q *request, why FinishReason, err error) {
+	if q.ended == nil {
+		q.ended = make([]bool, q.r.N)
+		q.live = q.r.N
+	}
+	for i := range q.r.N {
+		e.endChoice(q, i, why, err)
+	}
+}
+
+// endChoice delivers the end of sample i (once).
+func (e *Engine) endChoice(q *request, i int, why FinishReason, err error) {
+	if q.ended[i] {
+		return
+	}
+	q.ended[i] = true
+	q.live--
+	e.obs.Finished(why)
+	if q.live == 0 {
+		q.usage.EvictedTokens = int(q.evicted / int64(e.tables))
+		q.h.setUsage(q.usage)
+		e.ref(q.pool, -1)
+	}
+	q.h.push(Event{Choice: i, Done: true, Finish: why, Err: err})
+}
+
+// finish ends a sample: its blocks are released (kept in the prefix
+// cache when allowed, or in a slot), and the end is delivered.
+func (e *Engine) finish(s *seqState, why FinishReason, err error) {
+	if s.done {
+		return
+	}
+	s.done = true
+	q := s.req
+	e.running = slices.DeleteFunc(e.running, func(t *seqState) bool { return t == s })
+	e.preempted = slices.DeleteFunc(e.preempted, func(t *seqState) bool { return t == s })
+	if s.cache != nil {
+		q.usage.KVBytes += s.cache.Bytes()
+		kept := false
+		if why != FinishError && why != FinishCancelled {
+			if q.prefix() {
+				s.cache.RegisterPrefix(s.hist[:s.fed], 0)
+			}
+			if q.r.Slot != nil && s.choice == 0 && q.r.Policy.Method == "full" {
+				e.keepSlot(*q.r.Slot, s)
+				kept = true
+			}
+		}
+		if !kept {
+			s.cache.Free()
+		}
+		s.seq, s.cache, s.pol = nil, nil, nil
+	}
+	if !q.forked {
+		// Samples 1..N-1 do not exist yet: they end with sample 0.
+		e.endRequest(q, why, err)
+		return
+	}
+	e.endChoice(q, s.choice, why, err)
+}
+
+// admit starts preempted samples, then waiting requests, while the KV
+// budget and MaxRunning allow.
+func (e *Engine) admit() {
+	for len(e.preempted) > 0 {
+		s := e.preempted[0]
+		if len(e.running) >= e.cfg.MaxRunning || !e.fits(e.admitBytes(s.req.pool, len(s.hist), 1)) {
+			return
+		}
+		e.preempted = e.preempted[1:]
+		e.start(s)
+	}
+	for {
+		e.mu.Lock()
+		if len(e.waiting) == 0 {
+			e.mu.Unlock()
+			return
+		}
+		q := e.waiting[0]
+		e.mu.Unlock()
+		if len(e.running)+q.r.N > e.cfg.MaxRunning || !e.fits(e.admitBytes(q.pool, len(q.r.Prompt), q.r.N)) {
+			return
+		}
+		e.mu.Lock()
+		e.waiting = e.waiting[1:]
+		e.mu.Unlock()
+		q.ended = make([]bool, q.r.N)
+		q.live = q.r.N
+		smp, err := samplerFor(q.r.Sampling, 0)
+		if err != nil {
+			e.endRequest(q, FinishError, err)
+			continue
+		}
+		s := &seqState{req: q, choice: 0, smp: smp, hist: slices.Clone(q.r.Prompt)}
+		q.choices = []*seqState{s}
+		e.start(s)
+	}
+}
+
+func samplerFor(p sample.Params, i int) (*sample.Sampler, error) {
+	if p.Seed == 0 {
+		p.Seed = sample.DefaultSeed
+	}
+	p.Seed += uint64(i)
+	return sample.New(p)
+}
+
+// fits reports whether need more bytes fit the budget (keeping 1% spare
+// while others run). Kept slots are released when that makes room. With
+// nothing running, anything Submit accepted fits.
+func (e *Engine) fits(need int64) bool {
+	spare := e.budget / 100
+	if len(e.running) == 0 {
+		spare = 0
+	}
+	if e.usedBytes()+need+spare <= e.budget {
+		return true
+	}
+	if e.releaseSlots() && e.usedBytes()+need+spare <= e.budget {
+		return true
+	}
+	return len(e.running) == 0 && len(e.preempted) == 0
+}
+
+// start gives a sample a fresh sequence: cached prompt blocks are taken
+// from the prefix cache, the rest is prefilled in later steps.
+func (e *Engine) start(s *seqState) {
+	q := s.req
+	cache := q.pool.NewSequence()
+	matched := 0
+	if q.prefix() {
+		matched = cache.MatchPrefix(s.hist, 0)
+	}
+	if !q.started {
+		q.started = true
+		q.usage.CachedTokens = matched
+		e.prefixQueried.Add(int64(len(s.hist)))
+		e.prefixHit.Add(int64(matched))
+	}
+	seq, err := e.m.NewSequence(cache)
+	if err != nil {
+		cache.Free()
+		e.finish(s, FinishError, err)
+		return
+	}
+	seq.Chunk = e.cfg.PrefillChunk
+	s.seq, s.cache, s.fed, s.prefilling, s.sharedTail = seq, cache, matched, true, false
+	if q.r.Policy.Method != "full" {
+		st, err := policy.New(q.r.Policy, seq)
+		if err != nil {
+			cache.Free()
+			s.seq, s.cache = nil, nil
+			e.finish(s, FinishError, err)
+			return
+		}
+		s.pol = st
+		st.BeginPrefill(len(s.hist) - matched)
+	}
+	e.running = append(e.running, s)
+}
+
+// preempt frees a sample's blocks and queues it to be recomputed.
+func (e *Engine) preempt(s *seqState) {
+	q := s.req
+	if s.cache != nil {
+		if q.prefix() && !s.prefilling {
+			s.cache.RegisterPrefix(s.hist[:s.fed], 0)
+		}
+		s.cache.Free()
+	}
+	s.seq, s.cache, s.pol = nil, nil, nil
+	s.fed, s.prefilling, s.sharedTail = 0, true, false
+	e.running = slices.DeleteFunc(e.running, func(t *seqState) bool { return t == s })
+	i, _ := slices.BinarySearchFunc(e.preempted, s, func(a, b *seqState) int {
+		if b.newer(a) {
+			return -1
+		}
+		return 1
+	})
+	e.preempted = slices.Insert(e.preempted, i, s)
+	q.usage.Preemptions++
+	e.preemptions.Add(1)
+	e.obs.Preempted()
+}
+
+// newest is the newest running sample other than skip (nil if none).
+func (e *Engine) newest(skip *seqState) *seqState {
+	var v *seqState
+	for _, s := range e.running {
+		if s != skip && (v == nil || s.newer(v)) {
+			v = s
+		}
+	}
+	return v
+}
+
+// stepNeed is an upper bound of the bytes s allocates for n more tokens.
+func (e *Engine) stepNeed(s *seqState, n int) int64 {
+	p := s.cache.Pool()
+	B := p.BlockTokens()
+	var blocks int
+	if kivi(p) {
+		blocks = e.tables * ((n+B-1)/B + sealBlocks(p))
+	} else {
+		spare := s.cache.Room() % B // free slots in every table's last block
+		if n > spare {
+			blocks = e.tables * ((n - spare + B - 1) / B)
+		}
+		if s.sharedTail || s.pol != nil {
+			blocks += e.tables // copies of shared blocks
+		}
+	}
+	return int64(blocks) * int64(p.BlockBytes())
+}
+
+// makeRoom preempts samples newer than s until n more tokens of s fit the
+// budget. It returns false when s itself must wait (it was preempted) or
+// end (it could never fit).
+func (e *Engine) makeRoom(s *seqState, n int) bool {
+	for {
+		if e.usedBytes()+e.stepNeed(s, n) <= e.budget {
+			return true
+		}
+		if e.releaseSlots() {
+			continue
+		}
+		v := e.newest(s)
+		if v == nil {
+			// Alone, and the pool cannot hold one more token.
+			e.finish(s, FinishContext, nil)
+			return false
+		}
+		if s.newer(v) {
+			e.preempt(s)
+			return false
+		}
+		e.preempt(v)
+	}
+}
+
+// decode runs one token of every sample past its prefill, as one batch.
+func (e *Engine) decode() int {
+	var batch []*seqState
+	for _, s := range e.running {
+		if !s.prefilling {
+			batch = append(batch, s)
+		}
+	}
+	if len(batch) == 0 {
+		return 0
+	}
+	// Policies prune before the step (no new blocks, except copies of
+	// shared ones).
+	for _, s := range batch {
+		if s.pol == nil || s.done {
+			continue
+		}
+		before := e.slotsHeld(s)
+		if err := s.pol.Before(1); err != nil {
+			if errors.Is(err, kvcache.ErrNoBlocks) {
+				e.preempt(s)
+			} else {
+				e.finish(s, FinishError, err)
+			}
+			continue
+		}
+		e.noteEvicted(s, before)
+	}
+	// Room for one token each, newest preempted first.
+	for _, s := range slices.Clone(batch) {
+		if s.done || s.seq == nil || s.prefilling {
+			continue
+		}
+		e.makeRoom(s, 1)
+	}
+	var seqs []*model.Sequence
+	var toks []int
+	batch = slices.DeleteFunc(batch, func(s *seqState) bool { return s.done || s.seq == nil || s.prefilling })
+	if len(batch) == 0 {
+		return 0
+	}
+	// One more check of the whole batch together.
+	var need int64
+	for _, s := range batch {
+		need += e.stepNeed(s, 1)
+	}
+	for len(batch) > 1 && e.usedBytes()+need > e.budget {
+		v := batch[len(batch)-1]
+		for _, s := range batch {
+			if s.newer(v) {
+				v = s
+			}
+		}
+		need -= e.stepNeed(v, 1)
+		e.preempt(v)
+		batch = slices.DeleteFunc(batch, func(s *seqState) bool { return s == v })
+	}
+	for _, s := range batch {
+		seqs = append(seqs, s.seq)
+		toks = append(toks, s.hist[len(s.hist)-1])
+	}
+	logits, err := e.m.DecodeBatch(seqs, toks)
+	if err != nil {
+		for _, s := range batch {
+			if errors.Is(err, kvcache.ErrNoBlocks) {
+				// Recomputed from its tokens: whatever the failed step
+				// left in its cache is dropped with it.
+				e.preempt(s)
+			} else {
+				e.finish(s, FinishError, err)
+			}
+		}
+		return 0
+	}
+	for i, s := range batch {
+		s.fed++
+		s.sharedTail = false
+		e.emit(s, logits[i])
+	}
+	return len(batch)
+}
+
+// prefill runs up to PrefillChunk prompt tokens, oldest samples first.
+func (e *Engine) prefill() int {
+	left := e.cfg.PrefillChunk
+	ran := 0
+	for _, s := range slices.Clone(e.running) {
+		if left <= 0 {
+			break
+		}
+		if s.done || !s.prefilling || s.seq == nil {
+			continue
+		}
+		n := min(len(s.hist)-s.fed, left)
+		if !e.makeRoom(s, n) {
+			continue
+		}
+		logits, err := s.seq.Forward(s.hist[s.fed:s.fed+n], false)
+		if err != nil {
+			if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
+				e.preempt(s)
+			} else {
+				e.finish(s, FinishError, err)
+			}
+			continue
+		}
+		s.fed += n
+		left -= n
+		ran += n
+		q := s.req
+		if q.prefix() {
+			s.cache.RegisterPrefix(s.hist[:s.fed], 0)
+		}
+		if s.fed < len(s.hist) {
+			continue
+		}
+		s.prefilling = false
+		if s.pol != nil {
+			before := e.slotsHeld(s)
+			if err := s.pol.Compress(); err != nil {
+				if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
+					e.preempt(s)
+				} else {
+					e.finish(s, FinishError, err)
+				}
+				continue
+			}
+			e.noteEvicted(s, before)
+		}
+		fresh := []*seqState{s}
+		if !q.forked {
+			q.forked = true
+			for i := 1; i < q.r.N; i++ {
+				f, err := e.fork(s, i)
+				if err != nil {
+					e.endChoice(q, i, FinishError, err)
+					continue
+				}
+				fresh = append(fresh, f)
+			}
+		}
+		for _, f := range fresh {
+			e.emit(f, logits)
+		}
+	}
+	return ran
+}
+
+// fork makes sample i of s's request, sharing s's blocks.
+func (e *Engine) fork(s *seqState, i int) (*seqState, error) {
+	q := s.req
+	smp, err := samplerFor(q.r.Sampling, i)
+	if err != nil {
+		return nil, err
+	}
+	seq, err := s.seq.Fork()
+	if err != nil {
+		return nil, err
+	}
+	f := &seqState{req: q, choice: i, seq: seq, cache: seq.Cache().(*kvcache.Paged), smp: smp,
+		hist: slices.Clone(s.hist), fed: s.fed, sharedTail: true}
+	if s.pol != nil {
+		if f.pol, err = policy.New(q.r.Policy, seq); err != nil {
+			f.cache.Free()
+			return nil, err
+		}
+	}
+	s.sharedTail = true
+	q.choices = append(q.choices, f)
+	e.running = append(e.running, f)
+	if q.h.stopped[i].Load() {
+		e.finish(f, FinishStopped, nil)
+	}
+	return f, nil
+}
+
+// emit samples the next token of s from logits and delivers it, or ends
+// the sample.
+func (e *Engine) emit(s *seqState, logits []float32) {
+	if s.done {
+		return
+	}
+	q := s.req
+	tok := s.smp.Sample(logits, s.hist)
+	if tok < 0 {
+		e.finish(s, FinishError, errors.New("engine: no token can be sampled: every logit is NaN or -Inf"))
+		return
+	}
+	now := time.Now()
+	if !q.firstTok {
+		q.firstTok = true
+		e.obs.FirstToken(now.Sub(q.submitted))
+	}
+	if !s.last.IsZero() {
+		e.obs.InterToken(now.Sub(s.last))
+	}
+	s.last = now
+	s.bytes = s.cache.Bytes()
+	var cur int64
+	for _, c := range q.choices {
+		if !c.done {
+			cur += c.bytes
+		}
+	}
+	q.usage.KVBytesPeak = max(q.usage.KVBytesPeak, cur)
+	if slices.Contains(q.r.StopTokens, tok) {
+		e.finish(s, FinishEOS, nil)
+		return
+	}
+	s.hist = append(s.hist, tok)
+	s.gen++
+	q.usage.CompletionTokens++
+	e.stepGen++
+	q.h.push(Event{Choice: s.choice, Token: tok})
+	switch {
+	case s.gen >= q.r.MaxTokens:
+		e.finish(s, FinishLength, nil)
+	case s.seq.Pos() >= s.seq.MaxPos:
+		e.finish(s, FinishContext, nil)
+	}
+}
+
+// slotsHeld is the slots of every table of s together.
+func (e *Engine) slotsHeld(s *seqState) int64 {
+	l := e.m.KVLayout()
+	var n int64
+	for layer := range l.Layers {
+		for h := range l.KVHeads {
+			n += int64(s.cache.Slots(layer, h))
+		}
+	}
+	return n
+}
+
+func (e *Engine) noteEvicted(s *seqState, before int64) {
+	if d := before - e.slotsHeld(s); d > 0 {
+		s.req.evicted += d
+		e.obs.Evicted(s.req.r.Policy.Method, float64(d)/float64(e.tables))
+	}
+}
+
+// shutdown ends everything and releases every block.
+func (e *Engine) shutdown() {
+	for _, s := range slices.Concat(e.running, e.preempted) {
+		e.finish(s, FinishCancelled, ErrClosed)
+	}
+	e.mu.Lock()
+	w := e.waiting
+	e.waiting = nil
+	e.mu.Unlock()
+	for _, q := range w {
+		e.endRequest(q, FinishCancelled, ErrClosed)
+	}
+	e.releaseSlots()
+	e.gauges()
+}

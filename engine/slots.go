@@ -1,0 +1,418 @@
+package engine
+
+// Slots: a request may keep its finished sequence in a numbered slot
+// (GenRequest.Slot) instead of releasing it; a slot can be saved to a file
+// and restored later, or in another process of the same model, as
+// llama.cpp's server does with /slots/{id}?action=save|restore. A restored
+// slot's tokens go into the prefix cache, so the next request whose prompt
+// starts with them skips their prefill. Slots give their blocks back (to
+// the prefix cache) when the pool needs room.
+//
+// File format (little-endian):
+//
+//	"KVLMSLOT" | u32 version (1) | u32 header length | header (JSON)
+//	| u32 tokens[n]
+//	| for each layer, KV head: i32 pos[n] | f32 keys[n][headDim] | f32 values[n][headDim]
+//	| sha256 of everything before it
+//
+// Keys and values are stored decoded to float32, whatever the pool's codecs,
+// and re-encoded on restore (lossless for f32, f16 and bf16).
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"math"
+	"slices"
+
+	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/model"
+)
+
+// MaxSlots is the number of slot ids (0..MaxSlots-1).
+const MaxSlots = 64
+
+const slotMagic = "KVLMSLOT"
+
+type slot struct {
+	cache  *kvcache.Paged
+	tokens []int
+}
+
+// SlotInfo describes a slot's content.
+type SlotInfo struct {
+	ID     int    `json:"id"`
+	Tokens int    `json:"n_tokens"`
+	Bytes  int64  `json:"kv_bytes"`
+	K      string `json:"type_k"`
+	V      string `json:"type_v"`
+}
+
+type slotHeader struct {
+	Model    string `json:"model"` // fingerprint
+	Arch     string `json:"arch"`
+	Layers   int    `json:"layers"`
+	KVHeads  int    `json:"kv_heads"`
+	HeadDim  int    `json:"head_dim"`
+	K        string `json:"type_k"`
+	V        string `json:"type_v"`
+	NTokens  int    `json:"n_tokens"`
+	Checksum string `json:"checksum"` // sha256 algorithm name, for readers
+}
+
+// Fingerprint identifies a model's weights: a hash of its shape and of
+// samples of its tensors. A slot file restores only into the same model.
+func Fingerprint(m *model.Model) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%+v", m.Config)
+	sampleBytes := func(b []byte) {
+		const n = 1 << 16
+		if len(b) <= 2*n {
+			h.Write(b)
+			return
+		}
+		h.Write(b[:n])
+		h.Write(b[len(b)/2 : len(b)/2+n])
+		h.Write(b[len(b)-n:])
+	}
+	sampleBytes(m.TokEmb.Data)
+	sampleBytes(m.Output.Data)
+	for _, l := range m.Layers {
+		sampleBytes(l.Wq.Data)
+		sampleBytes(l.WDown.Data)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+func (e *Engine) fingerprint() string {
+	e.fpOnce.Do(func() { e.fp = Fingerprint(e.m) })
+	return e.fp
+}
+
+// keepSlot moves a finished sample's cache into slot id. Scheduler only.
+func (e *Engine) keepSlot(id int, s *seqState) {
+	e.dropSlot(id)
+	e.ref(s.cache.Pool(), 1)
+	e.slots[id] = &slot{cache: s.cache, tokens: slices.Clone(s.hist[:s.fed])}
+}
+
+// dropSlot frees slot id, if it holds anything. Scheduler only.
+func (e *Engine) dropSlot(id int) bool {
+	s := e.slots[id]
+	if s == nil {
+		return false
+	}
+	s.cache.Free()
+	e.ref(s.cache.Pool(), -1)
+	delete(e.slots, id)
+	return true
+}
+
+// releaseSlots frees every kept slot (their blocks stay in the prefix
+// cache until reused) and reports whether there was any. Scheduler only.
+func (e *Engine) releaseSlots() bool {
+	any := false
+	for id := range e.slots {
+		any = e.dropSlot(id) || any
+	}
+	return any
+}
+
+// Slots lists the kept slots.
+func (e *Engine) Slots() ([]SlotInfo, error) {
+	var out []SlotInfo
+	err := e.do(func() {
+		for id, s := range e.slots {
+			out = append(out, e.slotInfo(id, s))
+		}
+	})
+	slices.SortFunc(out, func(a, b SlotInfo) int { return a.ID - b.ID })
+	return out, err
+}
+
+func (e *Engine) slotInfo(id int, s *slot) SlotInfo {
+	k, v := s.cache.Pool().Codecs()
+	return SlotInfo{ID: id, Tokens: len(s.tokens), Bytes: s.cache.Bytes(), K: k.Name(), V: v.Name()}
+}
+
+// ErrNoSlot is returned for an empty slot.
+var ErrNoSlot = errors.New("engine: the slot is empty")
+
+func checkSlot(id int) error {
+	if id < 0 || id >= MaxSlots {
+		return invalid("slot id must be between 0 and %d, got %d", MaxSlots-1, id)
+	}
+	return nil
+}
+
+// EraseSlot frees a slot.
+func (e *Engine) EraseSlot(id int) error {
+	if err := checkSlot(id); err != nil {
+		return err
+	}
+	var err error
+	if derr := e.do(func() {
+		if !e.dropSlot(id) {
+			err = ErrNoSlot
+		}
+	}); derr != nil {
+		return derr
+	}
+	return err
+}
+
+// slotData is a slot decoded to float32.
+type slotData struct {
+	hdr    slotHeader
+	tokens []int
+	pos    [][]int32   // [layer·kvHeads+head][n]
+	k, v   [][]float32 // [layer·kvHeads+head][n·headDim]
+}
+
+// SaveSlot writes slot id to w in the slot file format.
+func (e *Engine) SaveSlot(id int, w io.Writer) (SlotInfo, error) {
+	if err := checkSlot(id); err != nil {
+		return SlotInfo{}, err
+	}
+	var d *slotData
+	var info SlotInfo
+	var err error
+	if derr := e.do(func() {
+		s := e.slots[id]
+		if s == nil {
+			err = ErrNoSlot
+			return
+		}
+		info = e.slotInfo(id, s)
+		d, err = e.snapshot(s)
+	}); derr != nil {
+		return info, derr
+	}
+	if err != nil {
+		return info, err
+	}
+	return info, d.write(w)
+}
+
+func (e *Engine) snapshot(s *slot) (*slotData, error) {
+	l := e.m.KVLayout()
+	kc, vc := s.cache.Pool().Codecs()
+	n := len(s.tokens)
+	d := &slotData{tokens: s.tokens, hdr: slotHeader{Model: e.fingerprint(), Arch: e.m.Arch, Layers: l.Layers, KVHeads: l.KVHeads,
+		HeadDim: l.HeadDim, K: kc.Name(), V: vc.Name(), NTokens: n, Checksum: "sha256"}}
+	hd := l.HeadDim
+	for layer := range l.Layers {
+		for h := range l.KVHeads {
+			pos := make([]int32, 0, n)
+			k, v := make([]float32, 0, n*hd), make([]float32, 0, n*hd)
+			row := make([]float32, hd)
+			for _, seg := range s.cache.Segments(layer, h) {
+				if seg.KMag != nil || seg.VMag != nil {
+					return nil, errors.New("engine: a merged (MiniCache) cache cannot be saved")
+				}
+				for i := range seg.N {
+					seg.KC.Get(seg.K, seg.Cap, hd, i, row)
+					k = append(k, row...)
+					seg.VC.Get(seg.V, seg.Cap, hd, i, row)
+					v = append(v, row...)
+					pos = append(pos, seg.Pos[i])
+				}
+			}
+			if len(pos) != n {
+				return nil, fmt.Errorf("engine: layer %d head %d holds %d tokens, not %d: only uncompressed sequences can be saved", layer, h, len(pos), n)
+			}
+			d.pos = append(d.pos, pos)
+			d.k = append(d.k, k)
+			d.v = append(d.v, v)
+		}
+	}
+	return d, nil
+}
+
+type hashWriter struct {
+	w *bufio.Writer
+	h hash.Hash
+}
+
+func (hw hashWriter) Write(p []byte) (int, error) {
+	hw.h.Write(p)
+	return hw.w.Write(p)
+}
+
+func (d *slotData) write(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	hw := hashWriter{w: bw, h: sha256.New()}
+	hdr, err := json.Marshal(d.hdr)
+	if err != nil {
+		return err
+	}
+	put := func(v any) error { return binary.Write(hw, binary.LittleEndian, v) }
+	hw.Write([]byte(slotMagic))
+	put(uint32(1))
+	put(uint32(len(hdr)))
+	hw.Write(hdr)
+	toks := make([]uint32, len(d.tokens))
+	for i, t := range d.tokens {
+		toks[i] = uint32(t)
+	}
+	put(toks)
+	for i := range d.pos {
+		put(d.pos[i])
+		put(d.k[i])
+		if err := put(d.v[i]); err != nil {
+			return err
+		}
+	}
+	if _, err := bw.Write(hw.h.Sum(nil)); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// readSlot parses and verifies a slot file against the model. limit bounds
+// what is read.
+func (e *Engine) readSlot(r io.Reader) (*slotData, error) {
+	l := e.m.KVLayout()
+	// The whole file is needed to verify the checksum before anything is
+	// trusted; its size is bounded by the model's context.
+	maxBytes := int64(len(slotMagic)+8+4096) + int64(e.m.CtxLen)*(4+int64(e.tables)*(4+8*int64(l.HeadDim))) + sha256.Size
+	buf, err := io.ReadAll(io.LimitReader(r, maxBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(buf)) > maxBytes {
+		return nil, invalid("slot file is larger than any sequence of this model")
+	}
+	if len(buf) < len(slotMagic)+8+sha256.Size || string(buf[:len(slotMagic)]) != slotMagic {
+		return nil, invalid("not a kvlm slot file")
+	}
+	body, sum := buf[:len(buf)-sha256.Size], buf[len(buf)-sha256.Size:]
+	if got := sha256.Sum256(body); !bytes.Equal(got[:], sum) {
+		return nil, invalid("slot file checksum mismatch: the file is corrupt or truncated")
+	}
+	br := bytes.NewReader(body[len(slotMagic):])
+	var ver, hlen uint32
+	binary.Read(br, binary.LittleEndian, &ver)
+	binary.Read(br, binary.LittleEndian, &hlen)
+	if ver != 1 {
+		return nil, invalid("slot file version %d is not supported", ver)
+	}
+	if int(hlen) > br.Len() {
+		return nil, invalid("slot file header is truncated")
+	}
+	hb := make([]byte, hlen)
+	br.Read(hb)
+	d := &slotData{}
+	if err := json.Unmarshal(hb, &d.hdr); err != nil {
+		return nil, invalid("slot file header: %v", err)
+	}
+	h := d.hdr
+	if h.Model != e.fingerprint() || h.Layers != l.Layers || h.KVHeads != l.KVHeads || h.HeadDim != l.HeadDim {
+		return nil, invalid("slot file was saved from another model (fingerprint %s, this model is %s)", h.Model, e.fingerprint())
+	}
+	n := h.NTokens
+	if n <= 0 || n > e.m.CtxLen {
+		return nil, invalid("slot file holds %d tokens; this model's context is %d", n, e.m.CtxLen)
+	}
+	want := int64(n)*4 + int64(e.tables)*int64(n)*(4+8*int64(l.HeadDim))
+	if int64(br.Len()) != want {
+		return nil, invalid("slot file body is %d bytes, want %d", br.Len(), want)
+	}
+	toks := make([]uint32, n)
+	binary.Read(br, binary.LittleEndian, toks)
+	d.tokens = make([]int, n)
+	for i, t := range toks {
+		if int(t) >= e.m.Vocab {
+			return nil, invalid("slot file token %d out of range", t)
+		}
+		d.tokens[i] = int(t)
+	}
+	for range e.tables {
+		pos := make([]int32, n)
+		k, v := make([]float32, n*l.HeadDim), make([]float32, n*l.HeadDim)
+		binary.Read(br, binary.LittleEndian, pos)
+		binary.Read(br, binary.LittleEndian, k)
+		binary.Read(br, binary.LittleEndian, v)
+		for _, x := range slices.Concat(k, v) {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				return nil, invalid("slot file holds non-finite keys or values")
+			}
+		}
+		d.pos, d.k, d.v = append(d.pos, pos), append(d.k, k), append(d.v, v)
+	}
+	// Tokens 0..n-1 in order in every table: what the prefix cache indexes.
+	for t := range d.pos {
+		for i, p := range d.pos[t] {
+			if int(p) != i {
+				return nil, invalid("slot file: table %d holds position %d at slot %d; only whole, uncompressed sequences are restored", t, p, i)
+			}
+		}
+	}
+	return d, nil
+}
+
+// RestoreSlot reads a slot file into slot id (replacing what it held) and
+// offers its tokens to the prefix cache.
+func (e *Engine) RestoreSlot(id int, r io.Reader) (SlotInfo, error) {
+	if err := checkSlot(id); err != nil {
+		return SlotInfo{}, err
+	}
+	d, err := e.readSlot(r)
+	if err != nil {
+		return SlotInfo{}, err
+	}
+	pool, err := e.pool(d.hdr.K, d.hdr.V)
+	if err != nil {
+		return SlotInfo{}, invalid("%v", err)
+	}
+	defer e.ref(pool, -1) // the slot takes its own reference
+	var info SlotInfo
+	if derr := e.do(func() {
+		e.dropSlot(id)
+		need := e.admitBytes(pool, len(d.tokens), 1)
+		if e.usedBytes()+need > e.budget {
+			err = fmt.Errorf("engine: not enough free KV memory to restore %d tokens (%w)", len(d.tokens), kvcache.ErrNoBlocks)
+			return
+		}
+		c := pool.NewSequence()
+		if err = d.fill(c, e.m.KVLayout()); err != nil {
+			c.Free()
+			return
+		}
+		c.RegisterPrefix(d.tokens, 0)
+		s := &slot{cache: c, tokens: d.tokens}
+		e.ref(pool, 1)
+		e.slots[id] = s
+		info = e.slotInfo(id, s)
+	}); derr != nil {
+		return info, derr
+	}
+	return info, err
+}
+
+// fill appends the slot's keys and values to an empty cache, layer by layer.
+func (d *slotData) fill(c *kvcache.Paged, l kvcache.Layout) error {
+	n, hd := len(d.tokens), l.HeadDim
+	w := l.KVHeads * hd
+	k, v := make([]float32, n*w), make([]float32, n*w)
+	for layer := range l.Layers {
+		for h := range l.KVHeads {
+			t := layer*l.KVHeads + h
+			for i := range n {
+				copy(k[i*w+h*hd:i*w+(h+1)*hd], d.k[t][i*hd:(i+1)*hd])
+				copy(v[i*w+h*hd:i*w+(h+1)*hd], d.v[t][i*hd:(i+1)*hd])
+			}
+		}
+		if err := c.Append(layer, d.pos[layer*l.KVHeads], k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}

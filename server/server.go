@@ -1,0 +1,297 @@
+// Package server is kvlm's OpenAI-compatible HTTP server over the
+// continuous-batching engine: /v1/completions and /v1/chat/completions
+// (streaming as server-sent events), /v1/models, /health, /metrics
+// (Prometheus, with the vLLM names gateways scrape) and sequence slots
+// saved to and restored from files (/v1/slots/{id}?action=save|restore|erase).
+//
+// Each request may carry a "kv" object choosing its own KV cache policy and
+// codecs, e.g. {"policy":"snapkv","ratio":0.25,"type_k":"q8"}. Everything a
+// client sends is validated: bad JSON, wrong types, unknown fields, values
+// out of range and oversized bodies are answered 4xx with a message.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvlm/kvlm/engine"
+	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/tokenizer"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Options configure a Server. Zero fields take the defaults given.
+type Options struct {
+	ModelName string     // the name /v1/models lists and requests must use ("kvlm")
+	MaxBody   int64      // request body limit in bytes (1 MiB)
+	SlotDir   string     // directory of slot files; "" disables save and restore
+	Format    ChatFormat // chat template (plain)
+	Logger    *log.Logger
+}
+
+// Server answers the HTTP API. It owns its engine.
+type Server struct {
+	e       *engine.Engine
+	m       *model.Model
+	tok     tokenizer.Tokenizer
+	opt     Options
+	met     *metrics
+	mux     *http.ServeMux
+	created int64
+	closing atomic.Bool
+	log     *log.Logger
+}
+
+// New starts an engine over m with cfg and a server over it.
+func New(m *model.Model, tok tokenizer.Tokenizer, cfg engine.Config, opt Options) (*Server, error) {
+	if opt.ModelName == "" {
+		opt.ModelName = "kvlm"
+	}
+	if opt.MaxBody <= 0 {
+		opt.MaxBody = 1 << 20
+	}
+	if opt.Format == nil {
+		opt.Format = plainFormat{}
+	}
+	if opt.Logger == nil {
+		opt.Logger = log.Default()
+	}
+	s := &Server{m: m, tok: tok, opt: opt, created: time.Now().Unix(), log: opt.Logger}
+	obs := &lateObserver{}
+	cfg.Observer = obs
+	e, err := engine.New(m, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.e = e
+	s.met = newMetrics(e, opt.ModelName)
+	obs.m.Store(s.met)
+	s.mux = http.NewServeMux()
+	s.route("/v1/completions", "completions", http.MethodPost, s.completions)
+	s.route("/v1/chat/completions", "chat", http.MethodPost, s.chatCompletions)
+	s.route("/v1/models", "models", http.MethodGet, s.models)
+	s.route("/health", "health", http.MethodGet, s.health)
+	s.route("/v1/slots", "slots", http.MethodGet, s.listSlots)
+	s.route("/v1/slots/{id}", "slots", http.MethodPost, s.slotAction)
+	metricsHandler := promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{})
+	s.route("/metrics", "metrics", http.MethodGet, metricsHandler.ServeHTTP)
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path), typ: "not_found_error"})
+	})
+	return s, nil
+}
+
+// lateObserver forwards to the metrics once they exist (they need the
+// engine, which needs an observer).
+type lateObserver struct{ m atomic.Pointer[metrics] }
+
+func (o *lateObserver) get() *metrics { return o.m.Load() }
+func (o *lateObserver) FirstToken(d time.Duration) {
+	if m := o.get(); m != nil {
+		m.FirstToken(d)
+	}
+}
+func (o *lateObserver) InterToken(d time.Duration) {
+	if m := o.get(); m != nil {
+		m.InterToken(d)
+	}
+}
+func (o *lateObserver) Step(p, g int, d time.Duration) {
+	if m := o.get(); m != nil {
+		m.Step(p, g, d)
+	}
+}
+func (o *lateObserver) Evicted(p string, n float64) {
+	if m := o.get(); m != nil {
+		m.Evicted(p, n)
+	}
+}
+func (o *lateObserver) Preempted() {
+	if m := o.get(); m != nil {
+		m.Preempted()
+	}
+}
+func (o *lateObserver) Finished(r engine.FinishReason) {
+	if m := o.get(); m != nil {
+		m.Finished(r)
+	}
+}
+
+// Engine is the server's engine.
+func (s *Server) Engine() *engine.Engine { return s.e }
+
+// Handler is the HTTP handler of the whole API.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Close stops the engine (requests in flight end) after the HTTP server
+// has stopped taking requests.
+func (s *Server) Close() {
+	s.closing.Store(true)
+	s.e.Close()
+}
+
+// route registers a handler for one method, with panic recovery, a JSON
+// 405 for other methods and the request counter.
+func (s *Server) route(path, name, method string, h http.HandlerFunc) {
+	s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				s.log.Printf("kvlm server: panic in %s: %v\n%s", path, p, debug.Stack())
+				if !sw.wrote {
+					writeError(sw, &apiError{status: 500, msg: "internal error", typ: "server_error"})
+				}
+			}
+			s.met.requests.WithLabelValues(name, fmt.Sprint(sw.code())).Inc()
+		}()
+		if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
+			sw.Header().Set("Allow", method)
+			writeError(sw, &apiError{status: http.StatusMethodNotAllowed, msg: fmt.Sprintf("%s takes %s, not %s", path, method, r.Method), typ: "invalid_request_error"})
+			return
+		}
+		h(sw, r)
+	})
+}
+
+// statusWriter records the status code and passes flushes through.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(c int) {
+	if !w.wrote {
+		w.status, w.wrote = c, true
+	}
+	w.ResponseWriter.WriteHeader(c)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.status, w.wrote = 200, true
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *statusWriter) code() int {
+	if w.status == 0 {
+		return 200
+	}
+	return w.status
+}
+
+// apiError is an error answered in OpenAI's format.
+type apiError struct {
+	status int
+	msg    string
+	typ    string
+	param  string
+	code   string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(param, format string, args ...any) *apiError {
+	return &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf(format, args...), typ: "invalid_request_error", param: param}
+}
+
+type errorBody struct {
+	Error errorJSON `json:"error"`
+}
+
+type errorJSON struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    any     `json:"code"`
+}
+
+func (e *apiError) body() errorBody {
+	b := errorBody{Error: errorJSON{Message: e.msg, Type: e.typ, Code: e.code}}
+	if e.param != "" {
+		b.Error.Param = &e.param
+	}
+	if e.code == "" {
+		b.Error.Code = nil
+	}
+	return b
+}
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	if e.typ == "" {
+		e.typ = "invalid_request_error"
+	}
+	writeJSON(w, e.status, e.body())
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = 500
+		b = []byte(`{"error":{"message":"cannot encode the response","type":"server_error","param":null,"code":null}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// engineError maps an engine error to an HTTP answer.
+func engineError(err error) *apiError {
+	var ie *engine.InvalidError
+	switch {
+	case errors.As(err, &ie):
+		return badRequest("", "%s", cliToAPI.Replace(ie.Msg))
+	case errors.Is(err, engine.ErrQueueFull):
+		return &apiError{status: http.StatusTooManyRequests, msg: err.Error(), typ: "rate_limit_error", code: "queue_full"}
+	case errors.Is(err, engine.ErrClosed):
+		return &apiError{status: http.StatusServiceUnavailable, msg: "the server is shutting down", typ: "server_error"}
+	case errors.Is(err, context.Canceled):
+		return &apiError{status: 499, msg: "client closed the request", typ: "invalid_request_error"}
+	}
+	return &apiError{status: http.StatusInternalServerError, msg: err.Error(), typ: "server_error"}
+}
+
+func newID(prefix string) string {
+	var b [12]byte
+	rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	if s.closing.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "shutting down"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"object": "list",
+		"data": []map[string]any{{
+			"id": s.opt.ModelName, "object": "model", "created": s.created, "owned_by": "kvlm",
+			"max_model_len": s.m.CtxLen, "chat_template": s.opt.Format.Name(),
+		}},
+	})
+}
