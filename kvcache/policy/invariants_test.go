@@ -45,7 +45,7 @@ func TestInvariants(t *testing.T) {
 				}
 				ps, err := New(cfg, seq)
 				if err != nil {
-					if cfg.Positions == PosReindex || (cfg.Method == "streaming" && cfg.Every == 0) {
+					if cfg.Positions == PosReindex || cfg.Method == "lminfinite" || (cfg.Method == "streaming" && cfg.Every == 0) {
 						if !kc.PerToken() {
 							return // re-indexing KIVI keys is refused with an error: fine
 						}

@@ -67,8 +67,13 @@ func New(cfg Config, seq *model.Sequence) (*State, error) {
 		// Eviction during decoding bounds the cache: positions may run on.
 		seq.MaxPos = math.MaxInt32
 	}
-	if kg, _ := cache.Pool().Codecs(); !kg.PerToken() && cfg.Positions == PosReindex {
-		return nil, fmt.Errorf("policy: re-indexed positions need per-token keys; %s keys are sealed in groups", kg.Name())
+	if kg, _ := cache.Pool().Codecs(); !kg.PerToken() {
+		if cfg.Positions == PosReindex {
+			return nil, fmt.Errorf("policy: re-indexed positions need per-token keys; %s keys are sealed in groups", kg.Name())
+		}
+		if cfg.Method == "lminfinite" {
+			return nil, fmt.Errorf("policy: lminfinite moves its global tokens at every step, which needs per-token keys; %s keys are sealed in groups", kg.Name())
+		}
 	}
 	return st, nil
 }
