@@ -40,6 +40,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(newKVCalc())
 	root.AddCommand(newPull(), newList(), newTokenize())
 	root.AddCommand(newServe(), newChat())
+	root.AddCommand(newEval())
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

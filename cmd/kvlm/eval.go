@@ -1,0 +1,252 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/kvlm/kvlm/engine"
+	"github.com/kvlm/kvlm/eval"
+	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// evalSeedTables are the kvcalc tables the report carries.
+var evalSeedTables = []struct{ title, args string }{
+	{"LLaMA-2-7B, f16, batch × length", "kvcalc --preset llama2-7b --batch 1,4,16,64 --seq 512,2048,4096,32768"},
+	{"GPT-3 175B, f16, 4096 tokens", "kvcalc --preset gpt3-175b --batch 4,16,64 --seq 4096"},
+}
+
+func newEval() *cobra.Command {
+	var (
+		modelPath, tokPath, out, report, text string
+		ood                                   []string
+		quick, noProgress                     bool
+		seed                                  uint64
+		contexts, streamTokens, denseTokens   int
+		jobs                                  int
+	)
+	c := &cobra.Command{
+		Use:   "eval -m MODEL [--tokenizer T] --out DIR [--quick]",
+		Short: "Sweep the KV-cache methods and codecs; write results.json, plots and a Markdown report",
+		Long: `Sweep the KV-cache methods and codecs on a model and write, into --out:
+results.json (every number), PNG and SVG plots, and a Markdown report that
+embeds them (--report, default OUT/RESULTS.md).
+
+Measured: streaming perplexity (dense, window, streaming with 1/2/4/8 sinks,
+lminfinite) on the in-domain text and the out-of-domain ones; compress-then-
+continue for every method × ratio (0.5, 0.25, 0.125, 0.0625) × codec (f16,
+q8, q4, kivi2): continuation NLL, top-1 and greedy agreement with the full
+cache, per-layer attention-output error, KV bytes (pool and kvcalc) and
+tokens per second; the positions each (layer, head) keeps; kvcalc tables.
+
+--quick runs a small sweep (seconds): what the tests run.
+The committed docs/RESULTS.md comes from:
+  kvlm eval -m ../shared/models/stories260K/stories260K.bin \
+    --tokenizer ../shared/models/stories260K/tok512.bin \
+    --out docs/results --report docs/RESULTS.md`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if modelPath == "" {
+				return errors.New("no model given: use -m MODEL")
+			}
+			if out == "" {
+				return errors.New("no output folder given: use --out DIR")
+			}
+			cfg := eval.DefaultSweep(quick)
+			cfg.Model, cfg.Tokenizer = modelPath, tokPath
+			flags := cmd.Flags()
+			if flags.Changed("seed") {
+				cfg.Seed = seed
+			}
+			if flags.Changed("contexts") {
+				cfg.Contexts = contexts
+			}
+			if flags.Changed("stream-tokens") {
+				cfg.StreamTokens = streamTokens
+			}
+			if flags.Changed("dense-tokens") {
+				cfg.DenseTokens = denseTokens
+			}
+			if jobs < 1 {
+				return fmt.Errorf("--jobs must be positive, got %d", jobs)
+			}
+			cfg.Workers = jobs
+			if cfg.Contexts < 1 || cfg.StreamTokens < 2 || cfg.DenseTokens < 2 {
+				return errors.New("--contexts, --stream-tokens and --dense-tokens must be positive")
+			}
+			data := shared.Dir()
+			if text == "" {
+				if data == "" {
+					return errors.New("no text given and ../shared not found: use --text FILE")
+				}
+				text = filepath.Join(data, "data", "tinystories_valid_head.txt")
+			}
+			cfg.Text = eval.TextSpec{Name: textName(text), Path: text, Domain: "in-domain"}
+			if !flags.Changed("ood") {
+				ood = nil
+				if !quick && data != "" {
+					ood = []string{filepath.Join(data, "data", "sherlock_holmes_pg1661.txt"), filepath.Join(data, "data", "war_and_peace.txt")}
+				}
+			}
+			for _, o := range ood {
+				cfg.OOD = append(cfg.OOD, eval.TextSpec{Name: textName(o), Path: o, Domain: "out-of-domain"})
+			}
+			for _, t := range evalSeedTables {
+				var buf bytes.Buffer
+				if code := run(strings.Fields(t.args), &buf, io.Discard); code != 0 {
+					return fmt.Errorf("kvlm %s failed", t.args)
+				}
+				cfg.Seeds = append(cfg.Seeds, eval.SeedTable{Title: t.title, Command: "kvlm " + t.args, Output: buf.String()})
+			}
+			if err := os.MkdirAll(out, 0o755); err != nil {
+				return err
+			}
+			if report == "" {
+				report = filepath.Join(out, "RESULTS.md")
+			}
+			m, tok, err := engine.Load(modelPath, tokPath)
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			if !noProgress {
+				cfg.Progress = newEvalBar(cmd.ErrOrStderr())
+			}
+			res, err := eval.Sweep(m, tok, cfg)
+			if p, ok := cfg.Progress.(*evalBar); ok {
+				p.finish()
+			}
+			if err != nil {
+				return err
+			}
+			if err := eval.WriteResults(filepath.Join(out, "results.json"), res); err != nil {
+				return err
+			}
+			figs, err := eval.PlotAll(out, res)
+			if err != nil {
+				return err
+			}
+			rel, err := filepath.Rel(filepath.Dir(report), out)
+			if err != nil {
+				rel = out
+			}
+			commit, dirty := gitCommit()
+			info := eval.ReportInfo{Command: commandLine(cmd), Commit: commit, Dirty: dirty, ImgDir: rel}
+			var md bytes.Buffer
+			if err := eval.WriteReport(&md, res, figs, info); err != nil {
+				return err
+			}
+			if err := os.WriteFile(report, md.Bytes(), 0o644); err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "wrote %s, %d figures (PNG and SVG) in %s, and %s  (%.0f s)\n",
+				filepath.Join(out, "results.json"), len(figs), out, report, res.Timing.Total)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVarP(&modelPath, "model", "m", "", "model file: GGUF, or a llama2.c checkpoint (then --tokenizer)")
+	f.StringVar(&tokPath, "tokenizer", "", "llama2.c tokenizer.bin")
+	f.StringVar(&out, "out", "", "output folder: results.json and the figures")
+	f.StringVar(&report, "report", "", "Markdown report path (default OUT/RESULTS.md); figures are linked relative to it")
+	f.BoolVar(&quick, "quick", false, "a small sweep (seconds), as the tests run")
+	f.StringVar(&text, "text", "", "held-out in-domain text (default ../shared/data/tinystories_valid_head.txt)")
+	f.StringSliceVar(&ood, "ood", nil, "out-of-domain texts to stream (default: Sherlock Holmes and War and Peace from ../shared/data; none with --quick)")
+	f.Uint64Var(&seed, "seed", 1, "seed of the context sampling")
+	f.IntVar(&contexts, "contexts", 0, "compress-then-continue contexts (default 16; --quick 2)")
+	f.IntVar(&streamTokens, "stream-tokens", 0, "tokens streamed through the bounded caches (default 20000; --quick 1200)")
+	f.IntVar(&denseTokens, "dense-tokens", 0, "tokens streamed through the dense cache (default 4096; --quick 1200)")
+	f.IntVar(&jobs, "jobs", runtime.NumCPU(), "trials run at once")
+	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr")
+	return c
+}
+
+func textName(path string) string {
+	base := filepath.Base(path)
+	switch {
+	case strings.HasPrefix(base, "tinystories"):
+		return "TinyStories (valid)"
+	case strings.HasPrefix(base, "sherlock"):
+		return "Sherlock Holmes"
+	case strings.HasPrefix(base, "war_and_peace"):
+		return "War and Peace"
+	}
+	return strings.TrimSuffix(base, filepath.Ext(base))
+}
+
+// commandLine is the command as given, flags in a fixed order.
+func commandLine(cmd *cobra.Command) string {
+	parts := []string{"kvlm", "eval"}
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if !f.Changed || f.Name == "no-progress" || f.Name == "jobs" {
+			return
+		}
+		if f.Value.Type() == "bool" {
+			parts = append(parts, "--"+f.Name)
+			return
+		}
+		v := f.Value.String()
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			v = strings.Join(sv.GetSlice(), ",")
+		}
+		parts = append(parts, "--"+f.Name, v)
+	})
+	return strings.Join(parts, " ")
+}
+
+// gitCommit is the short commit of the working tree, and whether tracked
+// files differ from it.
+func gitCommit() (string, bool) {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "", false
+	}
+	st, _ := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output()
+	return strings.TrimSpace(string(out)), len(bytes.TrimSpace(st)) > 0
+}
+
+// evalBar is the progress bar on stderr.
+type evalBar struct {
+	w   io.Writer
+	bar *progressbar.ProgressBar
+}
+
+func newEvalBar(w io.Writer) *evalBar { return &evalBar{w: w} }
+
+func (b *evalBar) Start(total int64) {
+	b.bar = progressbar.NewOptions64(total,
+		progressbar.OptionSetWriter(b.w),
+		progressbar.OptionSetDescription("eval"),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionThrottle(250*time.Millisecond),
+		progressbar.OptionShowDescriptionAtLineEnd(),
+	)
+}
+
+func (b *evalBar) Add(n int64, what string) {
+	if b.bar == nil {
+		return
+	}
+	b.bar.Describe(what)
+	_ = b.bar.Add64(n)
+}
+
+func (b *evalBar) finish() {
+	if b.bar != nil {
+		_ = b.bar.Finish()
+		fmt.Fprintln(b.w)
+	}
+}
