@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/tensor"
 )
 
 // Keep rewrites the table of (layer, head) to hold only the given slots
@@ -103,9 +104,7 @@ func (s *Paged) keep(t *table, keep []int) error {
 	}
 	if r := t.res; r != nil {
 		for k, slot := range fromRes {
-			copy(r.k[k*d:(k+1)*d], r.k[slot*d:(slot+1)*d])
-			copy(r.v[k*d:(k+1)*d], r.v[slot*d:(slot+1)*d])
-			r.pos[k] = r.pos[slot]
+			r.move(k, slot, d)
 		}
 		r.n = len(fromRes)
 	}
@@ -172,25 +171,30 @@ func (s *Paged) keepSealed(t *table, first int, fromBlocks, fromRes []int) error
 	B, d := p.B, p.layout.HeadDim
 	r := t.res
 	n := len(fromBlocks) + len(fromRes)
-	k, v, pos := make([]float32, max(n, len(r.pos))*d), make([]float32, max(n, len(r.pos))*d), make([]int32, max(n, len(r.pos)))
+	c := max(n, len(r.pos))
+	nr := &residual{k: make([]uint16, c*d), v: make([]uint16, c*d), pos: make([]int32, c)}
+	kx, vx := make([]float32, d), make([]float32, d)
 	for j, slot := range fromBlocks {
 		b, i := t.blocks[slot/B], slot%B
-		p.kc.Get(p.kbuf(b), B, d, i, k[j*d:(j+1)*d])
-		p.vc.Get(p.vbuf(b), B, d, i, v[j*d:(j+1)*d])
-		pos[j] = p.posbuf(b)[i]
+		p.kc.Get(p.kbuf(b), B, d, i, kx)
+		p.vc.Get(p.vbuf(b), B, d, i, vx)
+		nr.put(j, d, kx, vx)
+		nr.pos[j] = p.posbuf(b)[i]
 	}
 	for j, slot := range fromRes {
 		o := len(fromBlocks) + j
-		copy(k[o*d:(o+1)*d], r.k[slot*d:(slot+1)*d])
-		copy(v[o*d:(o+1)*d], r.v[slot*d:(slot+1)*d])
-		pos[o] = r.pos[slot]
+		copy(nr.k[o*d:(o+1)*d], r.k[slot*d:(slot+1)*d])
+		copy(nr.v[o*d:(o+1)*d], r.v[slot*d:(slot+1)*d])
+		nr.pos[o] = r.pos[slot]
 	}
 	for j := len(t.blocks) - 1; j >= first; j-- {
 		p.decref(t.blocks[j])
 	}
 	t.blocks = t.blocks[:first]
 	t.n = first * B
-	r.k, r.v, r.pos, r.n = k, v, pos, n
+	nr.n = n
+	t.res = nr
+	r = nr
 	t.dirty = true
 	s.pristine = false
 	if s.hold {
@@ -247,7 +251,11 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 		if i >= t.n {
 			r := t.res
 			j := i - t.n
-			r.pos[j] = fn(r.pos[j], r.k[j*d:(j+1)*d])
+			r.getK(j, d, key)
+			r.pos[j] = fn(r.pos[j], key)
+			for c := 0; c < d; c++ {
+				r.k[j*d+c] = tensor.F32ToF16(key[c])
+			}
 			continue
 		}
 		if !p.kc.PerToken() {

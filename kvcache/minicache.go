@@ -301,8 +301,8 @@ func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained in
 			} else {
 				r, o := t.res, i-nb
 				q = r.pos[o]
-				copy(x, r.k[o*d:(o+1)*d])
-				copy(y, r.v[o*d:(o+1)*d])
+				r.getK(o, d, x)
+				r.getV(o, d, y)
 			}
 			if j == 0 {
 				pos[i] = q

@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/tensor"
 )
 
 // table is one (layer, KV head)'s tokens: full blocks, then a partly filled
@@ -16,17 +17,43 @@ type table struct {
 	res    *residual // KIVI: the most recent tokens in f32, not yet sealed
 	segs   []Segment // read view, rebuilt when dirty
 	dirty  bool      // blocks or n changed since segs was built
-	kbuf   []float32 // scratch for sealing: [group][headDim]
+	kbuf   []float32 // scratch for sealing: keys and values [2][group][headDim]
 	lo, hi []float32 // scratch: per-channel range of a key group [headDim]
 	mini   *merged   // MiniCache: merged and retained tokens before the blocks (minicache.go); nil if unmerged
 }
 
-// residual holds the newest tokens of a table in f32 (KIVI): keys wait for
-// a whole group of G tokens to be quantized per channel.
+// residual holds the newest tokens of a table in f16 (KIVI keeps its
+// residual in half precision too): keys wait for a whole group of G tokens
+// to be quantized per channel.
 type residual struct {
-	k, v []float32 // [cap][headDim]
-	pos  []int32   // [cap]
-	n    int       // tokens held
+	k, v []uint16 // [cap][headDim] f16 bits
+	pos  []int32  // [cap]
+	n    int      // tokens held
+}
+
+// put stores token i's key and value.
+func (r *residual) put(i, d int, k, v []float32) {
+	for c := 0; c < d; c++ {
+		r.k[i*d+c] = tensor.F32ToF16(k[c])
+		r.v[i*d+c] = tensor.F32ToF16(v[c])
+	}
+}
+
+// getK and getV decode token i's key or value into out[:d].
+func (r *residual) getK(i, d int, out []float32) { halfs(r.k[i*d:(i+1)*d], out) }
+func (r *residual) getV(i, d int, out []float32) { halfs(r.v[i*d:(i+1)*d], out) }
+
+// move copies token src to slot dst.
+func (r *residual) move(dst, src, d int) {
+	copy(r.k[dst*d:(dst+1)*d], r.k[src*d:(src+1)*d])
+	copy(r.v[dst*d:(dst+1)*d], r.v[src*d:(src+1)*d])
+	r.pos[dst] = r.pos[src]
+}
+
+func halfs(h []uint16, out []float32) {
+	for i, x := range h {
+		out[i] = tensor.F16ToF32(x)
+	}
 }
 
 // Paged is one sequence's cache over a shared Pool: for each (layer, KV
@@ -215,14 +242,13 @@ func (s *Paged) appendResidual(t *table, pos int32, k, v []float32) error {
 	d := p.layout.HeadDim
 	if t.res == nil {
 		c := p.residual + p.sealSize()
-		t.res = &residual{k: make([]float32, c*d), v: make([]float32, c*d), pos: make([]int32, c)}
+		t.res = &residual{k: make([]uint16, c*d), v: make([]uint16, c*d), pos: make([]int32, c)}
 	}
 	r := t.res
 	if r.n == len(r.pos) {
 		r.grow(d, 2*len(r.pos))
 	}
-	copy(r.k[r.n*d:(r.n+1)*d], k)
-	copy(r.v[r.n*d:(r.n+1)*d], v)
+	r.put(r.n, d, k, v)
 	r.pos[r.n] = pos
 	r.n++
 	if s.hold {
@@ -244,7 +270,7 @@ func (s *Paged) sealFull(t *table) error {
 
 // grow enlarges the residual buffers to c tokens.
 func (r *residual) grow(d, c int) {
-	k, v, pos := make([]float32, c*d), make([]float32, c*d), make([]int32, c)
+	k, v, pos := make([]uint16, c*d), make([]uint16, c*d), make([]int32, c)
 	copy(k, r.k[:r.n*d])
 	copy(v, r.v[:r.n*d])
 	copy(pos, r.pos[:r.n])
@@ -285,12 +311,21 @@ func (s *Paged) seal(t *table, m int) error {
 	if t.n%p.B != 0 {
 		return fmt.Errorf("kvcache: sealing into a partly filled block")
 	}
+	// Decode the m oldest tokens once.
+	if cap(t.kbuf) < 2*m*d {
+		t.kbuf = make([]float32, 2*m*d)
+	}
+	ks, vs := t.kbuf[:m*d], t.kbuf[m*d:2*m*d]
+	for i := 0; i < m; i++ {
+		r.getK(i, d, ks[i*d:(i+1)*d])
+		r.getV(i, d, vs[i*d:(i+1)*d])
+	}
 	g, grouped := p.kc.(codec.Grouped)
 	if grouped {
 		if len(t.lo) != d {
 			t.lo, t.hi = make([]float32, d), make([]float32, d)
 		}
-		groupRange(r.k[:m*d], d, t.lo, t.hi)
+		groupRange(ks, d, t.lo, t.hi)
 	}
 	for off := 0; off < m; off += p.B {
 		b, err := p.alloc()
@@ -299,14 +334,14 @@ func (s *Paged) seal(t *table, m int) error {
 		}
 		t.blocks = append(t.blocks, b)
 		if grouped {
-			g.EncodeRange(p.kbuf(b), p.B, d, r.k[off*d:(off+p.B)*d], t.lo, t.hi)
+			g.EncodeRange(p.kbuf(b), p.B, d, ks[off*d:(off+p.B)*d], t.lo, t.hi)
 		}
 		for i := 0; i < p.B; i++ {
 			x := (off + i) * d
 			if !grouped {
-				p.kc.Put(p.kbuf(b), p.B, d, i, r.k[x:x+d])
+				p.kc.Put(p.kbuf(b), p.B, d, i, ks[x:x+d])
 			}
-			p.vc.Put(p.vbuf(b), p.B, d, i, r.v[x:x+d])
+			p.vc.Put(p.vbuf(b), p.B, d, i, vs[x:x+d])
 			p.posbuf(b)[i] = r.pos[off+i]
 		}
 		t.n += p.B
@@ -371,18 +406,18 @@ func (s *Paged) Segments(layer, head int) []Segment {
 	}
 	if r := t.res; r != nil && r.n > 0 {
 		c := len(r.pos)
-		t.segs = append(t.segs, Segment{K: f32bytes(r.k), V: f32bytes(r.v), KC: codec.F32, VC: codec.F32, Cap: c, N: r.n, Pos: r.pos[:r.n]})
+		t.segs = append(t.segs, Segment{K: u16bytes(r.k), V: u16bytes(r.v), KC: codec.F16, VC: codec.F16, Cap: c, N: r.n, Pos: r.pos[:r.n]})
 	}
 	_ = d
 	t.dirty = false
 	return t.segs
 }
 
-func f32bytes(x []float32) []byte {
+func u16bytes(x []uint16) []byte {
 	if len(x) == 0 {
 		return nil
 	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x))
+	return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 2*len(x))
 }
 
 // Truncate keeps the first n tokens of every table. With a KIVI residual the
@@ -452,8 +487,8 @@ func (s *Paged) Fork() *Paged {
 		}
 		if t.res != nil {
 			r := *t.res
-			r.k = append([]float32(nil), r.k...)
-			r.v = append([]float32(nil), r.v...)
+			r.k = append([]uint16(nil), r.k...)
+			r.v = append([]uint16(nil), r.v...)
 			r.pos = append([]int32(nil), r.pos...)
 			ft.res = &r
 		}
@@ -505,9 +540,9 @@ func (s *Paged) Memory() Memory {
 		m.Blocks += len(t.blocks)
 		m.Used += int64(t.n) * int64(p.blockBytes) / int64(p.B)
 		if t.res != nil {
-			rb := int64(len(t.res.k)+len(t.res.v))*4 + int64(len(t.res.pos))*4
+			rb := int64(len(t.res.k)+len(t.res.v))*2 + int64(len(t.res.pos))*4
 			m.Residual += rb
-			m.Used += int64(t.res.n) * (int64(2*p.layout.HeadDim*4) + 4)
+			m.Used += int64(t.res.n) * (int64(2*p.layout.HeadDim*2) + 4)
 		}
 		if t.mini != nil {
 			t.mini.memory(p, &m)

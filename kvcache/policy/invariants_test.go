@@ -165,11 +165,12 @@ func argmax(x []float32) int {
 	return b
 }
 
-// residualOf counts the slots of a table kept in the KIVI residual.
+// residualOf counts the slots of a table kept in the KIVI residual (the
+// segment that is not a 16-token block).
 func residualOf(c *kvcache.Paged, l, h int) int {
 	n := 0
 	for _, s := range c.Segments(l, h) {
-		if s.KC.Name() == "f32" {
+		if s.Cap != 16 {
 			n += s.N
 		}
 	}
