@@ -475,9 +475,9 @@ func codecFinding(r *Results) string {
 	}
 	p("\n")
 	if slices.Contains(r.Setup.Codecs, "kivi2") {
-		// KIVI's f32 residual is reserved whole: a floor under every KIVI cache.
+		// KIVI's f16 residual (up to R+G tokens per table) is a floor under every KIVI cache.
 		mc := r.Setup.ModelConfig
-		floor := int64(128+32) * int64(mc.Layers*mc.KVHeads) * int64(8*mc.HeadDim+4)
+		floor := int64(128+32) * int64(mc.Layers*mc.KVHeads) * int64(4*mc.HeadDim+4)
 		least := math.Inf(1)
 		for _, c := range r.Compress {
 			if c.Codec == "kivi2" && c.Contexts > 0 {
@@ -485,8 +485,13 @@ func codecFinding(r *Results) string {
 			}
 		}
 		if f16 := findCell(r, "full", "f16", 1); f16 != nil && !math.IsInf(least, 1) {
-			p("KIVI-2 buys nothing at these lengths: every (layer, KV head) reserves a full-precision f32 residual of 128 + 32 tokens (%s B for this model) before anything is quantized, so no KIVI-2 cache here is smaller than %s B, while the whole f16 cache of a prompt is %s B. KIVI-2 pays off only for caches of many more than 160 tokens per head; under compression it is the most expensive codec swept.\n\n",
+			p("Every (layer, KV head) of a KIVI-2 cache keeps its newest 128 to 159 tokens in an f16 residual before anything is quantized (%s B for this model at 160 tokens), so no KIVI-2 cache here is smaller than %s B, while the whole f16 cache of a prompt is %s B. ",
 				commas(floor), commas(int64(least)), commas(int64(f16.KVBytes)))
+			if least >= f16.KVBytes {
+				p("At these lengths KIVI-2 buys nothing.\n\n")
+			} else {
+				p("At these lengths it saves at most %.0f%% against the f16 cache, far from its 2-bit rate: KIVI pays off only for caches much longer than 160 tokens per head, and under compression its residual dominates.\n\n", 100*(1-least/f16.KVBytes))
+			}
 		}
 	}
 	return b.String()
@@ -687,7 +692,7 @@ func costSection(r *Results) string {
 	b := &strings.Builder{}
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	p("Every table above gives the pool's bytes and kvcalc's beside the quality figures. The pool holds more than the formula: ")
-	p("each slot also stores its int32 position (%d B per token over all layers and heads: +%.2f%% in f32, +%.1f%% in f16), blocks are allocated 16 tokens at a time per (layer, KV head), and KIVI reserves its f32 residual whole (kvcalc counts 128 residual tokens in f16). Measured ÷ kvcalc, mean over methods and ratios:\n\n",
+	p("each slot also stores its int32 position (%d B per token over all layers and heads: +%.2f%% in f32, +%.1f%% in f16), blocks are allocated 16 tokens at a time per (layer, KV head), and KIVI keeps 128 to 159 residual tokens in f16 (kvcalc counts 128). Measured ÷ kvcalc, mean over methods and ratios:\n\n",
 		4*r.Setup.ModelConfig.Layers*r.Setup.ModelConfig.KVHeads, 100*4/float64(8*r.Setup.ModelConfig.HeadDim), 100*4/float64(4*r.Setup.ModelConfig.HeadDim))
 	p("| codec | full cache | compressed (mean) | compressed (max) |\n|---|---|---|---|\n")
 	for _, cd := range append([]string{"f32"}, r.Setup.Codecs...) {
