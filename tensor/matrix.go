@@ -70,10 +70,49 @@ func (m *Matrix) MatVec(dst, x []float32) { m.MatMul(dst, x, 1) }
 
 // MatMul computes dst[t] = W·x[t] for n inputs: x is [n][Cols], dst is
 // [n][Rows]. Each weight row is read once for all n inputs.
+//
+// Float weights (F32, F16, BF16) give exactly the in-order sums of
+// llama2.c's run.c over the rows converted to float32, whatever the kernel
+// set; except that F16 and BF16 rows times a single vector (n = 1, decode)
+// are summed in dotHalf's order, which reads one row at a time. Quantized weights
+// (Q8_0, Q4_0, Q4_K, Q6_K) multiply activations quantized to 8 bits with
+// integer dot products (act.go, qdot.go), with the same result bit for bit
+// on every kernel set.
 func (m *Matrix) MatMul(dst, x []float32, n int) {
 	cols, rows := m.Cols, m.Rows
 	_ = x[n*cols-1]
 	_ = dst[n*rows-1]
+	switch m.Type {
+	case F16, BF16:
+		if n == 1 {
+			if k := matvecH(m.Type); k != nil {
+				m.matvecHalf(k, dst, x)
+				return
+			}
+			break
+		}
+		fallthrough
+	case F32:
+		if fk := floatKern(); fk != nil {
+			m.matmulFloat(fk, dst, x, n)
+			return
+		}
+	case Q8_0, Q4_0, Q4_K, Q6_K:
+		m.matmulQuant(quantKern(m.Type), dst, x, n)
+		return
+	}
+	m.matmulRef(dst, x, n)
+}
+
+// matmulRef is the plain Go MatMul: each row converted to float32, then
+// summed in order (dotSeq), or in dotHalf's order for F16 and BF16 rows
+// times one vector.
+func (m *Matrix) matmulRef(dst, x []float32, n int) {
+	cols, rows := m.Cols, m.Rows
+	dot := dotSeq
+	if n == 1 && (m.Type == F16 || m.Type == BF16) {
+		dot = dotHalf
+	}
 	grain := max(1, 16384/(cols*n))
 	Parallel(rows, grain, func(lo, hi int) {
 		var buf []float32
@@ -89,7 +128,7 @@ func (m *Matrix) MatMul(dst, x []float32, n int) {
 				w = buf
 			}
 			for t := 0; t < n; t++ {
-				dst[t*rows+r] = Dot(w, x[t*cols:(t+1)*cols])
+				dst[t*rows+r] = dot(w, x[t*cols:(t+1)*cols])
 			}
 		}
 	})

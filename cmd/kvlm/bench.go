@@ -3,10 +3,16 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"runtime/debug"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/tensor"
 	"github.com/spf13/cobra"
 )
 
@@ -21,86 +27,355 @@ type benchJSON struct {
 	WeightsBytes    int64   `json:"weights_bytes"`
 	KVBytesPerToken int64   `json:"kv_bytes_per_token"`
 	PeakRSSBytes    int64   `json:"peak_rss_bytes"`
+
+	Kernels string `json:"kernels"` // the tensor kernel set: go, avx2, avx512(+vnni)
+
+	// The best of the --reps runs (on a shared machine the median mixes in
+	// other processes' load).
+	PrefillBestTokS float64 `json:"prefill_best_tok_s"`
+	DecodeBestTokS  float64 `json:"decode_best_tok_s"`
+
+	// Decode at several context lengths (tokens already in the cache).
+	DecodeAt []benchDecodeAt `json:"decode_at,omitempty"`
+	// Batched decode: see benchBatch.
+	Batch []benchBatch `json:"batch,omitempty"`
+
+	// Memory: read bandwidth of the machine (SIMD streaming reads on every
+	// thread; the scalar figure reads 8 bytes at a time in plain Go), the
+	// bytes a decode step reads (weight matrices and the KV cache at the
+	// mean decode context), the decode speed that bandwidth allows and the
+	// fraction of it reached.
+	BandwidthGBs       float64 `json:"bandwidth_gb_s,omitempty"`
+	BandwidthScalarGBs float64 `json:"bandwidth_scalar_gb_s,omitempty"`
+	BytesPerToken      int64   `json:"bytes_per_token"`
+	CeilingTokS        float64 `json:"ceiling_tok_s,omitempty"`
+	CeilingFraction    float64 `json:"ceiling_fraction,omitempty"`
+}
+
+type benchDecodeAt struct {
+	Context int     `json:"context"`
+	TokS    float64 `json:"tok_s"`
+}
+
+// benchBatch is decode throughput with Batch sequences each decoding one
+// token per step. The model runs one sequence per Forward call, so
+// DecodeTokS steps the sequences one after another (the weights are read
+// once per sequence); MatMulTokS times what a batched forward pass would
+// run as matrices, every weight matrix times Batch activation rows (the
+// weights read once per step), attention and the rest left out: the bound
+// a batched model API would approach.
+type benchBatch struct {
+	Batch      int     `json:"batch"`
+	DecodeTokS float64 `json:"decode_tok_s"`
+	MatMulTokS float64 `json:"matmul_tok_s"`
+}
+
+type benchFlags struct {
+	promptN, genN, reps int
+	asJSON              bool
+	contexts, batches   string
+	ctxGen              int
+	bandwidthMiB        int
+	kernels             string
 }
 
 func newBench() *cobra.Command {
 	var mf modelFlags
-	var promptN, genN, reps int
-	var asJSON bool
+	var f benchFlags
 	c := &cobra.Command{
 		Use:   "bench -m MODEL --prompt N --gen N",
-		Short: "Measure prefill and decode speed (median of --reps runs) and peak memory",
+		Short: "Measure prefill and decode speed (median of --reps runs), batched decode, memory bandwidth and peak memory",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if promptN < 1 || genN < 1 || reps < 1 {
-				return fmt.Errorf("--prompt, --gen and --reps must be at least 1")
+			if f.promptN < 1 || f.genN < 1 || f.reps < 1 || f.ctxGen < 1 {
+				return fmt.Errorf("--prompt, --gen, --ctx-gen and --reps must be at least 1")
 			}
+			contexts, err := parseInts("--contexts", f.contexts)
+			if err != nil {
+				return err
+			}
+			batches, err := parseInts("--batch", f.batches)
+			if err != nil {
+				return err
+			}
+			if err := tensor.SetKernels(f.kernels); err != nil {
+				return err
+			}
+			defer tensor.SetKernels("auto")
 			m, _, err := mf.load()
 			if err != nil {
 				return err
 			}
 			defer m.Close()
-			if promptN+genN > m.CtxLen {
-				return fmt.Errorf("--prompt %d + --gen %d exceed the context length %d", promptN, genN, m.CtxLen)
+			if f.promptN+f.genN > m.CtxLen {
+				return fmt.Errorf("--prompt %d + --gen %d exceed the context length %d", f.promptN, f.genN, m.CtxLen)
 			}
-			// A fixed pseudo-random prompt: speed does not depend on the text.
-			rng := rand.New(rand.NewPCG(1, 2))
-			prompt := make([]int, promptN)
-			for i := range prompt {
-				prompt[i] = rng.IntN(m.Vocab)
+			res, err := runBench(&mf, &f, m, contexts, batches)
+			if err != nil {
+				return err
 			}
-			var pre, dec []float64
-			for r := 0; r < reps; r++ {
-				seq, err := mf.sequence(m)
-				if err != nil {
-					return err
-				}
-				t0 := time.Now()
-				logits, err := seq.Forward(prompt, false)
-				if err != nil {
-					return err
-				}
-				t1 := time.Now()
-				for i := 0; i < genN; i++ {
-					next := 0
-					for j, v := range logits {
-						if v > logits[next] {
-							next = j
-						}
-					}
-					if logits, err = seq.Forward([]int{next}, false); err != nil {
-						return err
-					}
-				}
-				t2 := time.Now()
-				pre = append(pre, float64(promptN)/t1.Sub(t0).Seconds())
-				dec = append(dec, float64(genN)/t2.Sub(t1).Seconds())
-			}
-			res := benchJSON{
-				Model: mf.model, PromptTokens: promptN, GenTokens: genN, Reps: reps, Threads: threads(),
-				PrefillTokS: median(pre), DecodeTokS: median(dec), WeightsBytes: m.WeightsBytes(),
-				KVBytesPerToken: m.KVBytesPerToken(), PeakRSSBytes: peakRSS(),
-			}
-			if asJSON {
+			if f.asJSON {
 				return writeJSON(cmd.OutOrStdout(), res)
 			}
-			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "model            %s\n", res.Model)
-			fmt.Fprintf(w, "weights          %s\n", human(res.WeightsBytes))
-			fmt.Fprintf(w, "KV per token     %d B (f32)\n", res.KVBytesPerToken)
-			fmt.Fprintf(w, "threads          %d\n", res.Threads)
-			fmt.Fprintf(w, "prefill          %.1f tok/s  (%d tokens, median of %d)\n", res.PrefillTokS, promptN, reps)
-			fmt.Fprintf(w, "decode           %.1f tok/s  (%d tokens, median of %d)\n", res.DecodeTokS, genN, reps)
-			fmt.Fprintf(w, "peak RSS         %s\n", human(res.PeakRSSBytes))
+			printBench(cmd, &f, res)
 			return nil
 		},
 	}
 	mf.register(c)
-	c.Flags().IntVar(&promptN, "prompt", 128, "prompt tokens")
-	c.Flags().IntVar(&genN, "gen", 64, "generated tokens")
-	c.Flags().IntVar(&reps, "reps", 3, "repetitions (the median is reported)")
-	c.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
+	c.Flags().IntVar(&f.promptN, "prompt", 128, "prompt tokens")
+	c.Flags().IntVar(&f.genN, "gen", 64, "generated tokens")
+	c.Flags().IntVar(&f.reps, "reps", 3, "repetitions (the median is reported)")
+	c.Flags().BoolVar(&f.asJSON, "json", false, "print one JSON object")
+	c.Flags().StringVar(&f.contexts, "contexts", "128,512,1024", "context lengths to time decode at (those that fit the model's context)")
+	c.Flags().IntVar(&f.ctxGen, "ctx-gen", 16, "tokens decoded at each of --contexts and per batched-decode measurement")
+	c.Flags().StringVar(&f.batches, "batch", "1,4,16", "batch sizes for batched decode")
+	c.Flags().IntVar(&f.bandwidthMiB, "bandwidth-mib", 512, "buffer for the memory bandwidth measurement (0: skip it)")
+	c.Flags().StringVar(&f.kernels, "kernels", "auto", "tensor kernels: auto, avx512, avx2 or go (the plain Go twins)")
 	return c
+}
+
+func parseInts(flag, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		v, err := strconv.Atoi(f)
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("%s: %q is not a positive integer", flag, f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// benchPrompt is a fixed pseudo-random prompt: speed does not depend on the
+// text.
+func benchPrompt(n, vocab int, seed uint64) []int {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	p := make([]int, n)
+	for i := range p {
+		p[i] = rng.IntN(vocab)
+	}
+	return p
+}
+
+func argmaxF(x []float32) int {
+	best := 0
+	for j, v := range x {
+		if v > x[best] {
+			best = j
+		}
+	}
+	return best
+}
+
+func runBench(mf *modelFlags, f *benchFlags, m *model.Model, contexts, batches []int) (benchJSON, error) {
+	res := benchJSON{
+		Model: mf.model, PromptTokens: f.promptN, GenTokens: f.genN, Reps: f.reps, Threads: threads(),
+		WeightsBytes: m.WeightsBytes(), KVBytesPerToken: m.KVBytesPerToken(), Kernels: tensor.Kernels(),
+	}
+	prompt := benchPrompt(f.promptN, m.Vocab, 1)
+	var pre, dec []float64
+	for r := 0; r < f.reps; r++ {
+		seq, err := mf.sequence(m)
+		if err != nil {
+			return res, err
+		}
+		t0 := time.Now()
+		logits, err := seq.Forward(prompt, false)
+		if err != nil {
+			return res, err
+		}
+		t1 := time.Now()
+		for i := 0; i < f.genN; i++ {
+			if logits, err = seq.Forward([]int{argmaxF(logits)}, false); err != nil {
+				return res, err
+			}
+		}
+		t2 := time.Now()
+		seq.Close()
+		pre = append(pre, float64(f.promptN)/t1.Sub(t0).Seconds())
+		dec = append(dec, float64(f.genN)/t2.Sub(t1).Seconds())
+	}
+	res.PrefillTokS, res.DecodeTokS = median(pre), median(dec)
+	res.PrefillBestTokS, res.DecodeBestTokS = slices.Max(pre), slices.Max(dec)
+	// Peak memory of the runs above (the batched sequences and the
+	// bandwidth buffer below would add theirs).
+	res.PeakRSSBytes = peakRSS()
+
+	// Decode at growing contexts, in one sequence: fill (untimed) up to each
+	// context, then time ctxGen decode steps.
+	if len(contexts) > 0 {
+		seq, err := mf.sequence(m)
+		if err != nil {
+			return res, err
+		}
+		fill := benchPrompt(m.CtxLen, m.Vocab, 3)
+		slices.Sort(contexts)
+		for _, c := range contexts {
+			if c+f.ctxGen > m.CtxLen {
+				break
+			}
+			if c > seq.Pos() {
+				if _, err := seq.Forward(fill[seq.Pos():c], false); err != nil {
+					return res, err
+				}
+			}
+			if c < seq.Pos() {
+				continue
+			}
+			t0 := time.Now()
+			for i := 0; i < f.ctxGen; i++ {
+				if _, err := seq.Forward([]int{fill[c+i]}, false); err != nil {
+					return res, err
+				}
+			}
+			res.DecodeAt = append(res.DecodeAt, benchDecodeAt{Context: c, TokS: float64(f.ctxGen) / time.Since(t0).Seconds()})
+		}
+		seq.Close()
+	}
+
+	for _, b := range batches {
+		bb, err := benchBatched(mf, m, b, f.ctxGen)
+		if err != nil {
+			return res, err
+		}
+		res.Batch = append(res.Batch, bb)
+	}
+
+	res.BytesPerToken = decodeBytes(m) + m.KVBytesPerToken()*int64(f.promptN+f.genN/2)
+	if f.bandwidthMiB > 0 {
+		bw, scalar := measureBandwidth(f.bandwidthMiB)
+		res.BandwidthGBs, res.BandwidthScalarGBs = bw/1e9, scalar/1e9
+		res.CeilingTokS = bw / float64(res.BytesPerToken)
+		res.CeilingFraction = res.DecodeTokS / res.CeilingTokS
+	}
+	return res, nil
+}
+
+// decodeBytes is the weight bytes one decode step reads: every matrix
+// except the token embedding (one row of it), the norms, and the
+// classifier (the embedding itself when tied).
+func decodeBytes(m *model.Model) int64 {
+	n := m.WeightsBytes()
+	if m.Output != m.TokEmb {
+		n -= int64(len(m.TokEmb.Data))
+	}
+	return n
+}
+
+// benchBatched times b sequences (each after an 8-token prompt) decoding
+// steps tokens each, stepped one after another, and the matrix products of
+// one batched decode step.
+func benchBatched(mf *modelFlags, m *model.Model, b, steps int) (benchBatch, error) {
+	res := benchBatch{Batch: b}
+	seqs := make([]*model.Sequence, b)
+	logits := make([][]float32, b)
+	defer func() {
+		for _, s := range seqs {
+			if s != nil {
+				s.Close()
+			}
+		}
+	}()
+	if 8+steps > m.CtxLen {
+		steps = m.CtxLen - 8
+	}
+	opt, err := mf.kvOptions()
+	if err != nil {
+		return res, err
+	}
+	if opt.MemBytes == 0 {
+		opt.Tokens = 8 + steps // a pool per sequence sized for what it runs
+	}
+	for i := range seqs {
+		s, err := m.NewStandaloneSequence(opt)
+		if err != nil {
+			return res, err
+		}
+		s.Chunk = mf.chunk
+		seqs[i] = s
+		l, err := s.Forward(benchPrompt(8, m.Vocab, uint64(10+i)), false)
+		if err != nil {
+			return res, err
+		}
+		logits[i] = slices.Clone(l)
+	}
+	t0 := time.Now()
+	for st := 0; st < steps; st++ {
+		for i, s := range seqs {
+			l, err := s.Forward([]int{argmaxF(logits[i])}, false)
+			if err != nil {
+				return res, err
+			}
+			copy(logits[i], l)
+		}
+	}
+	res.DecodeTokS = float64(b*steps) / time.Since(t0).Seconds()
+
+	// The matrices of a batched step: every weight matrix times b rows.
+	c := m.Config
+	x := make([]float32, b*max(c.Dim, c.HiddenDim, c.QDim()))
+	for i := range x {
+		x[i] = float32(i%7)*0.1 - 0.3
+	}
+	out := make([]float32, b*max(c.Vocab, c.HiddenDim, c.Dim, c.QDim()))
+	reps := max(1, steps/4)
+	t0 = time.Now()
+	for r := 0; r < reps; r++ {
+		for _, L := range m.Layers {
+			for _, w := range []*tensor.Matrix{L.Wq, L.Wk, L.Wv, L.Wo, L.WGate, L.WUp, L.WDown} {
+				w.MatMul(out, x, b)
+			}
+		}
+		m.Output.MatMul(out, x, b)
+	}
+	res.MatMulTokS = float64(b*reps) / time.Since(t0).Seconds()
+	return res, nil
+}
+
+// measureBandwidth returns the best read bandwidth (bytes/s) of all
+// threads streaming a buffer of mib MiB, with the SIMD kernels and with
+// plain Go 8-byte reads.
+func measureBandwidth(mib int) (simd, scalar float64) {
+	buf := make([]byte, mib<<20)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	cur := tensor.Kernels()
+	tensor.SetKernels("auto")
+	simd = tensor.MeasureBandwidth(buf, threads(), 5)
+	tensor.SetKernels("go")
+	scalar = tensor.MeasureBandwidth(buf, threads(), 3)
+	tensor.SetKernels(cur)
+	buf = nil
+	runtime.GC()
+	debug.FreeOSMemory()
+	return simd, scalar
+}
+
+func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
+	w := cmd.OutOrStdout()
+	fmt.Fprintf(w, "model            %s\n", res.Model)
+	fmt.Fprintf(w, "weights          %s\n", human(res.WeightsBytes))
+	fmt.Fprintf(w, "KV per token     %d B (f32)\n", res.KVBytesPerToken)
+	fmt.Fprintf(w, "threads          %d (kernels %s)\n", res.Threads, res.Kernels)
+	fmt.Fprintf(w, "prefill          %.1f tok/s  (%d tokens, median of %d; best %.1f)\n", res.PrefillTokS, f.promptN, f.reps, res.PrefillBestTokS)
+	fmt.Fprintf(w, "decode           %.1f tok/s  (%d tokens, median of %d; best %.1f)\n", res.DecodeTokS, f.genN, f.reps, res.DecodeBestTokS)
+	for _, d := range res.DecodeAt {
+		fmt.Fprintf(w, "decode @%-7d   %.1f tok/s  (%d tokens)\n", d.Context, d.TokS, f.ctxGen)
+	}
+	for _, b := range res.Batch {
+		fmt.Fprintf(w, "batch %-4d       %.1f tok/s stepped one by one; matrices of a batched step %.1f tok/s\n", b.Batch, b.DecodeTokS, b.MatMulTokS)
+	}
+	fmt.Fprintf(w, "peak RSS         %s\n", human(res.PeakRSSBytes))
+	if res.BandwidthGBs > 0 {
+		fmt.Fprintf(w, "bandwidth        %.1f GB/s read (%.1f GB/s with scalar reads)\n", res.BandwidthGBs, res.BandwidthScalarGBs)
+		fmt.Fprintf(w, "decode ceiling   %.1f tok/s (%s read per token); reached %.0f%%\n",
+			res.CeilingTokS, human(res.BytesPerToken), 100*res.CeilingFraction)
+	}
 }
 
 func median(x []float64) float64 {

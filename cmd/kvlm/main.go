@@ -38,9 +38,10 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetErr(stderr)
 	root.AddCommand(newGenerate(), newPPL(), newBench(), newInspect(), newConvert())
 	root.AddCommand(newKVCalc())
+	root.AddCommand(newGenModel())
 	root.AddCommand(newPull(), newList(), newTokenize())
-	root.AddCommand(newServe(), newChat())
 	root.AddCommand(newEval())
+	root.AddCommand(newServe(), newChat())
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

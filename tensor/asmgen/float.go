@@ -1,0 +1,619 @@
+//go:build ignore
+
+package main
+
+import "fmt"
+
+// Float kernels: a 16-row panel P[k][16] (weight rows in lanes, float32)
+// times MR packed activations Xp[k][MR], accumulated into C[MR][16] with
+// a separate multiply and add per step (no FMA), so that every lane sums
+// its products in k order exactly as the scalar reference does.
+
+const (
+	kernSig = "(p, xp *float32, k int, c *float32, load int)"
+	packSig = "(dst *float32, src unsafe.Pointer, ld int, ntiles int)"
+)
+
+func genFloatKernels(e *emitter) {
+	for m := 1; m <= 14; m++ {
+		genKernZ(e, m)
+	}
+	for m := 1; m <= 6; m++ {
+		genKernY(e, m)
+	}
+	for _, src := range []string{"F32", "F16", "BF16"} {
+		genPackZ(e, src)
+		genPackY(e, src)
+	}
+}
+
+// kernF32Zm<M>(p, xp *float32, k int, c *float32, load int)
+func genKernZ(e *emitter, m int) {
+	e.text(fmt.Sprintf("kernF32Zm%d", m), kernSig, 40)
+	e.in("MOVQ p+0(FP), SI")
+	e.in("MOVQ xp+8(FP), DI")
+	e.in("MOVQ k+16(FP), CX")
+	e.in("MOVQ c+24(FP), DX")
+	e.in("MOVQ load+32(FP), AX")
+	e.in("TESTQ AX, AX")
+	e.in("JZ zero")
+	for t := 0; t < m; t++ {
+		e.in("VMOVUPS %d(DX), Z%d", 64*t, t)
+	}
+	e.in("JMP start")
+	e.label("zero")
+	for t := 0; t < m; t++ {
+		e.in("VXORPS Z%d, Z%d, Z%d", t, t, t)
+	}
+	e.label("start")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	e.label("loop")
+	e.in("VMOVUPS (SI), Z31")
+	ntmp := 31 - m
+	for t := 0; t < m; t++ {
+		tmp := m + t%ntmp
+		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
+		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
+	}
+	e.in("ADDQ $64, SI")
+	e.in("ADDQ $%d, DI", 4*m)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	for t := 0; t < m; t++ {
+		e.in("VMOVUPS Z%d, %d(DX)", t, 64*t)
+	}
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// kernF32Ym<M>: the AVX2 twin, 16 lanes as two YMM registers.
+func genKernY(e *emitter, m int) {
+	e.text(fmt.Sprintf("kernF32Ym%d", m), kernSig, 40)
+	e.in("MOVQ p+0(FP), SI")
+	e.in("MOVQ xp+8(FP), DI")
+	e.in("MOVQ k+16(FP), CX")
+	e.in("MOVQ c+24(FP), DX")
+	e.in("MOVQ load+32(FP), AX")
+	e.in("TESTQ AX, AX")
+	e.in("JZ zero")
+	for t := 0; t < m; t++ {
+		e.in("VMOVUPS %d(DX), Y%d", 64*t, 2*t)
+		e.in("VMOVUPS %d(DX), Y%d", 64*t+32, 2*t+1)
+	}
+	e.in("JMP start")
+	e.label("zero")
+	for t := 0; t < 2*m; t++ {
+		e.in("VXORPS Y%d, Y%d, Y%d", t, t, t)
+	}
+	e.label("start")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	e.label("loop")
+	e.in("VMOVUPS (SI), Y14")
+	e.in("VMOVUPS 32(SI), Y15")
+	tmp := []int{12, 13}
+	if m == 6 {
+		tmp = []int{12}
+	}
+	b := 13 // broadcast register; with m == 6 the temp is 12 and b 13
+	if m < 6 {
+		b = 11
+	}
+	ti := 0
+	for t := 0; t < m; t++ {
+		e.in("VBROADCASTSS %d(DI), Y%d", 4*t, b)
+		for h := 0; h < 2; h++ {
+			tr := tmp[ti%len(tmp)]
+			ti++
+			e.in("VMULPS Y%d, Y%d, Y%d", 14+h, b, tr)
+			e.in("VADDPS Y%d, Y%d, Y%d", tr, 2*t+h, 2*t+h)
+		}
+	}
+	e.in("ADDQ $64, SI")
+	e.in("ADDQ $%d, DI", 4*m)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	for t := 0; t < m; t++ {
+		e.in("VMOVUPS Y%d, %d(DX)", 2*t, 64*t)
+		e.in("VMOVUPS Y%d, %d(DX)", 2*t+1, 64*t+32)
+	}
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// pack<src>Z(dst *float32, src unsafe.Pointer, ld int, ntiles int): for
+// each tile of 16 rows × 16 columns (row stride ld bytes), write its
+// transpose as float32 to dst[16][16]; tiles follow each other along k.
+func genPackZ(e *emitter, src string) {
+	e.text("pack"+src+"Z", packSig, 32)
+	e.in("MOVQ dst+0(FP), DI")
+	e.in("MOVQ src+8(FP), SI")
+	e.in("MOVQ ld+16(FP), BX")
+	e.in("MOVQ ntiles+24(FP), CX")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	e.label("loop")
+	e.in("MOVQ SI, R8")
+	for r := 0; r < 16; r++ {
+		switch src {
+		case "F32":
+			e.in("VMOVUPS (R8), Z%d", r)
+		case "F16":
+			e.in("VCVTPH2PS (R8), Z%d", r)
+		case "BF16":
+			e.in("VPMOVZXWD (R8), Z%d", r)
+			e.in("VPSLLD $16, Z%d, Z%d", r, r)
+		}
+		if r < 15 {
+			e.in("ADDQ BX, R8")
+		}
+	}
+	transpose16(e)
+	for c := 0; c < 16; c++ {
+		e.in("VMOVUPS Z%d, %d(DI)", c, 64*c)
+	}
+	e.in("ADDQ $1024, DI")
+	if src == "F32" {
+		e.in("ADDQ $64, SI")
+	} else {
+		e.in("ADDQ $32, SI")
+	}
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// transpose16 transposes Z0..Z15 (rows) in place into Z0..Z15 (columns),
+// using Z16..Z31 as temporaries.
+func transpose16(e *emitter) {
+	// t[2i] = unpacklo(r[2i], r[2i+1]), t[2i+1] = unpackhi(...)
+	for i := 0; i < 8; i++ {
+		e.in("VUNPCKLPS Z%d, Z%d, Z%d", 2*i+1, 2*i, 16+2*i)
+		e.in("VUNPCKHPS Z%d, Z%d, Z%d", 2*i+1, 2*i, 16+2*i+1)
+	}
+	// r[4g+0] = unpacklo_pd(t[4g], t[4g+2]); r[4g+1] = unpackhi_pd(t[4g], t[4g+2])
+	// r[4g+2] = unpacklo_pd(t[4g+1], t[4g+3]); r[4g+3] = unpackhi_pd(t[4g+1], t[4g+3])
+	for g := 0; g < 4; g++ {
+		t := 16 + 4*g
+		e.in("VUNPCKLPD Z%d, Z%d, Z%d", t+2, t, 4*g)
+		e.in("VUNPCKHPD Z%d, Z%d, Z%d", t+2, t, 4*g+1)
+		e.in("VUNPCKLPD Z%d, Z%d, Z%d", t+3, t+1, 4*g+2)
+		e.in("VUNPCKHPD Z%d, Z%d, Z%d", t+3, t+1, 4*g+3)
+	}
+	// t[j] = shuf(r[j], r[j+4], 0x88), t[j+4] = shuf(r[j], r[j+4], 0xdd), j=0..3
+	// t[8+j] = shuf(r[8+j], r[12+j], 0x88), t[12+j] = shuf(r[8+j], r[12+j], 0xdd)
+	for j := 0; j < 4; j++ {
+		e.in("VSHUFF32X4 $0x88, Z%d, Z%d, Z%d", j+4, j, 16+j)
+		e.in("VSHUFF32X4 $0xdd, Z%d, Z%d, Z%d", j+4, j, 16+j+4)
+		e.in("VSHUFF32X4 $0x88, Z%d, Z%d, Z%d", 12+j, 8+j, 16+8+j)
+		e.in("VSHUFF32X4 $0xdd, Z%d, Z%d, Z%d", 12+j, 8+j, 16+12+j)
+	}
+	// col[j] = shuf(t[j], t[8+j], 0x88), col[8+j] = shuf(t[j], t[8+j], 0xdd), j=0..7
+	for j := 0; j < 8; j++ {
+		e.in("VSHUFF32X4 $0x88, Z%d, Z%d, Z%d", 16+8+j, 16+j, j)
+		e.in("VSHUFF32X4 $0xdd, Z%d, Z%d, Z%d", 16+8+j, 16+j, 8+j)
+	}
+}
+
+// pack<src>Y: the AVX2 twin of pack<src>Z (same output), as four 8×8
+// transposes per tile.
+func genPackY(e *emitter, src string) {
+	e.text("pack"+src+"Y", packSig, 32)
+	e.in("MOVQ dst+0(FP), DI")
+	e.in("MOVQ src+8(FP), SI")
+	e.in("MOVQ ld+16(FP), BX")
+	e.in("MOVQ ntiles+24(FP), CX")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	elem := 4
+	if src != "F32" {
+		elem = 2
+	}
+	e.label("loop")
+	for rh := 0; rh < 2; rh++ { // rows 0-7, 8-15
+		for ch := 0; ch < 2; ch++ { // cols 0-7, 8-15
+			e.in("MOVQ SI, R8")
+			if rh == 1 {
+				e.in("LEAQ (R8)(BX*8), R8")
+			}
+			for r := 0; r < 8; r++ {
+				off := ch * 8 * elem
+				switch src {
+				case "F32":
+					e.in("VMOVUPS %d(R8), Y%d", off, r)
+				case "F16":
+					e.in("VCVTPH2PS %d(R8), Y%d", off, r)
+				case "BF16":
+					e.in("VPMOVZXWD %d(R8), Y%d", off, r)
+					e.in("VPSLLD $16, Y%d, Y%d", r, r)
+				}
+				if r < 7 {
+					e.in("ADDQ BX, R8")
+				}
+			}
+			transpose8(e)
+			// column c of this block goes to dst[(8ch+c)*16 + 8rh]
+			for c := 0; c < 8; c++ {
+				e.in("VMOVUPS Y%d, %d(DI)", 8+c, 4*((8*ch+c)*16+8*rh))
+			}
+		}
+	}
+	e.in("ADDQ $1024, DI")
+	e.in("ADDQ $%d, SI", 16*elem)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// transpose8 transposes the rows Y0..Y7 into the columns Y8..Y15.
+func transpose8(e *emitter) {
+	for i := 0; i < 4; i++ {
+		e.in("VUNPCKLPS Y%d, Y%d, Y%d", 2*i+1, 2*i, 8+2*i)
+		e.in("VUNPCKHPS Y%d, Y%d, Y%d", 2*i+1, 2*i, 8+2*i+1)
+	}
+	// s0 = shufps(t0,t2,0x44) s1 = shufps(t0,t2,0xEE) s2 = (t1,t3,0x44) s3 = (t1,t3,0xEE); same for t4..t7
+	for g := 0; g < 2; g++ {
+		t := 8 + 4*g
+		e.in("VSHUFPS $0x44, Y%d, Y%d, Y%d", t+2, t, 4*g)
+		e.in("VSHUFPS $0xEE, Y%d, Y%d, Y%d", t+2, t, 4*g+1)
+		e.in("VSHUFPS $0x44, Y%d, Y%d, Y%d", t+3, t+1, 4*g+2)
+		e.in("VSHUFPS $0xEE, Y%d, Y%d, Y%d", t+3, t+1, 4*g+3)
+	}
+	// c[j] = perm2f128(s[j], s[j+4], 0x20), c[j+4] = perm2f128(s[j], s[j+4], 0x31)
+	for j := 0; j < 4; j++ {
+		e.in("VPERM2F128 $0x20, Y%d, Y%d, Y%d", j+4, j, 8+j)
+		e.in("VPERM2F128 $0x31, Y%d, Y%d, Y%d", j+4, j, 12+j)
+	}
+}
+
+// dotZ(a, b *float32, n int) float32: n a multiple of 16; sixteen lanes
+// (lane l sums the products of the values i ≡ l mod 16 in order, a
+// multiply then an add), then the fixed tree v8[l] = a[l]+a[l+8],
+// v4[l] = v8[l]+v8[l+4], v2[l] = v4[l]+v4[l+2], r = v2[0]+v2[1].
+func genDot(e *emitter) {
+	for _, isa := range []string{"Z", "Y"} {
+		e.text("dot"+isa, "(a, b *float32, n int) float32", 28)
+		e.in("MOVQ a+0(FP), SI")
+		e.in("MOVQ b+8(FP), DI")
+		e.in("MOVQ n+16(FP), CX")
+		e.in("SHRQ $4, CX")
+		if isa == "Z" {
+			e.in("VXORPS Z0, Z0, Z0")
+		} else {
+			e.in("VXORPS Y0, Y0, Y0")
+			e.in("VXORPS Y1, Y1, Y1")
+		}
+		e.in("TESTQ CX, CX")
+		e.in("JZ reduce")
+		e.label("loop")
+		if isa == "Z" {
+			e.in("VMOVUPS (SI), Z2")
+			e.in("VMULPS (DI), Z2, Z2")
+			e.in("VADDPS Z2, Z0, Z0")
+		} else {
+			e.in("VMOVUPS (SI), Y2")
+			e.in("VMOVUPS 32(SI), Y3")
+			e.in("VMULPS (DI), Y2, Y2")
+			e.in("VMULPS 32(DI), Y3, Y3")
+			e.in("VADDPS Y2, Y0, Y0")
+			e.in("VADDPS Y3, Y1, Y1")
+		}
+		e.in("ADDQ $64, SI")
+		e.in("ADDQ $64, DI")
+		e.in("DECQ CX")
+		e.in("JNZ loop")
+		e.label("reduce")
+		if isa == "Z" {
+			e.in("VEXTRACTF32X8 $1, Z0, Y1")
+		}
+		e.in("VADDPS Y1, Y0, Y0")
+		e.in("VEXTRACTF128 $1, Y0, X1")
+		e.in("VADDPS X1, X0, X0")
+		e.in("VMOVHLPS X0, X0, X1")
+		e.in("VADDPS X1, X0, X0")
+		e.in("VMOVSHDUP X0, X1")
+		e.in("VADDSS X1, X0, X0")
+		e.in("VMOVSS X0, ret+24(FP)")
+		e.in("VZEROUPPER")
+		e.in("RET")
+	}
+	// axpy<isa>(dst, x *float32, a float32, n int): dst[i] += a*x[i] for
+	// n a multiple of 16 (a multiply then an add, as the Go loop).
+	for _, isa := range []string{"Z", "Y"} {
+		e.text("axpy"+isa, "(dst, x *float32, a float32, n int)", 32)
+		e.in("MOVQ dst+0(FP), DI")
+		e.in("MOVQ x+8(FP), SI")
+		e.in("MOVQ n+24(FP), CX")
+		e.in("SHRQ $4, CX")
+		e.in("TESTQ CX, CX")
+		e.in("JZ done")
+		if isa == "Z" {
+			e.in("VBROADCASTSS a+16(FP), Z1")
+		} else {
+			e.in("VBROADCASTSS a+16(FP), Y1")
+		}
+		e.label("loop")
+		if isa == "Z" {
+			e.in("VMULPS (SI), Z1, Z2")
+			e.in("VADDPS (DI), Z2, Z2")
+			e.in("VMOVUPS Z2, (DI)")
+		} else {
+			e.in("VMULPS (SI), Y1, Y2")
+			e.in("VMULPS 32(SI), Y1, Y3")
+			e.in("VADDPS (DI), Y2, Y2")
+			e.in("VADDPS 32(DI), Y3, Y3")
+			e.in("VMOVUPS Y2, (DI)")
+			e.in("VMOVUPS Y3, 32(DI)")
+		}
+		e.in("ADDQ $64, SI")
+		e.in("ADDQ $64, DI")
+		e.in("DECQ CX")
+		e.in("JNZ loop")
+		e.label("done")
+		e.in("VZEROUPPER")
+		e.in("RET")
+	}
+}
+
+// memReadZ(p *byte, n int) uint64: XORs every 64-byte line of p (n a
+// multiple of 256) into four accumulators, to measure read bandwidth.
+func genMemRead(e *emitter) {
+	e.text("memReadZ", "(p *byte, n int) uint64", 24)
+	e.in("MOVQ p+0(FP), SI")
+	e.in("MOVQ n+8(FP), CX")
+	e.in("SHRQ $8, CX")
+	e.in("VPXORQ Z0, Z0, Z0")
+	e.in("VPXORQ Z1, Z1, Z1")
+	e.in("VPXORQ Z2, Z2, Z2")
+	e.in("VPXORQ Z3, Z3, Z3")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	e.label("loop")
+	e.in("VPXORQ (SI), Z0, Z0")
+	e.in("VPXORQ 64(SI), Z1, Z1")
+	e.in("VPXORQ 128(SI), Z2, Z2")
+	e.in("VPXORQ 192(SI), Z3, Z3")
+	e.in("ADDQ $256, SI")
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	e.in("VPXORQ Z1, Z0, Z0")
+	e.in("VPXORQ Z3, Z2, Z2")
+	e.in("VPXORQ Z2, Z0, Z0")
+	e.in("VEXTRACTI64X4 $1, Z0, Y1")
+	e.in("VPXOR Y1, Y0, Y0")
+	e.in("VEXTRACTI128 $1, Y0, X1")
+	e.in("VPXOR X1, X0, X0")
+	e.in("VPEXTRQ $1, X0, AX")
+	e.in("VMOVQ X0, BX")
+	e.in("XORQ BX, AX")
+	e.in("MOVQ AX, ret+16(FP)")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// matvecH<src><isa>(w unsafe.Pointer, ldw int, x *float32, n int, rows int,
+// dst *float32): for each of rows rows (ldw bytes apart) of n values (a
+// multiple of 16) of type src, dst[r] = the sixteen-lane sum of Dot
+// (dotLanesGo's order) of the row, converted to float32, with x. One row at
+// a time: a single stream from memory, for decode.
+func genMatVecH(e *emitter) {
+	for _, src := range []string{"F32", "F16", "BF16"} {
+		for _, isa := range []string{"Z", "Y"} {
+			e.text("matvecH"+src+isa, "(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *float32)", 48)
+			e.in("MOVQ w+0(FP), R8")
+			e.in("MOVQ ldw+8(FP), BX")
+			e.in("MOVQ n+24(FP), R9")
+			e.in("SHRQ $4, R9")
+			e.in("MOVQ rows+32(FP), R10")
+			e.in("MOVQ dst+40(FP), DX")
+			e.in("TESTQ R10, R10")
+			e.in("JZ done")
+			e.label("row")
+			e.in("MOVQ R8, SI")
+			e.in("MOVQ x+16(FP), DI")
+			e.in("MOVQ R9, CX")
+			if isa == "Z" {
+				e.in("VXORPS Z0, Z0, Z0")
+			} else {
+				e.in("VXORPS Y0, Y0, Y0")
+				e.in("VXORPS Y1, Y1, Y1")
+			}
+			e.in("TESTQ CX, CX")
+			e.in("JZ reduce")
+			e.label("loop")
+			if isa == "Z" {
+				switch src {
+				case "F32":
+					e.in("VMOVUPS (SI), Z2")
+				case "F16":
+					e.in("VCVTPH2PS (SI), Z2")
+				case "BF16":
+					e.in("VPMOVZXWD (SI), Z2")
+					e.in("VPSLLD $16, Z2, Z2")
+				}
+				e.in("VMULPS (DI), Z2, Z2")
+				e.in("VADDPS Z2, Z0, Z0")
+			} else {
+				switch src {
+				case "F32":
+					e.in("VMOVUPS (SI), Y2")
+					e.in("VMOVUPS 32(SI), Y3")
+				case "F16":
+					e.in("VCVTPH2PS (SI), Y2")
+					e.in("VCVTPH2PS 16(SI), Y3")
+				case "BF16":
+					e.in("VPMOVZXWD (SI), Y2")
+					e.in("VPMOVZXWD 16(SI), Y3")
+					e.in("VPSLLD $16, Y2, Y2")
+					e.in("VPSLLD $16, Y3, Y3")
+				}
+				e.in("VMULPS (DI), Y2, Y2")
+				e.in("VMULPS 32(DI), Y3, Y3")
+				e.in("VADDPS Y2, Y0, Y0")
+				e.in("VADDPS Y3, Y1, Y1")
+			}
+			if src == "F32" {
+				e.in("ADDQ $64, SI")
+			} else {
+				e.in("ADDQ $32, SI")
+			}
+			e.in("ADDQ $64, DI")
+			e.in("DECQ CX")
+			e.in("JNZ loop")
+			e.label("reduce")
+			if isa == "Z" {
+				e.in("VEXTRACTF32X8 $1, Z0, Y1")
+			}
+			e.in("VADDPS Y1, Y0, Y0")
+			e.in("VEXTRACTF128 $1, Y0, X1")
+			e.in("VADDPS X1, X0, X0")
+			e.in("VMOVHLPS X0, X0, X1")
+			e.in("VADDPS X1, X0, X0")
+			e.in("VMOVSHDUP X0, X1")
+			e.in("VADDSS X1, X0, X0")
+			e.in("VMOVSS X0, (DX)")
+			e.in("ADDQ $4, DX")
+			e.in("ADDQ BX, R8")
+			e.in("DECQ R10")
+			e.in("JNZ row")
+			e.label("done")
+			e.in("VZEROUPPER")
+			e.in("RET")
+		}
+	}
+}
+
+// prefetchRows(p unsafe.Pointer, ld, rows, n int): PREFETCHT0 of the first
+// n bytes (rounded up to 64) of rows rows ld bytes apart: the next panel
+// or tile of weights, fetched while the current one is computed.
+func genPrefetch(e *emitter) {
+	e.text("prefetchRows", "(p unsafe.Pointer, ld, rows, n int)", 32)
+	e.in("MOVQ p+0(FP), SI")
+	e.in("MOVQ ld+8(FP), BX")
+	e.in("MOVQ rows+16(FP), CX")
+	e.in("MOVQ n+24(FP), DX")
+	e.in("TESTQ CX, CX")
+	e.in("JLE done")
+	e.in("TESTQ DX, DX")
+	e.in("JLE done")
+	e.label("row")
+	e.in("XORQ AX, AX")
+	e.label("line")
+	e.in("PREFETCHT0 (SI)(AX*1)")
+	e.in("ADDQ $64, AX")
+	e.in("CMPQ AX, DX")
+	e.in("JLT line")
+	e.in("ADDQ BX, SI")
+	e.in("DECQ CX")
+	e.in("JNZ row")
+	e.label("done")
+	e.in("RET")
+}
+
+// matvec2H<src><isa>: as matvecH for F16 and BF16, with two sixteen-lane
+// accumulators (16-value chunks alternately: even chunks in the first, odd
+// in the second, the first taking a last unpaired chunk), added lane by
+// lane before the tree: two dependency chains instead of one, for decode.
+func genMatVec2H(e *emitter) {
+	for _, src := range []string{"F16", "BF16"} {
+		for _, isa := range []string{"Z", "Y"} {
+			genMatVec2H1(e, src, isa)
+		}
+	}
+}
+
+func genMatVec2H1(e *emitter, src, isa string) {
+	e.text("matvec2H"+src+isa, "(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *float32)", 48)
+	e.in("MOVQ w+0(FP), R8")
+	e.in("MOVQ ldw+8(FP), BX")
+	e.in("MOVQ n+24(FP), R9")
+	e.in("SHRQ $4, R9") // 16-value chunks
+	e.in("MOVQ rows+32(FP), R10")
+	e.in("MOVQ dst+40(FP), DX")
+	e.in("TESTQ R10, R10")
+	e.in("JZ done")
+	e.label("row")
+	e.in("MOVQ R8, SI")
+	e.in("MOVQ x+16(FP), DI")
+	e.in("MOVQ R9, CX")
+	e.in("SHRQ $1, CX")
+	if isa == "Z" {
+		e.in("VXORPS Z0, Z0, Z0")
+		e.in("VXORPS Z4, Z4, Z4")
+	} else {
+		for _, r := range []int{0, 1, 4, 5} {
+			e.in("VXORPS Y%d, Y%d, Y%d", r, r, r)
+		}
+	}
+	// chunk(off, acc): one 16-value chunk at SI+2·off... into acc
+	chunk := func(wOff, xOff, acc int) {
+		if isa == "Z" {
+			if src == "F16" {
+				e.in("VCVTPH2PS %d(SI), Z2", wOff)
+			} else {
+				e.in("VPMOVZXWD %d(SI), Z2", wOff)
+				e.in("VPSLLD $16, Z2, Z2")
+			}
+			e.in("VMULPS %d(DI), Z2, Z2", xOff)
+			e.in("VADDPS Z2, Z%d, Z%d", acc, acc)
+			return
+		}
+		if src == "F16" {
+			e.in("VCVTPH2PS %d(SI), Y2", wOff)
+			e.in("VCVTPH2PS %d(SI), Y3", wOff+16)
+		} else {
+			e.in("VPMOVZXWD %d(SI), Y2", wOff)
+			e.in("VPMOVZXWD %d(SI), Y3", wOff+16)
+			e.in("VPSLLD $16, Y2, Y2")
+			e.in("VPSLLD $16, Y3, Y3")
+		}
+		e.in("VMULPS %d(DI), Y2, Y2", xOff)
+		e.in("VMULPS %d(DI), Y3, Y3", xOff+32)
+		e.in("VADDPS Y2, Y%d, Y%d", acc, acc)
+		e.in("VADDPS Y3, Y%d, Y%d", acc+1, acc+1)
+	}
+	e.in("TESTQ CX, CX")
+	e.in("JZ tail")
+	e.label("loop")
+	chunk(0, 0, 0)
+	chunk(32, 64, 4)
+	e.in("ADDQ $64, SI")
+	e.in("ADDQ $128, DI")
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("tail")
+	e.in("TESTQ $1, R9")
+	e.in("JZ reduce")
+	chunk(0, 0, 0)
+	e.label("reduce")
+	if isa == "Z" {
+		e.in("VADDPS Z4, Z0, Z0")
+		e.in("VEXTRACTF32X8 $1, Z0, Y1")
+	} else {
+		e.in("VADDPS Y4, Y0, Y0")
+		e.in("VADDPS Y5, Y1, Y1")
+	}
+	e.in("VADDPS Y1, Y0, Y0")
+	e.in("VEXTRACTF128 $1, Y0, X1")
+	e.in("VADDPS X1, X0, X0")
+	e.in("VMOVHLPS X0, X0, X1")
+	e.in("VADDPS X1, X0, X0")
+	e.in("VMOVSHDUP X0, X1")
+	e.in("VADDSS X1, X0, X0")
+	e.in("VMOVSS X0, (DX)")
+	e.in("ADDQ $4, DX")
+	e.in("ADDQ BX, R8")
+	e.in("DECQ R10")
+	e.in("JNZ row")
+	e.label("done")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}

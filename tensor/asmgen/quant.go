@@ -1,0 +1,679 @@
+//go:build ignore
+
+package main
+
+import "fmt"
+
+// Integer kernels: weight rows in a ggml block format times activations
+// quantized to 8 bits (package tensor's act.go describes both layouts and
+// the exact arithmetic, which qdot.go restates in plain Go). A kernel
+// handles R rows × T tokens over nb blocks and accumulates, per row and
+// token, eight float32 lanes: acc[(t*R+r)*8 + l].
+//
+// Two instruction sets: "A" (AVX2: VPMADDUBSW + VPMADDWD) and "V"
+// (AVX-512 VL + VNNI: VPDPBUSD / VPDPWSSD, 32 vector registers).
+
+const qkernSig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)"
+
+// Activation block layouts (must match act.go).
+const (
+	xb32     = 96 // qx[32] int8, corr[8] int32, d[8] float32
+	xb32Corr = 32
+	xb32D    = 64
+	xbK      = 296 // qx[256] int8, bs[16] int16, d float32, pad
+	xbKBs    = 256
+	xbKD     = 288
+)
+
+type qshape struct{ r, t int }
+
+// Shapes per instruction set: decode (T=1) and prefill (T=4) tiles. The
+// AVX2 K-quant kernels have registers for one row at T=4 only. Decode
+// reads one row at a time: a single stream from memory runs about twice
+// as fast as four interleaved ones (the hardware prefetcher follows it).
+var (
+	qshapesA  = []qshape{{1, 1}, {2, 4}, {1, 4}}
+	qshapesAK = []qshape{{1, 1}, {1, 4}}
+	qshapesV  = []qshape{{1, 1}, {4, 4}, {1, 4}}
+)
+
+func genQuantKernels(e *emitter) {
+	e.data("qmask0F", 32, 0x0F)
+	e.data("qconst80", 32, 0x80)
+	e.data16("qones16", 16, 1)
+	e.data("qmask03", 32, 0x03)
+	e.data("qmask0C", 32, 0x0C)
+	e.data("qmask30", 32, 0x30)
+	e.data("qmaskC0", 32, 0xC0)
+	// Q6_K scale shuffles: for pair i (0..3), the low 128 bits repeat the
+	// int16 at word 2i of a 128-bit lane, the high 128 bits word 2i+1.
+	for i := 0; i < 4; i++ {
+		var b [32]byte
+		for j := 0; j < 16; j += 2 {
+			b[j], b[j+1] = byte(4*i), byte(4*i+1)
+			b[16+j], b[16+j+1] = byte(4*i+2), byte(4*i+3)
+		}
+		e.dataBytes(fmt.Sprintf("q6shuf%d", i), b[:])
+	}
+	rowsMode = true
+	for _, isa := range []string{"A", "V"} {
+		genQ32Rows(e, "Q8_0", isa)
+		genQ32Rows(e, "Q4_0", isa)
+		genQ4K(e, isa, 1, 1)
+		genQ6K(e, isa, 1, 1)
+	}
+	rowsMode = false
+	for _, s := range qshapesA {
+		genQ32(e, "Q8_0", "A", s.r, s.t)
+		genQ32(e, "Q4_0", "A", s.r, s.t)
+	}
+	for _, s := range qshapesAK {
+		genQ4K(e, "A", s.r, s.t)
+		genQ6K(e, "A", s.r, s.t)
+	}
+	for _, s := range qshapesV {
+		genQ32(e, "Q8_0", "V", s.r, s.t)
+		genQ32(e, "Q4_0", "V", s.r, s.t)
+		genQ4K(e, "V", s.r, s.t)
+		genQ6K(e, "V", s.r, s.t)
+	}
+}
+
+// regs hands out vector registers.
+type regs struct {
+	next, max int
+}
+
+func (r *regs) get() int {
+	if r.next >= r.max {
+		panic("out of vector registers")
+	}
+	r.next++
+	return r.next - 1
+}
+
+func qname(typ, isa string, r, t int) string {
+	if rowsMode {
+		return fmt.Sprintf("q%s%srows", typ, isa)
+	}
+	return fmt.Sprintf("q%s%sr%dt%d", typ, isa, r, t)
+}
+
+// rowAddr is the address of byte off of row r (row r at SI + r*BX; R8 = 3*BX).
+func rowAddr(r, off int) string {
+	switch r {
+	case 0:
+		return fmt.Sprintf("%d(SI)", off)
+	case 1:
+		return fmt.Sprintf("%d(SI)(BX*1)", off)
+	case 2:
+		return fmt.Sprintf("%d(SI)(BX*2)", off)
+	case 3:
+		return fmt.Sprintf("%d(SI)(R8*1)", off)
+	}
+	panic("row")
+}
+
+// mnemonics that differ between VEX (AVX2) and EVEX (AVX-512) encodings.
+type isaOps struct {
+	movdqu, pand, pxor, inserti128, broadcasti128 string
+}
+
+func opsFor(isa string) isaOps {
+	if isa == "V" {
+		return isaOps{"VMOVDQU32", "VPANDD", "VPXORD", "VINSERTI32X4", "VBROADCASTI32X4"}
+	}
+	return isaOps{"VMOVDQU", "VPAND", "VPXOR", "VINSERTI128", "VBROADCASTI128"}
+}
+
+// qprologue loads the arguments and the accumulators A[t][r].
+// rowsMode makes qprologue/qepilogue wrap a 1×1 kernel into a loop over
+// rows that adds up each row's lanes (reduceLanes' tree) and stores the
+// sum: q<type><isa>rows(w, ldw, x, nb, out, rows), for decode.
+var rowsMode bool
+
+const qrowsSig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)"
+
+func qprologue(e *emitter, name string, R, T int, rg *regs) [][]int {
+	if rowsMode {
+		e.text(name, qrowsSig, 48)
+		e.in("MOVQ ldw+8(FP), BX")
+		e.in("LEAQ (BX)(BX*2), R8")
+		e.in("CMPQ rows+40(FP), $0")
+		e.in("JLE end")
+		A := [][]int{{rg.get()}}
+		e.label("row")
+		e.in("MOVQ w+0(FP), SI")
+		e.in("MOVQ x+16(FP), DI")
+		e.in("MOVQ nb+24(FP), CX")
+		e.in("VXORPS Y%d, Y%d, Y%d", A[0][0], A[0][0], A[0][0])
+		e.in("TESTQ CX, CX")
+		e.in("JZ done")
+		return A
+	}
+	e.text(name, qkernSig, 48)
+	e.in("MOVQ w+0(FP), SI")
+	e.in("MOVQ ldw+8(FP), BX")
+	e.in("MOVQ x+16(FP), DI")
+	e.in("MOVQ nb+24(FP), CX")
+	e.in("MOVQ acc+32(FP), DX")
+	e.in("MOVQ load+40(FP), AX")
+	e.in("LEAQ (BX)(BX*2), R8")
+	A := make([][]int, T)
+	for t := range A {
+		A[t] = make([]int, R)
+		for r := range A[t] {
+			A[t][r] = rg.get()
+		}
+	}
+	e.in("TESTQ AX, AX")
+	e.in("JZ zero")
+	for t := 0; t < T; t++ {
+		for r := 0; r < R; r++ {
+			e.in("VMOVUPS %d(DX), Y%d", 32*(t*R+r), A[t][r])
+		}
+	}
+	e.in("JMP start")
+	e.label("zero")
+	for t := 0; t < T; t++ {
+		for r := 0; r < R; r++ {
+			e.in("VXORPS Y%d, Y%d, Y%d", A[t][r], A[t][r], A[t][r])
+		}
+	}
+	e.label("start")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	return A
+}
+
+func qepilogue(e *emitter, R, T int, A [][]int, wBytes, xBytes int) {
+	e.in("ADDQ $%d, SI", wBytes)
+	e.in("ADDQ $%d, DI", xBytes)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	if rowsMode {
+		a := A[0][0]
+		e.in("VEXTRACTF128 $1, Y%d, X1", a)
+		e.in("VADDPS X1, X%d, X0", a)
+		e.in("VMOVHLPS X0, X0, X1")
+		e.in("VADDPS X1, X0, X0")
+		e.in("VMOVSHDUP X0, X1")
+		e.in("VADDSS X1, X0, X0")
+		e.in("MOVQ out+32(FP), DX")
+		e.in("VMOVSS X0, (DX)")
+		e.in("ADDQ $4, DX")
+		e.in("MOVQ DX, out+32(FP)")
+		e.in("MOVQ w+0(FP), AX")
+		e.in("ADDQ BX, AX")
+		e.in("MOVQ AX, w+0(FP)")
+		e.in("DECQ rows+40(FP)")
+		e.in("JNZ row")
+		e.label("end")
+		e.in("VZEROUPPER")
+		e.in("RET")
+		return
+	}
+	for t := 0; t < T; t++ {
+		for r := 0; r < R; r++ {
+			e.in("VMOVUPS Y%d, %d(DX)", A[t][r], 32*(t*R+r))
+		}
+	}
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// genQ32: Q8_0 and Q4_0 weights (blocks of 32: f16 d, then quants) with
+// Q8 activations (act.go). Per block b, lane l (elements 4l..4l+3):
+// P = Σ qw·qx (exact, int32); acc[l] = fma(float32(P)·dx[l], dw, acc[l]).
+func genQ32(e *emitter, typ, isa string, R, T int) {
+	vr := 16
+	if isa == "V" {
+		vr = 32
+	}
+	rg := &regs{max: vr}
+	op := opsFor(isa)
+	A := qprologue(e, qname(typ, isa, R, T), R, T, rg)
+	var cst int // ones16 (A) or 0x80 (V, Q8_0) or mask 0x0F (Q4_0)
+	cst = rg.get()
+	switch {
+	case typ == "Q4_0":
+		e.in("%s qmask0F<>(SB), Y%d", op.movdqu, cst)
+	case isa == "V":
+		e.in("%s qconst80<>(SB), Y%d", op.movdqu, cst)
+	default:
+		e.in("%s qones16<>(SB), Y%d", op.movdqu, cst)
+	}
+	ones := -1
+	if isa == "A" && typ == "Q4_0" {
+		ones = rg.get()
+		e.in("VMOVDQU qones16<>(SB), Y%d", ones)
+	} else if isa == "A" {
+		ones = cst
+	}
+	bb := 34
+	if typ == "Q4_0" {
+		bb = 18
+	}
+	// weights: the scale (yd) and quants (yq) of one row
+	weights := func(r, yd, yq, tmp int) {
+		e.in("VPBROADCASTW %s, X%d", rowAddr(r, 0), yd)
+		e.in("VCVTPH2PS X%d, Y%d", yd, yd)
+		switch {
+		case typ == "Q8_0" && isa == "A":
+			e.in("VMOVDQU %s, Y%d", rowAddr(r, 2), yq)
+			e.in("VPABSB Y%d, Y%d", yq, tmp)
+		case typ == "Q8_0": // V: unsigned weights qw+128
+			e.in("VPXORD %s, Y%d, Y%d", rowAddr(r, 2), cst, yq)
+		default: // Q4_0: nibbles, elements 0..15 low, 16..31 high
+			e.in("%s %s, X%d", op.movdqu, rowAddr(r, 2), yq)
+			e.in("VPSRLW $4, X%d, X%d", yq, tmp)
+			e.in("%s $1, X%d, Y%d, Y%d", op.inserti128, tmp, yq, yq)
+			e.in("%s Y%d, Y%d, Y%d", op.pand, cst, yq, yq)
+		}
+	}
+	// float part: acc += (float32(P)·dx)·dw, fused; dx from mem or a register
+	float := func(yp, yd, acc int, dx string) {
+		e.in("VCVTDQ2PS Y%d, Y%d", yp, yp)
+		e.in("VMULPS %s, Y%d, Y%d", dx, yp, yp)        // float32(P)·dx
+		e.in("VFMADD231PS Y%d, Y%d, Y%d", yd, yp, acc) // acc += that·dw, fused
+	}
+	if isa == "V" && R > 1 {
+		// All rows' weights in registers, then each token's activation
+		// block loaded once for all rows (the loads, not the arithmetic,
+		// bound this loop).
+		yd, yq := make([]int, R), make([]int, R)
+		for r := range yd {
+			yd[r], yq[r] = rg.get(), rg.get()
+		}
+		xq, xc, xd, yp, tmp := rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
+		e.label("loop")
+		for r := 0; r < R; r++ {
+			weights(r, yd[r], yq[r], tmp)
+		}
+		for t := 0; t < T; t++ {
+			xo := t * xb32
+			e.in("VMOVDQU32 %d(DI), Y%d", xo, xq)
+			e.in("VMOVDQU32 %d(DI), Y%d", xo+xb32Corr, xc)
+			e.in("VMOVUPS %d(DI), Y%d", xo+xb32D, xd)
+			for r := 0; r < R; r++ {
+				e.in("VMOVDQA32 Y%d, Y%d", xc, yp)
+				e.in("VPDPBUSD Y%d, Y%d, Y%d", xq, yq[r], yp)
+				float(yp, yd[r], A[t][r], fmt.Sprintf("Y%d", xd))
+			}
+		}
+		qepilogue(e, R, T, A, bb, T*xb32)
+		return
+	}
+	yd, yq, yabs, yx, yp := rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
+	e.label("loop")
+	for r := 0; r < R; r++ {
+		weights(r, yd, yq, yabs)
+		for t := 0; t < T; t++ {
+			xo := t * xb32
+			switch {
+			case isa == "V":
+				e.in("VMOVDQU32 %d(DI), Y%d", xo+xb32Corr, yp)
+				e.in("VPDPBUSD %d(DI), Y%d, Y%d", xo, yq, yp)
+			case typ == "Q8_0":
+				e.in("VMOVDQU %d(DI), Y%d", xo, yx)
+				e.in("VPSIGNB Y%d, Y%d, Y%d", yq, yx, yx)
+				e.in("VPMADDUBSW Y%d, Y%d, Y%d", yx, yabs, yp)
+				e.in("VPMADDWD Y%d, Y%d, Y%d", ones, yp, yp)
+			default: // Q4_0, AVX2
+				e.in("VPMADDUBSW %d(DI), Y%d, Y%d", xo, yq, yp)
+				e.in("VPMADDWD Y%d, Y%d, Y%d", ones, yp, yp)
+				e.in("VPADDD %d(DI), Y%d, Y%d", xo+xb32Corr, yp, yp)
+			}
+			float(yp, yd, A[t][r], fmt.Sprintf("%d(DI)", xo+xb32D))
+		}
+	}
+	qepilogue(e, R, T, A, bb, T*xb32)
+}
+
+// genQ4K: Q4_K weights (144-byte super-blocks of 256) with Q8_K
+// activations. Per super-block and lane l:
+//
+//	I = Σ_j sc_j Σ_{e=4l..4l+3} q[32j+e]·qx[32j+e]   (j = 0..7 sub-blocks)
+//	M = m_l · (bs[2l] + bs[2l+1])
+//	acc[l] += float32(I)*(d*dx) - float32(M)*(dmin*dx)
+func genQ4K(e *emitter, isa string, R, T int) {
+	vr := 16
+	if isa == "V" {
+		vr = 32
+	}
+	rg := &regs{max: vr}
+	op := opsFor(isa)
+	name := qname("Q4_K", isa, R, T)
+	e.frame = 64 // scales as int16 [8] at 0(SP)
+	A := qprologue(e, name, R, T, rg)
+	mask := rg.get()
+	e.in("%s qmask0F<>(SB), Y%d", op.movdqu, mask)
+	ysc, ymin, yq, ylo, yhi, yp, yi, yd := rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
+	ydm := rg.get()
+	ym := yq    // free once the integer sums are done
+	var I []int // integer accumulators per token for the current row
+	if isa == "V" && rg.max-rg.next >= T {
+		for t := 0; t < T; t++ {
+			I = append(I, rg.get())
+		}
+	}
+	e.label("loop")
+	for r := 0; r < R; r++ {
+		// Unpack the 12 scale bytes (ggml's get_scale_min_k4, as the
+		// kmask trick): scales to 0(SP) as int16, mins to ymin as
+		// [m0 m0 m1 m1 ... m7 m7] int16.
+		e.in("MOVL %s, R9", rowAddr(r, 4))   // utmp0
+		e.in("MOVL %s, R10", rowAddr(r, 8))  // utmp1
+		e.in("MOVL %s, R11", rowAddr(r, 12)) // utmp2
+		// utmp3 = ((utmp2 >> 4) & 0x0f0f0f0f) | (((utmp1 >> 6) & 0x03030303) << 4)
+		e.in("MOVL R11, R12")
+		e.in("SHRL $4, R12")
+		e.in("ANDL $0x0f0f0f0f, R12")
+		e.in("MOVL R10, R13")
+		e.in("SHRL $6, R13")
+		e.in("ANDL $0x03030303, R13")
+		e.in("SHLL $4, R13")
+		e.in("ORL R13, R12") // R12 = utmp3 (mins 4..7)
+		// uaux = utmp1 & 0x3f3f3f3f (mins 0..3)
+		e.in("MOVL R10, R13")
+		e.in("ANDL $0x3f3f3f3f, R13") // R13 = mins 0..3
+		// utmp1 = (utmp2 & 0x0f0f0f0f) | (((utmp0 >> 6) & 0x03030303) << 4)  (scales 4..7)
+		e.in("ANDL $0x0f0f0f0f, R11")
+		e.in("MOVL R9, R10")
+		e.in("SHRL $6, R10")
+		e.in("ANDL $0x03030303, R10")
+		e.in("SHLL $4, R10")
+		e.in("ORL R10, R11")         // R11 = scales 4..7
+		e.in("ANDL $0x3f3f3f3f, R9") // R9 = scales 0..3
+		e.in("SHLQ $32, R11")
+		e.in("ORQ R11, R9") // scales 0..7
+		e.in("SHLQ $32, R12")
+		e.in("ORQ R12, R13") // mins 0..7
+		e.in("VMOVQ R9, X%d", ysc)
+		e.in("VPMOVZXBW X%d, X%d", ysc, ysc)
+		e.in("%s X%d, 0(SP)", op.movdqu, ysc)
+		e.in("VMOVQ R13, X%d", ymin)
+		e.in("VPMOVZXBW X%d, X%d", ymin, ymin)
+		e.in("VPUNPCKHWD X%d, X%d, X%d", ymin, ymin, yp)
+		e.in("VPUNPCKLWD X%d, X%d, X%d", ymin, ymin, ymin)
+		e.in("%s $1, X%d, Y%d, Y%d", op.inserti128, yp, ymin, ymin)
+		// d and dmin as float32 (scalars in the low lanes)
+		e.in("VPBROADCASTW %s, X%d", rowAddr(r, 0), yd)
+		e.in("VCVTPH2PS X%d, X%d", yd, yd)
+		e.in("VPBROADCASTW %s, X%d", rowAddr(r, 2), ydm)
+		e.in("VCVTPH2PS X%d, X%d", ydm, ydm)
+		// integer sums, token by token (or all tokens at once with V)
+		tokenSums := func(ts []int, accs []int) {
+			for _, ia := range accs {
+				e.in("%s Y%d, Y%d, Y%d", op.pxor, ia, ia, ia)
+			}
+			for c := 0; c < 4; c++ {
+				e.in("%s %s, Y%d", op.movdqu, rowAddr(r, 16+32*c), yq)
+				e.in("%s Y%d, Y%d, Y%d", op.pand, mask, yq, ylo)
+				e.in("VPSRLW $4, Y%d, Y%d", yq, yhi)
+				e.in("%s Y%d, Y%d, Y%d", op.pand, mask, yhi, yhi)
+				for h, yn := range []int{ylo, yhi} {
+					j := 2*c + h
+					e.in("VPBROADCASTW %d(SP), Y%d", 2*j, ysc)
+					for k, t := range ts {
+						e.in("VPMADDUBSW %d(DI), Y%d, Y%d", t*xbK+32*j, yn, yp)
+						if isa == "V" {
+							e.in("VPDPWSSD Y%d, Y%d, Y%d", ysc, yp, accs[k])
+						} else {
+							e.in("VPMADDWD Y%d, Y%d, Y%d", ysc, yp, yp)
+							e.in("VPADDD Y%d, Y%d, Y%d", yp, accs[k], accs[k])
+						}
+					}
+				}
+			}
+			for k, t := range ts {
+				ia := accs[k]
+				// M lanes
+				e.in("VPMADDWD %d(DI), Y%d, Y%d", t*xbK+xbKBs, ymin, ym)
+				e.in("VCVTDQ2PS Y%d, Y%d", ia, ia)
+				e.in("VCVTDQ2PS Y%d, Y%d", ym, ym)
+				// a = d*dx, b = dmin*dx, broadcast
+				e.in("VMULSS %d(DI), X%d, X%d", t*xbK+xbKD, yd, yp)
+				e.in("VBROADCASTSS X%d, Y%d", yp, yp)
+				e.in("VMULPS Y%d, Y%d, Y%d", yp, ia, ia)
+				e.in("VMULSS %d(DI), X%d, X%d", t*xbK+xbKD, ydm, yp)
+				e.in("VBROADCASTSS X%d, Y%d", yp, yp)
+				e.in("VMULPS Y%d, Y%d, Y%d", yp, ym, ym)
+				e.in("VSUBPS Y%d, Y%d, Y%d", ym, ia, ia)
+				e.in("VADDPS Y%d, Y%d, Y%d", ia, A[t][r], A[t][r])
+			}
+		}
+		if I != nil {
+			ts := make([]int, T)
+			for t := range ts {
+				ts[t] = t
+			}
+			tokenSums(ts, I)
+		} else {
+			for t := 0; t < T; t++ {
+				tokenSums([]int{t}, []int{yi})
+			}
+		}
+	}
+	qepilogue(e, R, T, A, 144, T*xbK)
+	e.frame = 0
+}
+
+// genQ6K: Q6_K weights (210-byte super-blocks) with Q8_K activations. Per
+// super-block and lane l, with q in 0..63 and sixteen int8 scales:
+//
+//	I = Σ over the eight 32-value groups g of Σ_{k=2l,2l+1} s16[g][k]·(q·qx pair k)
+//	    where the pair sums come from VPMADDUBSW and s16[g] holds the scale
+//	    of the group's first 16 values in words 0..7, of its last 16 in 8..15
+//	M = sc[2l]·bs[2l] + sc[2l+1]·bs[2l+1]
+//	acc[l] += float32(I - 32·M) * (d*dx)
+func genQ6K(e *emitter, isa string, R, T int) {
+	vr := 16
+	if isa == "V" {
+		vr = 32
+	}
+	rg := &regs{max: vr}
+	op := opsFor(isa)
+	name := qname("Q6_K", isa, R, T)
+	e.frame = 64 // scales as int16 [16] at 0(SP)
+	A := qprologue(e, name, R, T, rg)
+	mask := rg.get()
+	e.in("%s qmask0F<>(SB), Y%d", op.movdqu, mask)
+	ysc, yql, yqh, yq, yt, yp, yi, yd, ys16 := rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
+	yv := rg.get()
+	var I []int
+	if isa == "V" && rg.max-rg.next >= T {
+		for t := 0; t < T; t++ {
+			I = append(I, rg.get())
+		}
+	}
+	e.label("loop")
+	for r := 0; r < R; r++ {
+		e.in("VPMOVSXBW %s, Y%d", rowAddr(r, 192), ys16)
+		e.in("%s Y%d, 0(SP)", op.movdqu, ys16)
+		e.in("VPBROADCASTW %s, X%d", rowAddr(r, 208), yd)
+		e.in("VCVTPH2PS X%d, X%d", yd, yd)
+		tokenSums := func(ts []int, accs []int) {
+			for _, ia := range accs {
+				e.in("%s Y%d, Y%d, Y%d", op.pxor, ia, ia, ia)
+			}
+			for n := 0; n < 2; n++ {
+				e.in("%s %d(SP), Y%d", op.broadcasti128, 16*n, yv)
+				e.in("%s %s, Y%d", op.movdqu, rowAddr(r, 128+32*n), yqh)
+				for i := 0; i < 4; i++ {
+					// q_i: elements 32i..32i+31 of this half
+					qlOff := 64*n + 32*(i%2)
+					e.in("%s %s, Y%d", op.movdqu, rowAddr(r, qlOff), yql)
+					if i >= 2 {
+						e.in("VPSRLW $4, Y%d, Y%d", yql, yql)
+					}
+					e.in("%s Y%d, Y%d, Y%d", op.pand, mask, yql, yq)
+					hm := []string{"qmask03", "qmask0C", "qmask30", "qmaskC0"}[i]
+					e.in("%s %s<>(SB), Y%d, Y%d", op.pand, hm, yqh, yt)
+					switch i {
+					case 0:
+						e.in("VPSLLW $4, Y%d, Y%d", yt, yt)
+					case 1:
+						e.in("VPSLLW $2, Y%d, Y%d", yt, yt)
+					case 3:
+						e.in("VPSRLW $2, Y%d, Y%d", yt, yt)
+					}
+					if isa == "V" {
+						e.in("VPORD Y%d, Y%d, Y%d", yt, yq, yq)
+					} else {
+						e.in("VPOR Y%d, Y%d, Y%d", yt, yq, yq)
+					}
+					e.in("VPSHUFB q6shuf%d<>(SB), Y%d, Y%d", i, yv, ysc)
+					for k, t := range ts {
+						e.in("VPMADDUBSW %d(DI), Y%d, Y%d", t*xbK+128*n+32*i, yq, yp)
+						if isa == "V" {
+							e.in("VPDPWSSD Y%d, Y%d, Y%d", ysc, yp, accs[k])
+						} else {
+							e.in("VPMADDWD Y%d, Y%d, Y%d", ysc, yp, yp)
+							e.in("VPADDD Y%d, Y%d, Y%d", yp, accs[k], accs[k])
+						}
+					}
+				}
+			}
+			for k, t := range ts {
+				ia := accs[k]
+				e.in("VPMADDWD %d(DI), Y%d, Y%d", t*xbK+xbKBs, ys16, yp)
+				e.in("VPSLLD $5, Y%d, Y%d", yp, yp)
+				e.in("VPSUBD Y%d, Y%d, Y%d", yp, ia, ia)
+				e.in("VCVTDQ2PS Y%d, Y%d", ia, ia)
+				e.in("VMULSS %d(DI), X%d, X%d", t*xbK+xbKD, yd, yp)
+				e.in("VBROADCASTSS X%d, Y%d", yp, yp)
+				e.in("VMULPS Y%d, Y%d, Y%d", yp, ia, ia)
+				e.in("VADDPS Y%d, Y%d, Y%d", ia, A[t][r], A[t][r])
+			}
+		}
+		if I != nil {
+			ts := make([]int, T)
+			for t := range ts {
+				ts[t] = t
+			}
+			tokenSums(ts, I)
+		} else {
+			for t := 0; t < T; t++ {
+				tokenSums([]int{t}, []int{yi})
+			}
+		}
+	}
+	qepilogue(e, R, T, A, 210, T*xbK)
+	e.frame = 0
+}
+
+// genQ32Rows: the decode kernel of Q8_0 and Q4_0, q<typ><isa>rows(w, ldw,
+// x, nb, out, rows): for each row, blocks alternately into two lane
+// accumulators (even blocks in the first, odd in the second, the first
+// taking a last unpaired block), added lane by lane, then reduceLanes'
+// tree. Two chains of fused multiply-adds instead of one: one chain
+// (4 cycles a block) could not keep up with memory. (Software prefetching
+// made it slower: the hardware prefetcher follows the single stream.)
+func genQ32Rows(e *emitter, typ, isa string) {
+	vr := 16
+	if isa == "V" {
+		vr = 32
+	}
+	rg := &regs{max: vr}
+	op := opsFor(isa)
+	e.text(fmt.Sprintf("q%s%srows", typ, isa), qrowsSig, 48)
+	e.in("MOVQ ldw+8(FP), BX")
+	a0, a1 := rg.get(), rg.get()
+	cst := rg.get()
+	switch {
+	case typ == "Q4_0":
+		e.in("%s qmask0F<>(SB), Y%d", op.movdqu, cst)
+	case isa == "V":
+		e.in("%s qconst80<>(SB), Y%d", op.movdqu, cst)
+	default:
+		e.in("%s qones16<>(SB), Y%d", op.movdqu, cst)
+	}
+	ones := cst
+	if isa == "A" && typ == "Q4_0" {
+		ones = rg.get()
+		e.in("VMOVDQU qones16<>(SB), Y%d", ones)
+	}
+	yd, yq, yabs, yx, yp := rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
+	bb := 34
+	if typ == "Q4_0" {
+		bb = 18
+	}
+	block := func(wo, xo, acc int) {
+		e.in("VPBROADCASTW %d(SI), X%d", wo, yd)
+		e.in("VCVTPH2PS X%d, Y%d", yd, yd)
+		switch {
+		case typ == "Q8_0" && isa == "A":
+			e.in("VMOVDQU %d(SI), Y%d", wo+2, yq)
+			e.in("VPABSB Y%d, Y%d", yq, yabs)
+			e.in("VMOVDQU %d(DI), Y%d", xo, yx)
+			e.in("VPSIGNB Y%d, Y%d, Y%d", yq, yx, yx)
+			e.in("VPMADDUBSW Y%d, Y%d, Y%d", yx, yabs, yp)
+			e.in("VPMADDWD Y%d, Y%d, Y%d", ones, yp, yp)
+		case typ == "Q8_0": // V
+			e.in("VPXORD %d(SI), Y%d, Y%d", wo+2, cst, yq)
+			e.in("VMOVDQU32 %d(DI), Y%d", xo+xb32Corr, yp)
+			e.in("VPDPBUSD %d(DI), Y%d, Y%d", xo, yq, yp)
+		default: // Q4_0
+			e.in("%s %d(SI), X%d", op.movdqu, wo+2, yq)
+			e.in("VPSRLW $4, X%d, X%d", yq, yabs)
+			e.in("%s $1, X%d, Y%d, Y%d", op.inserti128, yabs, yq, yq)
+			e.in("%s Y%d, Y%d, Y%d", op.pand, cst, yq, yq)
+			if isa == "V" {
+				e.in("VMOVDQU32 %d(DI), Y%d", xo+xb32Corr, yp)
+				e.in("VPDPBUSD %d(DI), Y%d, Y%d", xo, yq, yp)
+			} else {
+				e.in("VPMADDUBSW %d(DI), Y%d, Y%d", xo, yq, yp)
+				e.in("VPMADDWD Y%d, Y%d, Y%d", ones, yp, yp)
+				e.in("VPADDD %d(DI), Y%d, Y%d", xo+xb32Corr, yp, yp)
+			}
+		}
+		e.in("VCVTDQ2PS Y%d, Y%d", yp, yp)
+		e.in("VMULPS %d(DI), Y%d, Y%d", xo+xb32D, yp, yp)
+		e.in("VFMADD231PS Y%d, Y%d, Y%d", yd, yp, acc)
+	}
+	e.in("CMPQ rows+40(FP), $0")
+	e.in("JLE end")
+	e.label("row")
+	e.in("MOVQ w+0(FP), SI")
+	e.in("MOVQ x+16(FP), DI")
+	e.in("MOVQ nb+24(FP), R9")
+	e.in("MOVQ R9, CX")
+	e.in("SHRQ $1, CX")
+	e.in("VXORPS Y%d, Y%d, Y%d", a0, a0, a0)
+	e.in("VXORPS Y%d, Y%d, Y%d", a1, a1, a1)
+	e.in("TESTQ CX, CX")
+	e.in("JZ tail")
+	e.label("loop")
+	block(0, 0, a0)
+	block(bb, xb32, a1)
+	e.in("ADDQ $%d, SI", 2*bb)
+	e.in("ADDQ $%d, DI", 2*xb32)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("tail")
+	e.in("TESTQ $1, R9")
+	e.in("JZ reduce")
+	block(0, 0, a0)
+	e.label("reduce")
+	e.in("VADDPS Y%d, Y%d, Y%d", a1, a0, a0)
+	e.in("VEXTRACTF128 $1, Y%d, X1", a0)
+	e.in("VADDPS X1, X%d, X0", a0)
+	e.in("VMOVHLPS X0, X0, X1")
+	e.in("VADDPS X1, X0, X0")
+	e.in("VMOVSHDUP X0, X1")
+	e.in("VADDSS X1, X0, X0")
+	e.in("MOVQ out+32(FP), DX")
+	e.in("VMOVSS X0, (DX)")
+	e.in("ADDQ $4, DX")
+	e.in("MOVQ DX, out+32(FP)")
+	e.in("MOVQ w+0(FP), AX")
+	e.in("ADDQ BX, AX")
+	e.in("MOVQ AX, w+0(FP)")
+	e.in("DECQ rows+40(FP)")
+	e.in("JNZ row")
+	e.label("end")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}

@@ -1,0 +1,223 @@
+package tensor
+
+import (
+	"sync"
+	"unsafe"
+)
+
+// The float matrix product (F32, F16 and BF16 weights) runs on packed
+// panels: 16 weight rows at a time are converted to float32 and transposed
+// into P[k][16] (weight rows in SIMD lanes, panelK columns per panel), and a
+// micro-kernel multiplies a panel by up to mr activation rows at once,
+// packed as Xp[k][mr], accumulating C[t][16]. Each lane adds its products
+// one by one in k order with a separate multiply and add, exactly as Dot
+// does, so the results are bit for bit those of the plain Go path (and of
+// llama2.c's run.c).
+
+const (
+	panelRows = 16
+	panelK    = 256 // columns per panel: 16 KiB of float32, L1-resident
+)
+
+type (
+	kernFunc func(p, xp *float32, k int, c *float32, load int)
+	packFunc func(dst *float32, src unsafe.Pointer, ld int, ntiles int)
+)
+
+type floatKernels struct {
+	mr   int        // most activation rows per micro-kernel call
+	kern []kernFunc // kern[m] handles m rows, 1 <= m <= mr
+	pack [3]packFunc
+}
+
+func floatIndex(t DType) int {
+	switch t {
+	case F16:
+		return 1
+	case BF16:
+		return 2
+	}
+	return 0
+}
+
+var floatBufs = sync.Pool{New: func() any { return new([]float32) }}
+
+func getBuf(n int) *[]float32 {
+	b := floatBufs.Get().(*[]float32)
+	if cap(*b) < n {
+		*b = make([]float32, n)
+	}
+	*b = (*b)[:n]
+	return b
+}
+
+// matmulFloat computes dst[t] = W·x[t] with the packed-panel kernels fk.
+func (m *Matrix) matmulFloat(fk *floatKernels, dst, x []float32, n int) {
+	cols, rows := m.Cols, m.Rows
+	mr := fk.mr
+	xp := x[:n*cols]
+	var xbuf *[]float32
+	if n > 1 {
+		xbuf = getBuf(n * cols)
+		xp = *xbuf
+		packActivations(xp, x, n, cols, mr)
+	}
+	es := 4
+	if m.Type != F32 {
+		es = 2
+	}
+	blocks := (rows + panelRows - 1) / panelRows
+	grain := max(1, 65536/(cols*n*panelRows))
+	Parallel(blocks, grain, func(lo, hi int) {
+		pb := getBuf(panelK*panelRows + n*panelRows)
+		panel, c := (*pb)[:panelK*panelRows], (*pb)[panelK*panelRows:]
+		for b := lo; b < hi; b++ {
+			r0 := b * panelRows
+			nr := min(panelRows, rows-r0)
+			for k0 := 0; k0 < cols; k0 += panelK {
+				kk := min(panelK, cols-k0)
+				m.packPanel(fk, panel, r0, nr, k0, kk)
+				// Fetch the next panel's weights while this one computes.
+				if nk := k0 + panelK; nk < cols {
+					prefetch(unsafe.Pointer(&m.Data[r0*m.rowBytes+nk*es]), m.rowBytes, nr, min(panelK, cols-nk)*es)
+				} else if nr0 := r0 + panelRows; nr0 < rows && b+1 < hi {
+					prefetch(unsafe.Pointer(&m.Data[nr0*m.rowBytes]), m.rowBytes, min(panelRows, rows-nr0), min(panelK, cols)*es)
+				}
+				load := 0
+				if k0 > 0 {
+					load = 1
+				}
+				for t0 := 0; t0 < n; t0 += mr {
+					g := min(mr, n-t0)
+					fk.kern[g](&panel[0], &xp[t0*cols+k0*g], kk, &c[t0*panelRows], load)
+				}
+			}
+			for t := 0; t < n; t++ {
+				copy(dst[t*rows+r0:t*rows+r0+nr], c[t*panelRows:t*panelRows+nr])
+			}
+		}
+		floatBufs.Put(pb)
+	})
+	if xbuf != nil {
+		floatBufs.Put(xbuf)
+	}
+}
+
+// packActivations lays x [n][cols] out in groups of mr rows (the last group
+// may be smaller), each group g of size s stored k-major: xp[t0*cols+k*s+j]
+// = x[t0+j][k].
+func packActivations(xp, x []float32, n, cols, mr int) {
+	for t0 := 0; t0 < n; t0 += mr {
+		s := min(mr, n-t0)
+		g := xp[t0*cols : (t0+s)*cols]
+		for j := 0; j < s; j++ {
+			row := x[(t0+j)*cols : (t0+j+1)*cols]
+			for k, v := range row {
+				g[k*s+j] = v
+			}
+		}
+	}
+}
+
+// packPanel writes rows r0..r0+nr-1, columns k0..k0+kk-1 of W as float32 to
+// panel[k][16] (rows past nr are zero).
+func (m *Matrix) packPanel(fk *floatKernels, panel []float32, r0, nr, k0, kk int) {
+	es := 4
+	if m.Type != F32 {
+		es = 2
+	}
+	full := 0
+	if nr == panelRows {
+		full = kk / 16
+		if full > 0 {
+			fk.pack[floatIndex(m.Type)](&panel[0], unsafe.Pointer(&m.Data[r0*m.rowBytes+k0*es]), m.rowBytes, full)
+		}
+	}
+	for k := 16 * full; k < kk; k++ {
+		p := panel[k*panelRows : (k+1)*panelRows]
+		for r := 0; r < panelRows; r++ {
+			if r >= nr {
+				p[r] = 0
+				continue
+			}
+			off := (r0+r)*m.rowBytes + (k0+k)*es
+			switch m.Type {
+			case F32:
+				p[r] = m.f32[(r0+r)*m.Cols+k0+k]
+			case F16:
+				p[r] = F16ToF32(le16(m.Data[off:]))
+			default:
+				p[r] = BF16ToF32(le16(m.Data[off:]))
+			}
+		}
+	}
+}
+
+// dotHalf is the order of F16 and BF16 rows times one vector (decode):
+// the first 16·⌊n/16⌋ products in two sixteen-lane accumulators (16-value
+// chunks alternately, the first taking a last unpaired chunk; in each lane
+// a product then a sum, rounded to float32), added lane by lane, then the
+// tree of Dot, then the remaining products one by one. Two accumulators make
+// two dependency chains: the kernels keep up with memory.
+func dotHalf(a, b []float32) float32 {
+	b = b[:len(a)]
+	var e, o [16]float32
+	n16 := len(a) &^ 15
+	for c := 0; c < n16; c += 16 {
+		l := &e
+		if (c/16)%2 == 1 {
+			l = &o
+		}
+		for j := range l {
+			l[j] += float32(a[c+j] * b[c+j])
+		}
+	}
+	for j := range e {
+		e[j] += o[j]
+	}
+	for j := 0; j < 8; j++ {
+		e[j] += e[j+8]
+	}
+	for j := 0; j < 4; j++ {
+		e[j] += e[j+4]
+	}
+	e[0] += e[2]
+	e[1] += e[3]
+	s := e[0] + e[1]
+	for i := n16; i < len(a); i++ {
+		s += float32(a[i] * b[i])
+	}
+	return s
+}
+
+// matvecHalf computes dst = W·x for F16 or BF16 weights, one row at a time
+// in dotHalf's order: the kernel k sums the first 16·⌊Cols/16⌋ values, the
+// rest are added here one by one.
+func (m *Matrix) matvecHalf(k matvecHFunc, dst, x []float32) {
+	cols, rows := m.Cols, m.Rows
+	n16 := cols &^ 15
+	Parallel(rows, max(1, 32768/cols), func(lo, hi int) {
+		if n16 > 0 {
+			k(unsafe.Pointer(&m.Data[lo*m.rowBytes]), m.rowBytes, &x[0], n16, hi-lo, &dst[lo])
+		} else {
+			clear(dst[lo:hi])
+		}
+		if n16 == cols {
+			return
+		}
+		for r := lo; r < hi; r++ {
+			s := dst[r]
+			row := m.Data[r*m.rowBytes:]
+			for i := n16; i < cols; i++ {
+				var w float32
+				if m.Type == F16 {
+					w = F16ToF32(le16(row[2*i:]))
+				} else {
+					w = BF16ToF32(le16(row[2*i:]))
+				}
+				s += float32(w * x[i])
+			}
+			dst[r] = s
+		}
+	})
+}

@@ -1,0 +1,118 @@
+//go:build amd64 && !purego
+
+package tensor
+
+import "unsafe"
+
+var floatKernelsZ = floatKernels{
+	mr: 14,
+	kern: []kernFunc{nil, kernF32Zm1, kernF32Zm2, kernF32Zm3, kernF32Zm4, kernF32Zm5, kernF32Zm6, kernF32Zm7,
+		kernF32Zm8, kernF32Zm9, kernF32Zm10, kernF32Zm11, kernF32Zm12, kernF32Zm13, kernF32Zm14},
+	pack: [3]packFunc{packF32Z, packF16Z, packBF16Z},
+}
+
+var floatKernelsY = floatKernels{
+	mr:   6,
+	kern: []kernFunc{nil, kernF32Ym1, kernF32Ym2, kernF32Ym3, kernF32Ym4, kernF32Ym5, kernF32Ym6},
+	pack: [3]packFunc{packF32Y, packF16Y, packBF16Y},
+}
+
+type matvecHFunc func(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *float32)
+
+// matvecH returns the one-row-at-a-time matrix-vector kernel of the level
+// in use (nil: plain Go): for F32 in Dot's order (DotRows), for F16 and
+// BF16 in dotHalf's.
+func matvecH(t DType) matvecHFunc {
+	switch {
+	case level == levelAVX512 && t == F32:
+		return matvecHF32Z
+	case level == levelAVX2 && t == F32:
+		return matvecHF32Y
+	case level == levelAVX512 && t == F16:
+		return matvec2HF16Z
+	case level == levelAVX512 && t == BF16:
+		return matvec2HBF16Z
+	case level == levelAVX2 && t == F16:
+		return matvec2HF16Y
+	case level == levelAVX2 && t == BF16:
+		return matvec2HBF16Y
+	}
+	return nil
+}
+
+// floatKern returns the float kernels of the level in use (nil: plain Go).
+func floatKern() *floatKernels {
+	switch level {
+	case levelAVX512:
+		return &floatKernelsZ
+	case levelAVX2:
+		return &floatKernelsY
+	}
+	return nil
+}
+
+// dotLanes is the sixteen-lane part of Dot over the first n values (n a
+// positive multiple of 16, len(a), len(b) >= n).
+func dotLanes(a, b []float32, n int) float32 {
+	if level == levelAVX512 {
+		return dotZ(&a[0], &b[0], n)
+	}
+	if level == levelAVX2 {
+		return dotY(&a[0], &b[0], n)
+	}
+	return dotLanesGo(a[:n], b[:n])
+}
+
+func axpyLanes(dst []float32, a float32, x []float32, n int) {
+	if level == levelAVX512 {
+		axpyZ(&dst[0], &x[0], a, n)
+	} else if level == levelAVX2 {
+		axpyY(&dst[0], &x[0], a, n)
+	} else {
+		axpyGo(dst[:n], a, x[:n])
+	}
+}
+
+func memRead(p []byte) uint64 {
+	if level == levelAVX512 {
+		return memReadZ(&p[0], len(p))
+	}
+	return memReadGo(p)
+}
+
+func swigluLanes(dst, gate, up []float32) {
+	switch level {
+	case levelAVX512:
+		swigluZ(&dst[0], &gate[0], &up[0], len(dst))
+	case levelAVX2:
+		swigluY(&dst[0], &gate[0], &up[0], len(dst))
+	default:
+		swigluGo(dst, gate, up)
+	}
+}
+
+// quantActRow quantizes the nb blocks of one activation row with the
+// AVX-512 kernels (blocks stride bytes apart) and reports whether it did:
+// not below AVX-512, nor for a row holding an Inf or a NaN, which the Go
+// code then quantizes (it defines the result there).
+func quantActRow(bs int, row []float32, dst []byte, nb, stride int, corr int32) bool {
+	if level != levelAVX512 {
+		return false
+	}
+	var maxBits uint32
+	if bs == QK_K {
+		_ = dst[(nb-1)*stride+xbK-1]
+		maxBits = actQKZ(&row[0], &dst[0], nb, stride)
+	} else {
+		_ = dst[(nb-1)*stride+xb32-1]
+		maxBits = actQ32Z(&row[0], &dst[0], nb, stride, -corr)
+	}
+	return maxBits < 0x7f800000
+}
+
+// prefetch asks for the first n bytes of rows rows ld bytes apart from p.
+func prefetch(p unsafe.Pointer, ld, rows, n int) {
+	if level >= levelAVX2 {
+		prefetchRows(p, ld, rows, n)
+	}
+}

@@ -1,0 +1,3 @@
+package tensor
+
+//go:generate go run asmgen/main.go asmgen/float.go asmgen/quant.go asmgen/exp.go asmgen/act.go

@@ -1,0 +1,207 @@
+package tensor
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// forEachLevel runs f with every kernel set this CPU supports (the plain Go
+// one included), restoring the default afterwards.
+func forEachLevel(t *testing.T, f func(t *testing.T)) {
+	t.Helper()
+	defer func() { level = cpuLevel }()
+	for l := levelGo; l <= cpuLevel; l++ {
+		level = l
+		t.Run(l.String(), f)
+	}
+}
+
+func randF32(r *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	return x
+}
+
+// randMatrix makes a rows×cols matrix of type typ with random values.
+func randMatrix(t testing.TB, r *rand.Rand, typ DType, rows, cols int) *Matrix {
+	t.Helper()
+	w := randF32(r, rows*cols)
+	if typ == F32 {
+		return MatrixF32(rows, cols, w)
+	}
+	rb, err := typ.RowBytes(cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, rows*rb)
+	if err := Quantize(typ, w, data); err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMatrix(typ, rows, cols, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func sameBits(a, b float32) bool {
+	return math.Float32bits(a) == math.Float32bits(b) || a != a && b != b
+}
+
+// TestFloatMatMulExact: the float kernels give exactly the plain Go sums
+// (rows converted to float32, then Dot) for every shape, tails included.
+func TestFloatMatMulExact(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	rowsSet := []int{1, 5, 16, 17, 33, 172}
+	colsSet := []int{1, 7, 16, 17, 64, 172, 255, 256, 257, 600, 1000}
+	nSet := []int{1, 2, 3, 6, 7, 13, 14, 15, 29}
+	for _, typ := range []DType{F32, F16, BF16} {
+		for _, rows := range rowsSet {
+			for _, cols := range colsSet {
+				m := randMatrix(t, r, typ, rows, cols)
+				n := nSet[r.IntN(len(nSet))]
+				x := randF32(r, n*cols)
+				if r.IntN(3) == 0 {
+					n = 1
+				}
+				want := make([]float32, n*rows)
+				level = levelGo
+				m.matmulRef(want, x, n)
+				level = cpuLevel
+				forEachLevel(t, func(t *testing.T) {
+					got := make([]float32, n*rows)
+					m.MatMul(got, x, n)
+					for i := range got {
+						if !sameBits(got[i], want[i]) {
+							t.Fatalf("%s %d×%d n=%d: [%d] = %g, want %g", typ, rows, cols, n, i, got[i], want[i])
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestDotAxpyExact: Dot and Axpy give the same bits on every kernel set,
+// for every length 0..1000; below 16 values Dot sums in order.
+func TestDotAxpyExact(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	a, b := randF32(r, 1000), randF32(r, 1000)
+	level = levelGo
+	want := make([]float32, 1001)
+	for n := 0; n <= 1000; n++ {
+		want[n] = Dot(a[:n], b[:n])
+		if n < 16 && !sameBits(want[n], dotSeq(a[:n], b[:n])) {
+			t.Fatalf("Dot of %d values is not the in-order sum", n)
+		}
+	}
+	wantAxpy := append([]float32(nil), b...)
+	Axpy(wantAxpy[:999], 0.37, a)
+	level = cpuLevel
+	forEachLevel(t, func(t *testing.T) {
+		for n := 0; n <= 1000; n++ {
+			if got := Dot(a[:n], b[:n]); !sameBits(got, want[n]) {
+				t.Fatalf("Dot of %d values = %g, want %g", n, got, want[n])
+			}
+		}
+		got := append([]float32(nil), b...)
+		Axpy(got[:999], 0.37, a)
+		for i := range got {
+			if !sameBits(got[i], wantAxpy[i]) {
+				t.Fatalf("Axpy [%d] = %g, want %g", i, got[i], wantAxpy[i])
+			}
+		}
+	})
+}
+
+func TestMemRead(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	p := make([]byte, 5000)
+	for i := range p {
+		p[i] = byte(r.Uint32())
+	}
+	for _, n := range []int{0, 7, 8, 255, 256, 1000, 4096, 5000} {
+		level = levelGo
+		want := MemRead(p[:n])
+		var x uint64
+		for i := 0; i+8 <= n; i += 8 {
+			x ^= uint64(p[i]) | uint64(p[i+1])<<8 | uint64(p[i+2])<<16 | uint64(p[i+3])<<24 |
+				uint64(p[i+4])<<32 | uint64(p[i+5])<<40 | uint64(p[i+6])<<48 | uint64(p[i+7])<<56
+		}
+		for i := n &^ 7; i < n; i++ {
+			x ^= uint64(p[i])
+		}
+		if want != x {
+			t.Fatalf("n=%d: go %x, want %x", n, want, x)
+		}
+		level = cpuLevel
+		forEachLevel(t, func(t *testing.T) {
+			if got := MemRead(p[:n]); got != want {
+				t.Fatalf("n=%d: %x, want %x", n, got, want)
+			}
+		})
+	}
+}
+
+// TestSwiGLUExact: the kernels give the twin's bits, special values
+// included, and the twin's exponential rounds to float32 as math.Exp does.
+func TestSwiGLUExact(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	n := 1000
+	g, u := randF32(r, n), randF32(r, n)
+	for i := range g {
+		g[i] *= float32([]float64{1, 10, 100}[i%3])
+	}
+	inf := float32(math.Inf(1))
+	copy(g, []float32{0, float32(math.Copysign(0, -1)), inf, -inf, float32(math.NaN()), 88.7, -88.7, 103.9, -103.9, 1e-30, -1e-30, 200, -200})
+	want := make([]float32, n)
+	level = levelGo
+	SwiGLU(want, g, u)
+	level = cpuLevel
+	for m := 0; m <= n; m += 1 + m/3 {
+		forEachLevel(t, func(t *testing.T) {
+			got := make([]float32, m)
+			SwiGLU(got, g[:m], u[:m])
+			for i := range got {
+				if !sameBits(got[i], want[i]) {
+					t.Fatalf("n=%d: [%d] silu(%g)·%g = %g, want %g", m, i, g[i], u[i], got[i], want[i])
+				}
+			}
+		})
+	}
+	// exp64 rounds to float32 like math.Exp over the float32 range.
+	bad := 0
+	for i := 0; i < 2000000; i++ {
+		x := float32(r.Float64()*200 - 110)
+		if i%2 == 0 {
+			x = float32(r.NormFloat64() * 4)
+		}
+		if float32(exp64(float64(x))) != float32(math.Exp(float64(x))) {
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of 2e6 exponentials round differently from math.Exp", bad)
+	}
+}
+
+func TestDotRows(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, d := range []int{1, 8, 15, 16, 17, 64, 100, 128} {
+		a, q := randF32(r, 37*d), randF32(r, d)
+		forEachLevel(t, func(t *testing.T) {
+			for _, n := range []int{0, 1, 5, 37} {
+				got := make([]float32, n)
+				DotRows(got, a, d, q)
+				for i := range got {
+					if want := Dot(a[i*d:(i+1)*d], q); !sameBits(got[i], want) {
+						t.Fatalf("d=%d n=%d: [%d] = %g, want %g", d, n, i, got[i], want)
+					}
+				}
+			}
+		})
+	}
+}

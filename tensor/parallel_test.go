@@ -1,0 +1,58 @@
+package tensor
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// TestParallel: every item is visited exactly once, in ranges of at least
+// grain items (but the last), nested and concurrent calls included.
+func TestParallel(t *testing.T) {
+	check := func(t *testing.T, n, grain int, nest bool) {
+		seen := make([]atomic.Int32, n)
+		Parallel(n, grain, func(lo, hi int) {
+			if lo < 0 || hi > n || lo >= hi || (hi-lo < grain && hi != n) {
+				t.Errorf("n=%d grain=%d: range [%d,%d)", n, grain, lo, hi)
+			}
+			for i := lo; i < hi; i++ {
+				seen[i].Add(1)
+			}
+			if nest {
+				var c atomic.Int32
+				Parallel(10, 1, func(lo, hi int) { c.Add(int32(hi - lo)) })
+				if c.Load() != 10 {
+					t.Errorf("nested Parallel covered %d of 10", c.Load())
+				}
+			}
+		})
+		for i := range seen {
+			if seen[i].Load() != 1 {
+				t.Fatalf("n=%d grain=%d: item %d seen %d times", n, grain, i, seen[i].Load())
+			}
+		}
+	}
+	for _, n := range []int{0, 1, 2, 3, 7, 100, 1000, 12345} {
+		for _, g := range []int{0, 1, 3, 64, 5000} {
+			check(t, n, g, false)
+		}
+	}
+	check(t, 1000, 1, true)
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				check(t, 500+i, 1+i%7, i%5 == 0)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func BenchmarkParallelEmpty(b *testing.B) {
+	for b.Loop() {
+		Parallel(1000, 1, func(lo, hi int) {})
+	}
+}

@@ -1,0 +1,29 @@
+//go:build amd64 && !purego
+
+package tensor
+
+var quantKernA = map[DType]*quantKernels{
+	Q8_0: {rd: 1, rp: 2, tp: 4, dec: qQ8_0Ar1t1, dec1: qQ8_0Ar1t1, pre: qQ8_0Ar2t4, pre1: qQ8_0Ar1t4, rows: qQ8_0Arows},
+	Q4_0: {rd: 1, rp: 2, tp: 4, dec: qQ4_0Ar1t1, dec1: qQ4_0Ar1t1, pre: qQ4_0Ar2t4, pre1: qQ4_0Ar1t4, rows: qQ4_0Arows},
+	Q4_K: {rd: 1, rp: 1, tp: 4, dec: qQ4_KAr1t1, dec1: qQ4_KAr1t1, pre: qQ4_KAr1t4, pre1: qQ4_KAr1t4, rows: qQ4_KArows},
+	Q6_K: {rd: 1, rp: 1, tp: 4, dec: qQ6_KAr1t1, dec1: qQ6_KAr1t1, pre: qQ6_KAr1t4, pre1: qQ6_KAr1t4, rows: qQ6_KArows},
+}
+
+var quantKernV = map[DType]*quantKernels{
+	Q8_0: {rd: 1, rp: 4, tp: 4, dec: qQ8_0Vr1t1, dec1: qQ8_0Vr1t1, pre: qQ8_0Vr4t4, pre1: qQ8_0Vr1t4, rows: qQ8_0Vrows},
+	Q4_0: {rd: 1, rp: 4, tp: 4, dec: qQ4_0Vr1t1, dec1: qQ4_0Vr1t1, pre: qQ4_0Vr4t4, pre1: qQ4_0Vr1t4, rows: qQ4_0Vrows},
+	Q4_K: {rd: 1, rp: 4, tp: 4, dec: qQ4_KVr1t1, dec1: qQ4_KVr1t1, pre: qQ4_KVr4t4, pre1: qQ4_KVr1t4, rows: qQ4_KVrows},
+	Q6_K: {rd: 1, rp: 4, tp: 4, dec: qQ6_KVr1t1, dec1: qQ6_KVr1t1, pre: qQ6_KVr4t4, pre1: qQ6_KVr1t4, rows: qQ6_KVrows},
+}
+
+// quantKern returns the integer kernels for weights of type t at the level
+// in use (the Go twins at levelGo, and for AVX-512 without VNNI).
+func quantKern(t DType) *quantKernels {
+	switch {
+	case level == levelAVX512 && cpuVNNI:
+		return quantKernV[t]
+	case level >= levelAVX2:
+		return quantKernA[t]
+	}
+	return quantKernGo[t]
+}
