@@ -353,10 +353,14 @@ func genQ4K(e *emitter, isa string, R, T int) {
 	ydm := rg.get()
 	ym := yq    // free once the integer sums are done
 	var I []int // integer accumulators per token for the current row
-	if isa == "V" && rg.max-rg.next >= T {
+	if isa == "V" && T > 1 && rg.max-rg.next >= T {
 		for t := 0; t < T; t++ {
 			I = append(I, rg.get())
 		}
+	}
+	yi2 := -1
+	if isa == "V" && T == 1 {
+		yi2 = rg.get()
 	}
 	e.label("loop")
 	for r := 0; r < R; r++ {
@@ -404,8 +408,11 @@ func genQ4K(e *emitter, isa string, R, T int) {
 		e.in("VPBROADCASTW %s, X%d", rowAddr(r, 2), ydm)
 		e.in("VCVTPH2PS X%d, X%d", ydm, ydm)
 		// integer sums, token by token (or all tokens at once with V)
-		tokenSums := func(ts []int, accs []int) {
-			for _, ia := range accs {
+		// accs2 (one token, V): a second set of integer sums for the odd
+		// sub-blocks, added to the first at the end (integers: any split
+		// gives the same sums), two VPDPWSSD chains instead of one.
+		tokenSums := func(ts []int, accs, accs2 []int) {
+			for _, ia := range append(append([]int{}, accs...), accs2...) {
 				e.in("%s Y%d, Y%d, Y%d", op.pxor, ia, ia, ia)
 			}
 			for c := 0; c < 4; c++ {
@@ -417,18 +424,25 @@ func genQ4K(e *emitter, isa string, R, T int) {
 					j := 2*c + h
 					e.in("VPBROADCASTW %d(SP), Y%d", 2*j, ysc)
 					for k, t := range ts {
+						acc := accs[k]
+						if accs2 != nil && j%2 == 1 {
+							acc = accs2[k]
+						}
 						e.in("VPMADDUBSW %d(DI), Y%d, Y%d", t*xbK+32*j, yn, yp)
 						if isa == "V" {
-							e.in("VPDPWSSD Y%d, Y%d, Y%d", ysc, yp, accs[k])
+							e.in("VPDPWSSD Y%d, Y%d, Y%d", ysc, yp, acc)
 						} else {
 							e.in("VPMADDWD Y%d, Y%d, Y%d", ysc, yp, yp)
-							e.in("VPADDD Y%d, Y%d, Y%d", yp, accs[k], accs[k])
+							e.in("VPADDD Y%d, Y%d, Y%d", yp, acc, acc)
 						}
 					}
 				}
 			}
 			for k, t := range ts {
 				ia := accs[k]
+				if accs2 != nil {
+					e.in("VPADDD Y%d, Y%d, Y%d", accs2[k], ia, ia)
+				}
 				// M lanes
 				e.in("VPMADDWD %d(DI), Y%d, Y%d", t*xbK+xbKBs, ymin, ym)
 				e.in("VCVTDQ2PS Y%d, Y%d", ia, ia)
@@ -449,10 +463,14 @@ func genQ4K(e *emitter, isa string, R, T int) {
 			for t := range ts {
 				ts[t] = t
 			}
-			tokenSums(ts, I)
+			tokenSums(ts, I, nil)
 		} else {
+			var second []int
+			if yi2 >= 0 {
+				second = []int{yi2}
+			}
 			for t := 0; t < T; t++ {
-				tokenSums([]int{t}, []int{yi})
+				tokenSums([]int{t}, []int{yi}, second)
 			}
 		}
 	}
@@ -483,10 +501,14 @@ func genQ6K(e *emitter, isa string, R, T int) {
 	ysc, yql, yqh, yq, yt, yp, yi, yd, ys16 := rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
 	yv := rg.get()
 	var I []int
-	if isa == "V" && rg.max-rg.next >= T {
+	if isa == "V" && T > 1 && rg.max-rg.next >= T {
 		for t := 0; t < T; t++ {
 			I = append(I, rg.get())
 		}
+	}
+	yi2 := -1
+	if isa == "V" && T == 1 {
+		yi2 = rg.get()
 	}
 	e.label("loop")
 	for r := 0; r < R; r++ {
@@ -494,8 +516,10 @@ func genQ6K(e *emitter, isa string, R, T int) {
 		e.in("%s Y%d, 0(SP)", op.movdqu, ys16)
 		e.in("VPBROADCASTW %s, X%d", rowAddr(r, 208), yd)
 		e.in("VCVTPH2PS X%d, X%d", yd, yd)
-		tokenSums := func(ts []int, accs []int) {
-			for _, ia := range accs {
+		// accs2 (one token, V): a second set of integer sums for the odd
+		// groups, added at the end (exact), two VPDPWSSD chains.
+		tokenSums := func(ts []int, accs, accs2 []int) {
+			for _, ia := range append(append([]int{}, accs...), accs2...) {
 				e.in("%s Y%d, Y%d, Y%d", op.pxor, ia, ia, ia)
 			}
 			for n := 0; n < 2; n++ {
@@ -526,18 +550,25 @@ func genQ6K(e *emitter, isa string, R, T int) {
 					}
 					e.in("VPSHUFB q6shuf%d<>(SB), Y%d, Y%d", i, yv, ysc)
 					for k, t := range ts {
+						acc := accs[k]
+						if accs2 != nil && i%2 == 1 {
+							acc = accs2[k]
+						}
 						e.in("VPMADDUBSW %d(DI), Y%d, Y%d", t*xbK+128*n+32*i, yq, yp)
 						if isa == "V" {
-							e.in("VPDPWSSD Y%d, Y%d, Y%d", ysc, yp, accs[k])
+							e.in("VPDPWSSD Y%d, Y%d, Y%d", ysc, yp, acc)
 						} else {
 							e.in("VPMADDWD Y%d, Y%d, Y%d", ysc, yp, yp)
-							e.in("VPADDD Y%d, Y%d, Y%d", yp, accs[k], accs[k])
+							e.in("VPADDD Y%d, Y%d, Y%d", yp, acc, acc)
 						}
 					}
 				}
 			}
 			for k, t := range ts {
 				ia := accs[k]
+				if accs2 != nil {
+					e.in("VPADDD Y%d, Y%d, Y%d", accs2[k], ia, ia)
+				}
 				e.in("VPMADDWD %d(DI), Y%d, Y%d", t*xbK+xbKBs, ys16, yp)
 				e.in("VPSLLD $5, Y%d, Y%d", yp, yp)
 				e.in("VPSUBD Y%d, Y%d, Y%d", yp, ia, ia)
@@ -553,10 +584,14 @@ func genQ6K(e *emitter, isa string, R, T int) {
 			for t := range ts {
 				ts[t] = t
 			}
-			tokenSums(ts, I)
+			tokenSums(ts, I, nil)
 		} else {
+			var second []int
+			if yi2 >= 0 {
+				second = []int{yi2}
+			}
 			for t := 0; t < T; t++ {
-				tokenSums([]int{t}, []int{yi})
+				tokenSums([]int{t}, []int{yi}, second)
 			}
 		}
 	}
