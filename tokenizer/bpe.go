@@ -450,40 +450,9 @@ func (e *bpeEncoder) pop() bpeCand {
 	return top
 }
 
-func (e *bpeEncoder) up(i int) {
-	h := e.heap
-	x := h[i]
-	for i > 0 {
-		p := (i - 1) / 2
-		if !x.before(h[p]) {
-			break
-		}
-		h[i] = h[p]
-		i = p
-	}
-	h[i] = x
-}
+func (e *bpeEncoder) up(i int) { siftUp(e.heap, i) }
 
-func (e *bpeEncoder) down(i int) {
-	h := e.heap
-	n := len(h)
-	x := h[i]
-	for {
-		c := 2*i + 1
-		if c >= n {
-			break
-		}
-		if c+1 < n && h[c+1].before(h[c]) {
-			c++
-		}
-		if !h[c].before(x) {
-			break
-		}
-		h[i] = h[c]
-		i = c
-	}
-	h[i] = x
-}
+func (e *bpeEncoder) down(i int) { siftDown(e.heap, i) }
 
 // GPT-2's byte-to-unicode mapping: printable bytes stand for themselves, the
 // others (0–32, 127–160, 173) for U+0100 onwards in byte order.

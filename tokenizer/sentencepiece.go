@@ -491,39 +491,10 @@ func (e *encoder) pop() candidate {
 }
 
 func (e *encoder) up(i int) {
-	h := e.heap
-	if i <= 0 || i >= len(h) {
+	if i <= 0 || i >= len(e.heap) {
 		return
 	}
-	x := h[i]
-	for i > 0 {
-		p := (i - 1) / 2
-		if !x.before(h[p]) {
-			break
-		}
-		h[i] = h[p]
-		i = p
-	}
-	h[i] = x
+	siftUp(e.heap, i)
 }
 
-func (e *encoder) down(i int) {
-	h := e.heap
-	n := len(h)
-	x := h[i]
-	for {
-		c := 2*i + 1
-		if c >= n {
-			break
-		}
-		if c+1 < n && h[c+1].before(h[c]) {
-			c++
-		}
-		if !h[c].before(x) {
-			break
-		}
-		h[i] = h[c]
-		i = c
-	}
-	h[i] = x
-}
+func (e *encoder) down(i int) { siftDown(e.heap, i) }
