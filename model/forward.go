@@ -412,24 +412,4 @@ func (r *Rotator) Rotate(key []float32, delta int) {
 }
 
 // rope rotates the heads of n rows of x in place by each row's position.
-func (s *Sequence) rope(x []float32, n, heads int) {
-	hd := s.m.HeadDim
-	half := hd / 2
-	neox := s.m.Rope == RopeNeoX
-	for t := 0; t < n; t++ {
-		cs, sn := s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half]
-		row := x[t*heads*hd : (t+1)*heads*hd]
-		for h := 0; h < heads; h++ {
-			v := row[h*hd : (h+1)*hd]
-			for j := 0; j < half; j++ {
-				a, b := 2*j, 2*j+1
-				if neox {
-					a, b = j, j+half
-				}
-				x0, x1 := v[a], v[b]
-				v[a] = x0*cs[j] - x1*sn[j]
-				v[b] = x0*sn[j] + x1*cs[j]
-			}
-		}
-	}
-}
+func (s *Sequence) rope(x []float32, n, heads int) { s.m.ropeRows(x, s.cos, s.sin, n, heads) }
