@@ -157,16 +157,7 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 				s.AttnTap(li, b.att[i*qd:(i+1)*qd])
 			}
 		}
-		L.Wo.MatMul(b.xb, b.att, n)
-		tensor.Add(b.x[:n*c.Dim], b.xb[:n*c.Dim])
-		for t := 0; t < n; t++ {
-			tensor.RMSNorm(b.xb[t*c.Dim:(t+1)*c.Dim], b.x[t*c.Dim:(t+1)*c.Dim], L.FFNNorm, c.NormEps)
-		}
-		L.WGate.MatMul(b.gate, b.xb, n)
-		L.WUp.MatMul(b.up, b.xb, n)
-		tensor.SwiGLU(b.gate[:n*c.HiddenDim], b.gate[:n*c.HiddenDim], b.up[:n*c.HiddenDim])
-		L.WDown.MatMul(b.xb, b.gate, n)
-		tensor.Add(b.x[:n*c.Dim], b.xb[:n*c.Dim])
+		m.finishLayer(L, b.x, b.xb, b.att, b.gate, b.up, n)
 	}
 	for t := 0; t < n; t++ {
 		r := b.x[t*c.Dim : (t+1)*c.Dim]

@@ -285,16 +285,7 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		if s.AttnTap != nil {
 			s.AttnTap(li, s.att[:n*c.QDim()])
 		}
-		L.Wo.MatMul(s.xb, s.att, n)
-		tensor.Add(s.x[:n*c.Dim], s.xb[:n*c.Dim])
-		for t := 0; t < n; t++ {
-			tensor.RMSNorm(s.xb[t*c.Dim:(t+1)*c.Dim], s.x[t*c.Dim:(t+1)*c.Dim], L.FFNNorm, c.NormEps)
-		}
-		L.WGate.MatMul(s.gate, s.xb, n)
-		L.WUp.MatMul(s.up, s.xb, n)
-		tensor.SwiGLU(s.gate[:n*c.HiddenDim], s.gate[:n*c.HiddenDim], s.up[:n*c.HiddenDim])
-		L.WDown.MatMul(s.xb, s.gate, n)
-		tensor.Add(s.x[:n*c.Dim], s.xb[:n*c.Dim])
+		m.finishLayer(L, s.x, s.xb, s.att, s.gate, s.up, n)
 		s.RowLayers += n
 		if prune && li < len(m.Layers)-1 {
 			if keep := s.Prune.AfterLayer(li, pos); keep != nil {
@@ -359,6 +350,24 @@ func addBias(x, b []float32, n int) {
 	for t := 0; t < n; t++ {
 		tensor.Add(x[t*w:(t+1)*w], b)
 	}
+}
+
+// finishLayer completes a layer for n rows after attention: the output
+// projection and its residual, then RMSNorm, the SwiGLU FFN and its
+// residual. x [n][Dim] is the residual stream, att [n][QDim] the attention
+// output; xb [n][Dim], gate and up [n][HiddenDim] are scratch.
+func (m *Model) finishLayer(L *Layer, x, xb, att, gate, up []float32, n int) {
+	c := m.Config
+	L.Wo.MatMul(xb, att, n)
+	tensor.Add(x[:n*c.Dim], xb[:n*c.Dim])
+	for t := 0; t < n; t++ {
+		tensor.RMSNorm(xb[t*c.Dim:(t+1)*c.Dim], x[t*c.Dim:(t+1)*c.Dim], L.FFNNorm, c.NormEps)
+	}
+	L.WGate.MatMul(gate, xb, n)
+	L.WUp.MatMul(up, xb, n)
+	tensor.SwiGLU(gate[:n*c.HiddenDim], gate[:n*c.HiddenDim], up[:n*c.HiddenDim])
+	L.WDown.MatMul(xb, gate, n)
+	tensor.Add(x[:n*c.Dim], xb[:n*c.Dim])
 }
 
 // Rotate turns one head's key, rotated by RoPE for some position, into the

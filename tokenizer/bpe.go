@@ -439,14 +439,8 @@ func (e *bpeEncoder) consider(l, r int32) bool {
 }
 
 func (e *bpeEncoder) pop() bpeCand {
-	h := e.heap
-	top := h[0]
-	last := len(h) - 1
-	h[0] = h[last]
-	e.heap = h[:last]
-	if last > 0 {
-		e.down(0)
-	}
+	top, h := popMin(e.heap)
+	e.heap = h
 	return top
 }
 

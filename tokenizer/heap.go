@@ -39,3 +39,15 @@ func siftDown[T ordered[T]](h []T, i int) {
 	}
 	h[i] = x
 }
+
+// popMin removes and returns the smallest element, and the shrunk heap.
+func popMin[T ordered[T]](h []T) (T, []T) {
+	top := h[0]
+	last := len(h) - 1
+	h[0] = h[last]
+	h = h[:last]
+	if last > 0 {
+		siftDown(h, 0)
+	}
+	return top, h
+}

@@ -479,14 +479,8 @@ func (e *encoder) mergeRun(lo, hi int32, out []int) []int {
 }
 
 func (e *encoder) pop() candidate {
-	h := e.heap
-	top := h[0]
-	last := len(h) - 1
-	h[0] = h[last]
-	e.heap = h[:last]
-	if last > 0 {
-		e.down(0)
-	}
+	top, h := popMin(e.heap)
+	e.heap = h
 	return top
 }
 
