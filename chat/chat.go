@@ -1,9 +1,10 @@
 // Package chat turns a conversation into the prompt a chat model was trained
 // on. Templates are built-in renderers of the common formats (Llama 2,
-// Llama 3, ChatML, Mistral, Zephyr, Phi-3), each rendering exactly the
-// string its Hugging Face Jinja template renders; a model's template is
-// recognised from the content of its GGUF tokenizer.chat_template, or else
-// chosen by architecture and vocabulary, and can be overridden by name.
+// Llama 3, Llama 3.1/3.2, ChatML, Mistral v1, v3, v3-tekken and v7, Zephyr,
+// Phi-3), each rendering exactly the string its Hugging Face Jinja template
+// renders (without tools); a model's template is recognised from the content
+// of its GGUF tokenizer.chat_template, or else chosen by architecture and
+// vocabulary, and can be overridden by name.
 package chat
 
 import (
@@ -82,14 +83,21 @@ var templates = map[string]Template{
 	"llama2": {Name: "llama2", BOS: "<s>", EOS: "</s>", Stops: []string{"</s>"}, WritesBOS: true, render: renderLlama2},
 	"llama3": {Name: "llama3", BOS: "<|begin_of_text|>", EOS: "<|end_of_text|>", Stops: []string{"<|eot_id|>", "<|end_of_text|>", "<|eom_id|>"},
 		WritesBOS: true, render: renderLlama3},
-	"chatml":  {Name: "chatml", BOS: "<s>", EOS: "</s>", Stops: []string{"<|im_end|>", "<|endoftext|>"}, render: renderChatML},
-	"mistral": {Name: "mistral", BOS: "<s>", EOS: "</s>", Stops: []string{"</s>"}, WritesBOS: true, render: renderMistral},
-	"zephyr":  {Name: "zephyr", BOS: "<s>", EOS: "</s>", Stops: []string{"</s>", "<|user|>"}, render: renderZephyr},
-	"phi3":    {Name: "phi3", BOS: "<s>", EOS: "<|endoftext|>", Stops: []string{"<|end|>", "<|endoftext|>", "<|user|>"}, render: renderPhi3},
+	"llama3.1": {Name: "llama3.1", BOS: "<|begin_of_text|>", EOS: "<|end_of_text|>", Stops: []string{"<|eot_id|>", "<|end_of_text|>", "<|eom_id|>"},
+		WritesBOS: true, render: renderLlama31},
+	"chatml":            {Name: "chatml", BOS: "<s>", EOS: "</s>", Stops: []string{"<|im_end|>", "<|endoftext|>"}, render: renderChatML},
+	"mistral":           {Name: "mistral", BOS: "<s>", EOS: "</s>", Stops: []string{"</s>"}, WritesBOS: true, render: renderMistral},
+	"mistral-v3":        {Name: "mistral-v3", BOS: "<s>", EOS: "</s>", Stops: []string{"</s>"}, WritesBOS: true, render: renderMistralV3},
+	"mistral-v3-tekken": {Name: "mistral-v3-tekken", BOS: "<s>", EOS: "</s>", Stops: []string{"</s>"}, WritesBOS: true, render: renderMistralV3},
+	"mistral-v7":        {Name: "mistral-v7", BOS: "<s>", EOS: "</s>", Stops: []string{"</s>"}, WritesBOS: true, render: renderMistralV7},
+	"zephyr":            {Name: "zephyr", BOS: "<s>", EOS: "</s>", Stops: []string{"</s>", "<|user|>"}, render: renderZephyr},
+	"phi3":              {Name: "phi3", BOS: "<s>", EOS: "<|endoftext|>", Stops: []string{"<|end|>", "<|endoftext|>", "<|user|>"}, render: renderPhi3},
 }
 
 // aliases are other names --chat-template accepts.
-var aliases = map[string]string{"llama-2": "llama2", "llama-3": "llama3", "qwen": "chatml", "qwen2": "chatml", "phi-3": "phi3"}
+var aliases = map[string]string{"llama-2": "llama2", "llama-3": "llama3", "qwen": "chatml", "qwen2": "chatml", "phi-3": "phi3",
+	"llama-3.1": "llama3.1", "llama3.2": "llama3.1", "llama-3.2": "llama3.1",
+	"mistral-v1": "mistral", "mistral-nemo": "mistral-v3-tekken", "tekken": "mistral-v3-tekken"}
 
 // Names lists the built-in templates.
 func Names() []string {
@@ -131,6 +139,8 @@ func Detect(src string) string {
 	switch {
 	case src == "":
 		return ""
+	case has("<|start_header_id|>", "<|end_header_id|>", "Cutting Knowledge Date"):
+		return "llama3.1"
 	case has("<|start_header_id|>", "<|end_header_id|>"):
 		return "llama3"
 	case has("<|im_start|>"):
@@ -141,8 +151,24 @@ func Detect(src string) string {
 		return "zephyr"
 	case has("[INST]", "<<SYS>>"):
 		return "llama2"
+	case has("[INST]", "[SYSTEM_PROMPT]"):
+		// v7 writes "[SYSTEM_PROMPT] " and "[INST] " with a space;
+		// v7-tekken (Mistral Small 3), without, is not built in.
+		if has("[SYSTEM_PROMPT] ", "[INST] ") {
+			return "mistral-v7"
+		}
+		return ""
 	case has("[INST]"):
-		return "mistral"
+		// v1 (Mistral 7B v0.1/v0.2) closes user turns with " [/INST]";
+		// v3 (v0.3) writes "[INST] " and "[/INST]"; v3-tekken (Nemo)
+		// writes "[INST]" as a string of its own, with no space.
+		switch {
+		case has(" [/INST]"):
+			return "mistral"
+		case has(`"[INST]"`) || has(`'[INST]'`):
+			return "mistral-v3-tekken"
+		}
+		return "mistral-v3"
 	}
 	return ""
 }
@@ -383,6 +409,158 @@ func renderPhi3(t *Template, msgs []Message, gen bool) (string, error) {
 	}
 	if gen {
 		b.WriteString("<|assistant|>\n")
+	}
+	return b.String(), nil
+}
+
+// Llama 3.1's system header: the official template writes it in every
+// prompt, a system message or not. The date is the template's default
+// date_string ("26 Jul 2024"); Llama 3.2's template writes today's date
+// where its renderer provides strftime_now, and this date otherwise.
+const llama31Header = "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+
+// renderLlama31 is Llama 3.1/3.2 Instruct's template (meta-llama/
+// Llama-3.1-8B-Instruct's tokenizer_config.json chat_template) as it renders
+// without tools (no tools, custom_tools or builtin_tools given):
+//
+//	{{- bos_token }}
+//	{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content']|trim %}{%- set messages = messages[1:] %}
+//	{%- else %}{%- set system_message = "" %}{%- endif %}
+//	{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+//	{{- "Cutting Knowledge Date: December 2023\n" }}
+//	{{- "Today Date: " + date_string + "\n\n" }}
+//	{{- system_message }}{{- "<|eot_id|>" }}
+//	{%- for message in messages %}
+//	    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+//	        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+//	    {%- elif message.role == "tool" or message.role == "ipython" %}
+//	        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+//	        {%- if message.content is mapping or message.content is iterable %}{{- message.content | tojson }}
+//	        {%- else %}{{- message.content }}{%- endif %}
+//	        {{- "<|eot_id|>" }}
+//	    {%- endif %}
+//	{%- endfor %}
+//	{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}
+//
+// A string is iterable in Jinja, so a tool message's text is written as a
+// JSON string (transformers' tojson: json.dumps with ensure_ascii=False).
+func renderLlama31(t *Template, msgs []Message, gen bool) (string, error) {
+	sys, _, rest := splitSystem(msgs)
+	var b strings.Builder
+	b.WriteString(t.BOS + llama31Header + strings.TrimSpace(sys) + "<|eot_id|>")
+	for _, m := range rest {
+		if m.Role == "tool" || m.Role == "ipython" {
+			b.WriteString("<|start_header_id|>ipython<|end_header_id|>\n\n" + pyJSONString(m.Content) + "<|eot_id|>")
+			continue
+		}
+		b.WriteString("<|start_header_id|>" + m.Role + "<|end_header_id|>\n\n" + strings.TrimSpace(m.Content) + "<|eot_id|>")
+	}
+	if gen {
+		b.WriteString("<|start_header_id|>assistant<|end_header_id|>\n\n")
+	}
+	return b.String(), nil
+}
+
+// pyJSONString is Python's json.dumps(s, ensure_ascii=False) of a string:
+// quotes, backslashes and control characters escaped, the rest as is.
+func pyJSONString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		switch r {
+		case '"':
+			b.WriteString(`\"`)
+		case '\\':
+			b.WriteString(`\\`)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		case '\b':
+			b.WriteString(`\b`)
+		case '\f':
+			b.WriteString(`\f`)
+		default:
+			if r < 0x20 {
+				fmt.Fprintf(&b, `\u%04x`, r)
+			} else {
+				b.WriteRune(r)
+			}
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// renderMistralV3 is Mistral's v3 template (mistralai/Mistral-7B-Instruct-v0.3)
+// and, for the template named mistral-v3-tekken, its tekken form
+// (mistralai/Mistral-Nemo-Instruct-2407), as their tokenizer_config.json
+// chat_templates render without tools:
+//
+//	v3:     {{- bos_token }} … user: {{- "[INST] " + message["content"] + "[/INST]" }}
+//	        (the last message, if a user's: {{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }})
+//	        assistant: {{- " " + message["content"]|trim + eos_token}}
+//	tekken: user: {{- "[INST]" + message["content"] + "[/INST]" }} (system likewise, "[INST]" + system_message + "\n\n" + …)
+//	        assistant: {{- message["content"] + eos_token}}
+//
+// that is <s>[INST] user[/INST] assistant</s>[INST] system\n\nuser[/INST]
+// and <s>[INST]user[/INST]assistant</s>[INST]system\n\nuser[/INST]. The
+// system message goes into the last message only when that is a user's
+// (`loop.last and system_message is defined`): a conversation ending with
+// an assistant turn renders without it, as the templates do. There is no
+// generation prompt.
+func renderMistralV3(t *Template, msgs []Message, gen bool) (string, error) {
+	sys, hasSys, rest := splitSystem(msgs)
+	if err := alternate(t.Name, rest); err != nil {
+		return "", err
+	}
+	tekken := t.Name == "mistral-v3-tekken"
+	inst := "[INST] "
+	if tekken {
+		inst = "[INST]"
+	}
+	var b strings.Builder
+	b.WriteString(t.BOS)
+	for i, m := range rest {
+		switch {
+		case m.Role == "user" && i == len(rest)-1 && hasSys:
+			b.WriteString(inst + sys + "\n\n" + m.Content + "[/INST]")
+		case m.Role == "user":
+			b.WriteString(inst + m.Content + "[/INST]")
+		case tekken:
+			b.WriteString(m.Content + t.EOS)
+		default:
+			b.WriteString(" " + strings.TrimSpace(m.Content) + t.EOS)
+		}
+	}
+	return b.String(), nil
+}
+
+// renderMistralV7 is Mistral's v7 template (mistralai/Mistral-Large-Instruct-2411):
+//
+//	{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + '[/INST]' }}
+//	{% elif message['role'] == 'system' %}{{ '[SYSTEM_PROMPT] ' + message['content'] + '[/SYSTEM_PROMPT]' }}
+//	{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'] + eos_token }}
+//	{% else %}{{ raise_exception('Only user, system and assistant roles are supported!') }}{% endif %}{% endfor %}
+//
+// that is <s>[SYSTEM_PROMPT] system[/SYSTEM_PROMPT][INST] user[/INST] assistant</s>;
+// system messages may come anywhere; there is no generation prompt.
+func renderMistralV7(t *Template, msgs []Message, gen bool) (string, error) {
+	var b strings.Builder
+	b.WriteString(t.BOS)
+	for _, m := range msgs {
+		switch m.Role {
+		case "user":
+			b.WriteString("[INST] " + m.Content + "[/INST]")
+		case "system":
+			b.WriteString("[SYSTEM_PROMPT] " + m.Content + "[/SYSTEM_PROMPT]")
+		case "assistant":
+			b.WriteString(" " + m.Content + t.EOS)
+		default:
+			return "", fmt.Errorf("chat: %s: role %q is not supported (system, user, assistant)", t.Name, m.Role)
+		}
 	}
 	return b.String(), nil
 }

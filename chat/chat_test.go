@@ -52,8 +52,40 @@ func TestRender(t *testing.T) {
 
 		{"phi3", conv, true, "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi there<|end|>\n<|assistant|>\nHello! <|end|>\n<|user|>\n What is 2+2?<|end|>\n<|assistant|>\n"},
 		{"phi3", []Message{u1}, false, "<|user|>\nHi there<|end|>\n"},
+
+		// Llama 3.1/3.2: the system header always, with the knowledge and
+		// today dates; contents trimmed; a tool's text as a JSON string.
+		{"llama3.1", conv, true, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n" +
+			"Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nYou are terse.<|eot_id|>" +
+			"<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>" +
+			"<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>" +
+			"<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>" +
+			"<|start_header_id|>assistant<|end_header_id|>\n\n"},
+		{"llama3.1", []Message{u1}, false, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n" +
+			"Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>" +
+			"<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"},
+		{"llama3.1", []Message{{"system", "  Be brief.\n"}, u1, {"tool", "{\"t\": \"20\u00b0C\\n\"}\n"}}, true,
+			"<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n" +
+				"Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|>" +
+				"<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>" +
+				"<|start_header_id|>ipython<|end_header_id|>\n\n\"{\\\"t\\\": \\\"20\u00b0C\\\\n\\\"}\\n\"<|eot_id|>" +
+				"<|start_header_id|>assistant<|end_header_id|>\n\n"},
+
+		// Mistral v3 (7B v0.3): "[INST] " and "[/INST]", the system message
+		// in the last user turn, assistant text trimmed.
+		{"mistral-v3", conv, true, "<s>[INST] Hi there[/INST] Hello!</s>[INST] You are terse.\n\n What is 2+2?[/INST]"},
+		{"mistral-v3", []Message{u1}, true, "<s>[INST] Hi there[/INST]"},
+		{"mistral-v3", conv[:3], false, "<s>[INST] Hi there[/INST] Hello!</s>"}, // ends with the assistant: no system
+		// v3-tekken (Nemo): no spaces at all, assistant text as is.
+		{"mistral-v3-tekken", conv, true, "<s>[INST]Hi there[/INST]Hello! </s>[INST]You are terse.\n\n What is 2+2?[/INST]"},
+		{"mistral-v3-tekken", []Message{u1}, true, "<s>[INST]Hi there[/INST]"},
+		// v7 (Large 2411): [SYSTEM_PROMPT] blocks wherever system messages are.
+		{"mistral-v7", conv, true, "<s>[SYSTEM_PROMPT] You are terse.[/SYSTEM_PROMPT][INST] Hi there[/INST] Hello! </s>[INST]  What is 2+2?[/INST]"},
+		{"mistral-v7", []Message{u1, a1, sys, u2}, true, "<s>[INST] Hi there[/INST] Hello! </s>[SYSTEM_PROMPT] You are terse.[/SYSTEM_PROMPT][INST]  What is 2+2?[/INST]"},
 	}
+	covered := map[string]bool{}
 	for _, c := range cases {
+		covered[c.tmpl] = true
 		tm, err := Lookup(c.tmpl)
 		if err != nil {
 			t.Fatal(err)
@@ -65,6 +97,38 @@ func TestRender(t *testing.T) {
 		}
 		if got != c.want {
 			t.Errorf("%s:\n got %q\nwant %q", c.tmpl, got, c.want)
+		}
+	}
+	for _, n := range Names() {
+		if !covered[n] {
+			t.Errorf("template %s has no exact-string case", n)
+		}
+		if _, ok := jinja[n]; !ok {
+			t.Errorf("template %s has no Jinja source for TestDetect", n)
+		}
+	}
+}
+
+// TestRenderLlamaCppConversation renders llama.cpp's test conversation
+// (tests/test-chat-template.cpp: BOS "", a reply with spaces around it)
+// and compares with the outputs that file records for the Hugging Face
+// templates of Mistral 7B v0.3, Nemo and Large 2411.
+func TestRenderLlamaCppConversation(t *testing.T) {
+	msgs := []Message{{"system", "You are a helpful assistant"}, {"user", "Hello"}, {"assistant", "Hi there"},
+		{"user", "Who are you"}, {"assistant", "   I am an assistant   "}, {"user", "Another question"}}
+	for name, want := range map[string]string{
+		"mistral-v3":        "[INST] Hello[/INST] Hi there</s>[INST] Who are you[/INST] I am an assistant</s>[INST] You are a helpful assistant\n\nAnother question[/INST]",
+		"mistral-v3-tekken": "[INST]Hello[/INST]Hi there</s>[INST]Who are you[/INST]   I am an assistant   </s>[INST]You are a helpful assistant\n\nAnother question[/INST]",
+		"mistral-v7":        "[SYSTEM_PROMPT] You are a helpful assistant[/SYSTEM_PROMPT][INST] Hello[/INST] Hi there</s>[INST] Who are you[/INST]    I am an assistant   </s>[INST] Another question[/INST]",
+	} {
+		tm, err := Lookup(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tm.BOS = ""
+		got, err := tm.Render(msgs, true)
+		if err != nil || got != want {
+			t.Errorf("%s:\n got %q (%v)\nwant %q", name, got, err, want)
 		}
 	}
 }
@@ -93,13 +157,17 @@ func TestRenderErrors(t *testing.T) {
 		{"mistral", []Message{u1, sys}, `role "system" is not supported`},
 		{"zephyr", []Message{{"tool", "x"}}, `role "tool" is not supported`},
 		{"phi3", []Message{{"tool", "x"}}, `role "tool" is not supported`},
+		{"mistral-v3", []Message{u1, u1}, "must alternate"},
+		{"mistral-v3-tekken", []Message{sys, a1}, "must alternate"},
+		{"mistral-v3", []Message{u1, a1, sys, u2}, `role "system" is not supported`},
+		{"mistral-v7", []Message{{"tool", "x"}}, `role "tool" is not supported`},
 	} {
 		tm, _ := Lookup(c.tmpl)
 		if _, err := tm.Render(c.msgs, true); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s %v: error %v, want %q", c.tmpl, c.msgs, err, c.want)
 		}
 	}
-	if _, err := Lookup("vicuna"); err == nil || !strings.Contains(err.Error(), `unknown template "vicuna" (known: chatml, llama2, llama3, mistral, phi3, zephyr)`) {
+	if _, err := Lookup("vicuna"); err == nil || !strings.Contains(err.Error(), `unknown template "vicuna" (known: chatml, llama2, llama3, llama3.1, mistral, mistral-v3, mistral-v3-tekken, mistral-v7, phi3, zephyr)`) {
 		t.Errorf("Lookup error %v", err)
 	}
 }
@@ -110,8 +178,14 @@ var jinja = map[string]string{
 	"llama3":  "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
 	"chatml":  "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
 	"mistral": "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}",
-	"zephyr":  "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}",
-	"phi3":    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}",
+	// Llama 3.1 Instruct's template, its tool branches left out.
+	"llama3.1": "{{- bos_token }}\n{%- if not date_string is defined %}\n    {%- set date_string = \"26 Jul 2024\" %}\n{%- endif %}\n{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content']|trim %}\n    {%- set messages = messages[1:] %}\n{%- else %}\n    {%- set system_message = \"\" %}\n{%- endif %}\n{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}\n{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n{{- \"Today Date: \" + date_string + \"\\n\\n\" }}\n{{- system_message }}\n{{- \"<|eot_id|>\" }}\n{%- for message in messages %}\n    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n{%- endif %}\n",
+	// Mistral 7B Instruct v0.3's and Nemo's templates, without the tool branches.
+	"mistral-v3":        "{%- if messages[0][\"role\"] == \"system\" %}\n    {%- set system_message = messages[0][\"content\"] %}\n    {%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif %}\n{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n        {%- if loop.last and system_message is defined %}\n            {{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n        {%- else %}\n            {{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif %}\n    {%- elif message[\"role\"] == \"assistant\" %}\n        {{- \" \" + message[\"content\"]|trim + eos_token}}\n    {%- endif %}\n{%- endfor %}\n",
+	"mistral-v3-tekken": "{%- if messages[0][\"role\"] == \"system\" %}\n    {%- set system_message = messages[0][\"content\"] %}\n    {%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif %}\n{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n        {%- if loop.last and system_message is defined %}\n            {{- \"[INST]\" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n        {%- else %}\n            {{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif %}\n    {%- elif message[\"role\"] == \"assistant\" %}\n        {{- message[\"content\"] + eos_token}}\n    {%- endif %}\n{%- endfor %}\n",
+	"mistral-v7":        "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ '[SYSTEM_PROMPT] ' + message['content'] + '[/SYSTEM_PROMPT]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'] + eos_token }}{% else %}{{ raise_exception('Only user, system and assistant roles are supported!') }}{% endif %}{% endfor %}",
+	"zephyr":            "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}",
+	"phi3":              "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}",
 }
 
 func TestDetect(t *testing.T) {
@@ -122,6 +196,20 @@ func TestDetect(t *testing.T) {
 	}
 	if Detect("{{ messages }}") != "" || Detect("") != "" {
 		t.Error("unknown templates must not be recognised")
+	}
+	// Mistral Small 3's v7-tekken ("[SYSTEM_PROMPT]" and "[INST]" with no
+	// space, a default system prompt) is not built in: not taken for v7.
+	if got := Detect("{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}{{- '[INST]' + message['content'] + '[/INST]' }}"); got != "" {
+		t.Errorf("v7-tekken detected as %q", got)
+	}
+	// Every built-in template can be named, and aliases resolve.
+	for _, n := range append(Names(), "llama3.2", "Llama-3.1", "mistral-nemo", "mistral-v1") {
+		if _, err := Lookup(n); err != nil {
+			t.Error(err)
+		}
+	}
+	if tm, _ := Lookup("llama3.2"); tm.Name != "llama3.1" {
+		t.Errorf("llama3.2 is %s", tm.Name)
 	}
 }
 
@@ -140,6 +228,10 @@ func TestForModel(t *testing.T) {
 		{Model{Arch: "llama", Template: jinja["zephyr"]}, "", "zephyr", "chat_template"},
 		{Model{Arch: "llama", Template: jinja["llama3"]}, "ChatML", "chatml", "override"},
 		{Model{Arch: "llama", Template: "{{ unknown }}"}, "", "llama2", "architecture"},
+		{Model{Arch: "llama", Template: jinja["llama3.1"]}, "", "llama3.1", "chat_template"},
+		{Model{Arch: "llama", Template: jinja["mistral-v3-tekken"]}, "", "mistral-v3-tekken", "chat_template"},
+		{Model{Arch: "mistral", Template: jinja["mistral-v7"]}, "", "mistral-v7", "chat_template"},
+		{Model{Arch: "llama", Template: jinja["llama3"]}, "mistral-v3", "mistral-v3", "override"},
 	}
 	for _, c := range cases {
 		tm, how, err := ForModel(c.m, c.override)

@@ -7,30 +7,69 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 
 	"github.com/kvlm/kvlm/gguf"
 	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/tensor"
 	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"
 )
 
-// genShape is the architecture of a generated model (GGUF "llama").
+// genShape is the architecture of a generated model.
 type genShape struct {
+	Arch                                     string // general.architecture; "" is llama
 	Dim, Layers, Heads, KVHeads, Hidden, Ctx int
 	RopeTheta                                float32
-	Tied                                     bool // no output.weight: the classifier is the embedding
+	Eps                                      float32 // RMSNorm epsilon; 0 is 1e-5
+	Tied                                     bool    // no output.weight: the classifier is the embedding
+	Biases                                   bool    // Q/K/V biases (qwen2), drawn N(0, 0.5²)
+	// Llama3Rope, if set, is Llama 3.1's rope_scaling (type llama3), written
+	// as the rope_freqs.weight tensor llama.cpp's converter stores.
+	Llama3Rope *genLlama3Rope
+	// Vocab is the vocabulary written: "" (the 32,000-token llama2
+	// SentencePiece vocabulary), "llama3" (Llama 3's 128,256-token
+	// byte-level BPE, pre-tokenizer llama-bpe, the Llama 3.1 chat
+	// template) or "qwen2" (Llama 3's 128,000 regular tokens with Qwen 2's
+	// pre-tokenizer name and ChatML special tokens and template).
+	Vocab string
+}
+
+// genLlama3Rope are rope_scaling's parameters (factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings).
+type genLlama3Rope struct {
+	Factor, Low, High float64
+	OrigCtx           int
+}
+
+func (sh genShape) arch() string {
+	if sh.Arch == "" {
+		return "llama"
+	}
+	return sh.Arch
 }
 
 // genShapes are the shapes gen-model knows: real models' dimensions with
-// random weights, for benchmarks.
+// random weights, for benchmarks, and tiny ones for tests.
 var genShapes = map[string]genShape{
 	// For tests: small, every dimension a multiple of 256 (K-quants).
 	"tiny": {Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 512, RopeTheta: 10000},
+	// For tests: Llama 3.2's format at width 64 (head dim 16): tied
+	// classifier, theta 500000, Llama 3.2's rope_scaling as rope_freqs, the
+	// 128K vocabulary, EOS <|eot_id|>, the Llama 3.1 chat template.
+	"llama3-tiny": {Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 128, Ctx: 512, RopeTheta: 500000, Tied: true,
+		Llama3Rope: &genLlama3Rope{Factor: 32, Low: 1, High: 4, OrigCtx: 8192}, Vocab: "llama3"},
+	// For tests: a qwen2 model at width 64: Q/K/V biases, NEOX RoPE,
+	// theta 1e6, eps 1e-6, an untied classifier (as Qwen 2 7B), the ChatML
+	// template.
+	"qwen2-tiny": {Arch: "qwen2", Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 128, Ctx: 512, RopeTheta: 1e6, Eps: 1e-6,
+		Biases: true, Vocab: "qwen2"},
 	// llama2.c's stories110M.
 	"llama-110m": {Dim: 768, Layers: 12, Heads: 12, KVHeads: 12, Hidden: 2048, Ctx: 1024, RopeTheta: 10000},
 	// TinyLlama-1.1B.
@@ -69,6 +108,22 @@ func genTensorType(mix, name string, layer, layers int) tensor.DType {
 	return tensor.Q4_K
 }
 
+// genFallback is the type a matrix of rows of cols values is written in
+// when its type's blocks do not divide the rows (K-quants' 256 values in a
+// model of width 64), as llama.cpp's quantizer falls back: Q6_K becomes
+// Q8_0 there; Q4_K becomes Q5_0 there, which kvlm does not compute, so
+// Q8_0 here (at least as many bits as llama.cpp's choice); a row that the
+// fallback's 32-value blocks do not divide either becomes F16.
+func genFallback(t tensor.DType, cols int) tensor.DType {
+	if cols%t.BlockSize() == 0 {
+		return t
+	}
+	if cols%tensor.Q8_0.BlockSize() == 0 {
+		return tensor.Q8_0
+	}
+	return tensor.F16
+}
+
 type genOptions struct {
 	shape, typ, out, tokPath string
 	seed                     uint64
@@ -84,35 +139,54 @@ func newGenModel() *cobra.Command {
 	sort.Strings(names)
 	c := &cobra.Command{
 		Use:   "gen-model --shape NAME --type T -o X.gguf",
-		Short: "Write a random-weight llama GGUF of a real model's shape (for benchmarks)",
-		Long: "gen-model writes a llama GGUF with the dimensions of a known model, random weights\n" +
+		Short: "Write a random-weight GGUF of a real model's shape (for benchmarks and tests)",
+		Long: "gen-model writes a GGUF with the dimensions of a known model, random weights\n" +
 			"(drawn so that activations stay finite) quantized with kvlm's own quantizers, and\n" +
-			"the 32,000-token llama2 vocabulary. Shapes: " + strings.Join(names, ", ") + ".\n" +
-			"Types: " + strings.Join(genTypes, ", ") + " (norms stay F32).",
+			"a real vocabulary: the 32,000-token llama2 one, or for llama3-tiny and qwen2-tiny\n" +
+			"the 128K Llama 3 one (qwen2-tiny: a qwen2 model with Q/K/V biases, NEOX RoPE and\n" +
+			"ChatML). Shapes: " + strings.Join(names, ", ") + ".\n" +
+			"Types: " + strings.Join(genTypes, ", ") + " (norms and biases stay F32; a matrix\n" +
+			"whose rows the type's blocks do not divide is written as llama.cpp falls back:\n" +
+			"Q8_0, else F16).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := genModel(o)
+			n, fb, err := genModel(o)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %s, %s, %s\n", o.out, o.shape, o.typ, human(n))
+			if len(fb) > 0 {
+				count := map[tensor.DType]int{}
+				for _, t := range fb {
+					count[t]++
+				}
+				var parts []string
+				for t, k := range count {
+					parts = append(parts, fmt.Sprintf("%s for %d", t, k))
+				}
+				sort.Strings(parts)
+				fmt.Fprintf(cmd.ErrOrStderr(), "gen-model: %s: %s matrices, as llama.cpp falls back where rows are not whole blocks of the type\n",
+					strings.ToUpper(o.typ), strings.Join(parts, ", "))
+			}
 			return nil
 		},
 	}
 	c.Flags().StringVar(&o.shape, "shape", "", "model shape: "+strings.Join(names, ", "))
 	c.Flags().StringVar(&o.typ, "type", "F16", "weight type: "+strings.Join(genTypes, ", "))
 	c.Flags().StringVarP(&o.out, "out", "o", "", "output GGUF file")
-	c.Flags().StringVar(&o.tokPath, "tokenizer", "", "llama2.c tokenizer.bin (default: the shared llama2 tokenizer)")
+	c.Flags().StringVar(&o.tokPath, "tokenizer", "", "vocabulary: a llama2.c tokenizer.bin, or for llama3-tiny and qwen2-tiny a folder\n"+
+		"holding encoder.json and vocab.bpe (default: the shared llama2-tokenizer or llama3-tokenizer)")
 	c.Flags().Uint64Var(&o.seed, "seed", 1, "random seed")
 	c.Flags().IntVar(&o.ctx, "ctx", 0, "context length (default: the shape's)")
 	return c
 }
 
-// genModel writes the file and returns its size.
-func genModel(o genOptions) (int64, error) {
+// genModel writes the file and returns its size and the matrices written
+// in a fallback type (name → type).
+func genModel(o genOptions) (int64, map[string]tensor.DType, error) {
 	sh, ok := genShapes[o.shape]
 	if !ok {
-		return 0, fmt.Errorf("unknown shape %q (try kvlm gen-model --help)", o.shape)
+		return 0, nil, fmt.Errorf("unknown shape %q (try kvlm gen-model --help)", o.shape)
 	}
 	mix := ""
 	for _, t := range genTypes {
@@ -121,113 +195,252 @@ func genModel(o genOptions) (int64, error) {
 		}
 	}
 	if mix == "" {
-		return 0, fmt.Errorf("unknown type %q (one of %s)", o.typ, strings.Join(genTypes, ", "))
+		return 0, nil, fmt.Errorf("unknown type %q (one of %s)", o.typ, strings.Join(genTypes, ", "))
 	}
 	if o.out == "" {
-		return 0, errors.New("no output file: use -o X.gguf")
+		return 0, nil, errors.New("no output file: use -o X.gguf")
 	}
 	if o.ctx < 0 {
-		return 0, errors.New("--ctx must be positive")
+		return 0, nil, errors.New("--ctx must be positive")
 	}
 	if o.ctx > 0 {
 		sh.Ctx = o.ctx
 	}
-	if o.tokPath == "" {
-		d := shared.Dir()
-		if d == "" {
-			return 0, errors.New("shared folder not found: give --tokenizer llama2 tokenizer.bin (or set KVLM_SHARED)")
-		}
-		o.tokPath = filepath.Join(d, "models", "llama2-tokenizer", "tokenizer.bin")
-	}
-	tok, err := tokenizer.LoadLlama2C(o.tokPath, 0)
+	voc, err := genLoadVocab(sh.Vocab, o.tokPath)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	w, err := genWriter(sh, mix, o.shape, tok, o.seed)
+	w, fb, err := genWriter(sh, mix, o.shape, voc, o.seed)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if err := w.WriteFile(o.out); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	var n int64
 	for _, t := range w.Tensors() {
 		n = max(n, int64(t.Offset+t.Size))
 	}
-	return n, nil
+	return n, fb, nil
+}
+
+// genKV is one metadata key and its value.
+type genKV struct {
+	key string
+	val any
+}
+
+// genVocab is a vocabulary as GGUF metadata: its tokenizer.* keys.
+type genVocab struct {
+	size int
+	kvs  []genKV
+}
+
+// The chat templates written with the BPE vocabularies.
+const (
+	// genLlama31Template is Llama 3.1 Instruct's chat template with its
+	// tool-calling branches left out (kvlm's chat package recognises it
+	// as llama3.1 by its "Cutting Knowledge Date" header).
+	genLlama31Template = `{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+`
+	// genQwen2Template is Qwen 2 Instruct's ChatML template.
+	genQwen2Template = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}" +
+		"{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}" +
+		"{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}" +
+		"{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+// genChatMLSpecials are Qwen 2's special tokens, in its order.
+var genChatMLSpecials = []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+
+// genLoadVocab reads the vocabulary of kind (see genShape.Vocab) from path,
+// or from the shared folder when path is "".
+func genLoadVocab(kind, path string) (genVocab, error) {
+	if path == "" {
+		d := shared.Dir()
+		if d == "" {
+			return genVocab{}, errors.New("shared folder not found: give --tokenizer (or set KVLM_SHARED)")
+		}
+		if kind == "" {
+			path = filepath.Join(d, "models", "llama2-tokenizer", "tokenizer.bin")
+		} else {
+			path = filepath.Join(d, "models", "llama3-tokenizer")
+		}
+	}
+	if kind == "" {
+		tok, err := tokenizer.LoadLlama2C(path, 0)
+		if err != nil {
+			return genVocab{}, err
+		}
+		pieces, scores, types := tok.Export()
+		return genVocab{size: tok.VocabSize(), kvs: []genKV{
+			{"tokenizer.ggml.model", "llama"},
+			{"tokenizer.ggml.tokens", pieces},
+			{"tokenizer.ggml.scores", scores},
+			{"tokenizer.ggml.token_type", types},
+			{"tokenizer.ggml.bos_token_id", uint32(tok.BOS())},
+			{"tokenizer.ggml.eos_token_id", uint32(tok.EOS())},
+			{"tokenizer.ggml.unknown_token_id", uint32(tok.Unk())},
+			{"tokenizer.ggml.add_bos_token", true},
+			{"tokenizer.ggml.add_eos_token", false},
+		}}, nil
+	}
+	enc, err := os.ReadFile(filepath.Join(path, "encoder.json"))
+	if err != nil {
+		return genVocab{}, fmt.Errorf("--tokenizer for a Llama 3 vocabulary is a folder holding encoder.json and vocab.bpe: %w", err)
+	}
+	bpe, err := os.ReadFile(filepath.Join(path, "vocab.bpe"))
+	if err != nil {
+		return genVocab{}, fmt.Errorf("--tokenizer for a Llama 3 vocabulary is a folder holding encoder.json and vocab.bpe: %w", err)
+	}
+	tokens, merges, err := tokenizer.ReadGPT2Vocab(enc, bpe)
+	if err != nil {
+		return genVocab{}, err
+	}
+	types := make([]int32, len(tokens))
+	for i := range types {
+		types[i] = tokenizer.TypeNormal
+	}
+	specials, pre, tmpl := tokenizer.Llama3Specials(), "llama-bpe", genLlama31Template
+	if kind == "qwen2" {
+		specials, pre, tmpl = genChatMLSpecials, "qwen2", genQwen2Template
+	}
+	first := len(tokens)
+	for _, sp := range specials {
+		tokens = append(tokens, sp)
+		types = append(types, tokenizer.TypeControl)
+	}
+	id := func(s string) uint32 { return uint32(first + slices.Index(specials, s)) }
+	kvs := []genKV{
+		{"tokenizer.ggml.model", "gpt2"},
+		{"tokenizer.ggml.pre", pre},
+		{"tokenizer.ggml.tokens", tokens},
+		{"tokenizer.ggml.token_type", types},
+		{"tokenizer.ggml.merges", merges},
+	}
+	if kind == "qwen2" {
+		// As Qwen 2 Instruct GGUFs: BOS and padding <|endoftext|>, EOS
+		// <|im_end|>, no BOS added.
+		kvs = append(kvs, genKV{"tokenizer.ggml.bos_token_id", id("<|endoftext|>")}, genKV{"tokenizer.ggml.eos_token_id", id("<|im_end|>")},
+			genKV{"tokenizer.ggml.padding_token_id", id("<|endoftext|>")}, genKV{"tokenizer.ggml.add_bos_token", false})
+	} else {
+		// As Llama 3.x Instruct GGUFs: EOS <|eot_id|>, BOS added.
+		kvs = append(kvs, genKV{"tokenizer.ggml.bos_token_id", id("<|begin_of_text|>")}, genKV{"tokenizer.ggml.eos_token_id", id("<|eot_id|>")},
+			genKV{"tokenizer.ggml.add_bos_token", true})
+	}
+	kvs = append(kvs, genKV{"tokenizer.chat_template", tmpl})
+	return genVocab{size: len(tokens), kvs: kvs}, nil
 }
 
 // genWriter lays out the model; the tensors are drawn, quantized and
-// written row block by row block when the file is written.
-func genWriter(sh genShape, mix, name string, tok *tokenizer.SentencePiece, seed uint64) (*gguf.Writer, error) {
-	vocab := tok.VocabSize()
+// written row block by row block when the file is written. It returns the
+// matrices that a fallback type (genFallback) holds.
+func genWriter(sh genShape, mix, name string, voc genVocab, seed uint64) (*gguf.Writer, map[string]tensor.DType, error) {
+	vocab := voc.size
 	hd := sh.Dim / sh.Heads
+	a := sh.arch()
+	eps := sh.Eps
+	if eps == 0 {
+		eps = 1e-5
+	}
 	w := gguf.NewWriter()
-	pieces, scores, types := tok.Export()
-	kvs := []struct {
-		key string
-		val any
-	}{
-		{"general.architecture", "llama"},
+	kvs := []genKV{
+		{"general.architecture", a},
 		{"general.name", fmt.Sprintf("kvlm random %s %s", name, mix)},
 		{"general.file_type", genFileType(mix)},
-		{"llama.vocab_size", uint32(vocab)},
-		{"llama.context_length", uint32(sh.Ctx)},
-		{"llama.embedding_length", uint32(sh.Dim)},
-		{"llama.block_count", uint32(sh.Layers)},
-		{"llama.feed_forward_length", uint32(sh.Hidden)},
-		{"llama.rope.dimension_count", uint32(hd)},
-		{"llama.attention.head_count", uint32(sh.Heads)},
-		{"llama.attention.head_count_kv", uint32(sh.KVHeads)},
-		{"llama.attention.layer_norm_rms_epsilon", float32(1e-5)},
-		{"llama.rope.freq_base", sh.RopeTheta},
+		{a + ".vocab_size", uint32(vocab)},
+		{a + ".context_length", uint32(sh.Ctx)},
+		{a + ".embedding_length", uint32(sh.Dim)},
+		{a + ".block_count", uint32(sh.Layers)},
+		{a + ".feed_forward_length", uint32(sh.Hidden)},
+		{a + ".rope.dimension_count", uint32(hd)},
+		{a + ".attention.head_count", uint32(sh.Heads)},
+		{a + ".attention.head_count_kv", uint32(sh.KVHeads)},
+		{a + ".attention.layer_norm_rms_epsilon", eps},
+		{a + ".rope.freq_base", sh.RopeTheta},
 		{"general.quantization_version", uint32(2)},
-		{"tokenizer.ggml.model", "llama"},
-		{"tokenizer.ggml.tokens", pieces},
-		{"tokenizer.ggml.scores", scores},
-		{"tokenizer.ggml.token_type", types},
-		{"tokenizer.ggml.bos_token_id", uint32(tok.BOS())},
-		{"tokenizer.ggml.eos_token_id", uint32(tok.EOS())},
-		{"tokenizer.ggml.unknown_token_id", uint32(tok.Unk())},
-		{"tokenizer.ggml.add_bos_token", true},
-		{"tokenizer.ggml.add_eos_token", false},
 	}
-	for _, kv := range kvs {
+	for _, kv := range append(kvs, voc.kvs...) {
 		if err := w.Set(kv.key, kv.val); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
+	fallbacks := map[string]tensor.DType{}
 	// Weights: N(0, σ²) with σ = 0.5/√cols for the matrices, so that each
 	// product keeps its input's scale (RMSNorm resets the residual stream's
-	// scale before every block), σ = 1 for the embedding; norms are 1.
+	// scale before every block), σ = 1 for the embedding; norms are 1;
+	// biases N(0, 0.5²), large enough to change every attention score.
 	mat := func(name string, layer, rows, cols int, std float64) error {
 		typ := genTensorType(mix, name, layer, sh.Layers)
+		if fb := genFallback(typ, cols); fb != typ {
+			fallbacks[name], typ = fb, fb
+		}
 		return w.AddTensorFunc(name, typ, []uint64{uint64(cols), uint64(rows)}, func(out io.Writer) error {
 			return genMatrix(out, typ, rows, cols, std, seed, name)
 		})
 	}
+	f32vec := func(name string, v []float32) error {
+		data := make([]byte, 4*len(v))
+		if err := tensor.Quantize(tensor.F32, v, data); err != nil {
+			return err
+		}
+		return w.AddTensor(name, tensor.F32, []uint64{uint64(len(v))}, data)
+	}
 	vec := func(name string, n int) error {
-		data := make([]byte, 4*n)
 		ones := make([]float32, n)
 		for i := range ones {
 			ones[i] = 1
 		}
-		if err := tensor.Quantize(tensor.F32, ones, data); err != nil {
-			return err
+		return f32vec(name, ones)
+	}
+	bias := func(name string, n int) error {
+		if !sh.Biases {
+			return nil
 		}
-		return w.AddTensor(name, tensor.F32, []uint64{uint64(n)}, data)
+		return w.AddTensorFunc(name, tensor.F32, []uint64{uint64(n)}, func(out io.Writer) error {
+			return genMatrix(out, tensor.F32, 1, n, 0.5, seed, name)
+		})
 	}
 	qdim, kvdim := sh.Heads*hd, sh.KVHeads*hd
 	if err := mat("token_embd.weight", 0, vocab, sh.Dim, 1); err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if r := sh.Llama3Rope; r != nil {
+		f := model.Llama3RopeFactors(hd, float64(sh.RopeTheta), r.Factor, r.Low, r.High, r.OrigCtx)
+		if err := f32vec("rope_freqs.weight", f); err != nil {
+			return nil, nil, err
+		}
 	}
 	for i := 0; i < sh.Layers; i++ {
 		p := fmt.Sprintf("blk.%d.", i)
 		for _, err := range []error{
 			vec(p+"attn_norm.weight", sh.Dim),
 			mat(p+"attn_q.weight", i, qdim, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
+			bias(p+"attn_q.bias", qdim),
 			mat(p+"attn_k.weight", i, kvdim, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
+			bias(p+"attn_k.bias", kvdim),
 			mat(p+"attn_v.weight", i, kvdim, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
+			bias(p+"attn_v.bias", kvdim),
 			mat(p+"attn_output.weight", i, sh.Dim, qdim, 0.5/math.Sqrt(float64(qdim))),
 			vec(p+"ffn_norm.weight", sh.Dim),
 			mat(p+"ffn_gate.weight", i, sh.Hidden, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
@@ -235,19 +448,19 @@ func genWriter(sh genShape, mix, name string, tok *tokenizer.SentencePiece, seed
 			mat(p+"ffn_up.weight", i, sh.Hidden, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
 		} {
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 	}
 	if err := vec("output_norm.weight", sh.Dim); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if !sh.Tied {
 		if err := mat("output.weight", sh.Layers, vocab, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return w, nil
+	return w, fallbacks, nil
 }
 
 // genMatrix draws a rows×cols matrix of N(0, std²) values, quantizes it to
