@@ -47,6 +47,12 @@ type Config struct {
 	MaxPools     int    // distinct (K, V) codec pairs at most (4)
 	MaxN         int    // samples per request at most (16)
 	Observer     Observer
+	// KeyShiftPrompt, if set (usually just the BOS token), makes pools
+	// whose key codec quantizes per token (q8, q4) store the keys around
+	// the model's mean keys (kvcache.PoolConfig.KeyShift), estimated once,
+	// when the first such pool is made, by model.KeyMeans from this prompt
+	// (model.DefaultKeyMeanTokens tokens the model writes, seed 1).
+	KeyShiftPrompt []int
 }
 
 // Observer receives the engine's measurements (metrics). Calls come from
@@ -94,6 +100,10 @@ type Engine struct {
 
 	fpOnce sync.Once
 	fp     string
+
+	shiftOnce sync.Once
+	shift     [][]float32 // key means for q8/q4 key pools (Config.KeyShiftPrompt)
+	shiftErr  error
 
 	nRunning, nWaiting atomic.Int64
 	prefixQueried      atomic.Int64 // prompt tokens looked up in the prefix cache
@@ -215,7 +225,15 @@ func (e *Engine) pool(kn, vn string) (*kvcache.Pool, error) {
 	if len(e.pools) >= e.cfg.MaxPools {
 		return nil, fmt.Errorf("the server keeps at most %d KV codec pairs at once and all are in use (%s)", e.cfg.MaxPools, strings.Join(e.poolNamesLocked(), ", "))
 	}
-	p, err := kvcache.NewPool(kvcache.PoolConfig{Layout: e.m.KVLayout(), BlockTokens: e.cfg.BlockTokens, K: k, V: v, MemBytes: e.budget})
+	var shift [][]float32
+	if len(e.cfg.KeyShiftPrompt) > 0 && codec.Shifted(k, make([]float32, e.m.HeadDim)) != k {
+		e.shiftOnce.Do(func() { e.shift, e.shiftErr = e.m.KeyMeans(e.cfg.KeyShiftPrompt, 0, 1) })
+		if e.shiftErr != nil {
+			return nil, fmt.Errorf("key means for %s keys: %w", k.Name(), e.shiftErr)
+		}
+		shift = e.shift
+	}
+	p, err := kvcache.NewPool(kvcache.PoolConfig{Layout: e.m.KVLayout(), BlockTokens: e.cfg.BlockTokens, K: k, V: v, MemBytes: e.budget, KeyShift: shift})
 	if err != nil {
 		return nil, err
 	}

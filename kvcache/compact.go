@@ -146,7 +146,7 @@ func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
 		}
 		src, si := t.blocks[slot/B], slot%B
 		dst, di := t.blocks[dk/B], dk%B
-		if !codec.CopySlot(p.kc, p.kbuf(dst), B, di, p.kbuf(src), B, si, d) ||
+		if !codec.CopySlot(codec.Base(t.kc), p.kbuf(dst), B, di, p.kbuf(src), B, si, d) ||
 			!codec.CopySlot(p.vc, p.vbuf(dst), B, di, p.vbuf(src), B, si, d) {
 			return fmt.Errorf("codec %s/%s cannot move slots", p.kc.Name(), p.vc.Name())
 		}
@@ -176,7 +176,7 @@ func (s *Paged) keepSealed(t *table, first int, fromBlocks, fromRes []int) error
 	kx, vx := make([]float32, d), make([]float32, d)
 	for j, slot := range fromBlocks {
 		b, i := t.blocks[slot/B], slot%B
-		p.kc.Get(p.kbuf(b), B, d, i, kx)
+		t.kc.Get(p.kbuf(b), B, d, i, kx)
 		p.vc.Get(p.vbuf(b), B, d, i, vx)
 		nr.put(j, d, kx, vx)
 		nr.pos[j] = p.posbuf(b)[i]
@@ -277,10 +277,10 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 		if e := p.meta[b].entry; e != nil {
 			p.dropEntry(e) // the block's contents change
 		}
-		p.kc.Get(p.kbuf(b), p.B, d, i%p.B, key)
+		t.kc.Get(p.kbuf(b), p.B, d, i%p.B, key)
 		pos := &p.posbuf(b)[i%p.B]
 		*pos = fn(*pos, key)
-		p.kc.Put(p.kbuf(b), p.B, d, i%p.B, key)
+		t.kc.Put(p.kbuf(b), p.B, d, i%p.B, key)
 	}
 	t.dirty = true
 	s.pristine = false

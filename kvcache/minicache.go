@@ -78,7 +78,9 @@ type merged struct {
 
 func (m *merged) len() int { return m.dir.n + m.ret.n }
 
-func (m *merged) segments(p *Pool, segs []Segment) []Segment {
+// kc is the table's own key codec (its retained tokens); the merged
+// directions, shared by two layers, use the pool's.
+func (m *merged) segments(p *Pool, kc codec.Codec, segs []Segment) []Segment {
 	off := 0
 	for j, b := range m.dir.blocks {
 		n := int(m.dir.cnt[j])
@@ -88,7 +90,7 @@ func (m *merged) segments(p *Pool, segs []Segment) []Segment {
 	}
 	for j, b := range m.ret.blocks {
 		n := int(m.ret.cnt[j])
-		segs = append(segs, Segment{K: p.kbuf(b), V: p.vbuf(b), KC: p.kc, VC: p.vc, Cap: p.B, N: n, Pos: p.posbuf(b)[:n]})
+		segs = append(segs, Segment{K: p.kbuf(b), V: p.vbuf(b), KC: kc, VC: p.vc, Cap: p.B, N: n, Pos: p.posbuf(b)[:n]})
 	}
 	return segs
 }
@@ -296,7 +298,7 @@ func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained in
 			if i < nb {
 				b := t.blocks[i/B]
 				q = p.posbuf(b)[i%B]
-				p.kc.Get(p.kbuf(b), B, d, i%B, x)
+				t.kc.Get(p.kbuf(b), B, d, i%B, x)
 				p.vc.Get(p.vbuf(b), B, d, i%B, y)
 			} else {
 				r, o := t.res, i-nb
@@ -381,19 +383,19 @@ func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained in
 			if j == 1 {
 				k, v = kb, vb
 			}
-			stage[j].k = make([]byte, p.kc.BlockBytes(keepN, d))
+			stage[j].k = make([]byte, t.kc.BlockBytes(keepN, d))
 			stage[j].v = make([]byte, p.vc.BlockBytes(keepN, d))
 			for o, i := range retained {
 				if i >= nb {
 					if !grouped {
-						p.kc.Put(stage[j].k, keepN, d, o, k[i*d:(i+1)*d])
+						t.kc.Put(stage[j].k, keepN, d, o, k[i*d:(i+1)*d])
 					}
 					p.vc.Put(stage[j].v, keepN, d, o, v[i*d:(i+1)*d])
 					continue
 				}
 				b := t.blocks[i/B]
 				if !grouped {
-					codec.CopySlot(p.kc, stage[j].k, keepN, o, p.kbuf(b), B, i%B, d)
+					codec.CopySlot(codec.Base(t.kc), stage[j].k, keepN, o, p.kbuf(b), B, i%B, d)
 				}
 				if !codec.CopySlot(p.vc, stage[j].v, keepN, o, p.vbuf(b), B, i%B, d) {
 					if fresh {
@@ -433,14 +435,14 @@ func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained in
 		mb.kmag, mb.vmag = append(mb.kmag, nkb[i]), append(mb.vmag, nvb[i])
 	}
 	for j, m := range []*merged{ma, mb} {
-		keys := ka
+		keys, kc := ka, ta.kc
 		if j == 1 {
-			keys = kb
+			keys, kc = kb, tb.kc
 		}
 		sk, sv := stage[j].k, stage[j].v
 		s.fill([]*region{&m.ret}, keepN, func(b int32, slot, k int) {
 			if !grouped {
-				codec.CopySlot(p.kc, p.kbuf(b), B, slot, sk, keepN, k, d)
+				codec.CopySlot(codec.Base(kc), p.kbuf(b), B, slot, sk, keepN, k, d)
 			}
 			codec.CopySlot(p.vc, p.vbuf(b), B, slot, sv, keepN, k, d)
 			p.posbuf(b)[slot] = pos[retained[k]]

@@ -250,7 +250,7 @@ func checkMerge(t *testing.T, s *Paged, before []map[int32][]float32, uppers []i
 		merged := map[int32]bool{}
 		var retained []int32
 		if m := tb.mini; m != nil {
-			for _, seg := range m.segments(p, nil) {
+			for _, seg := range m.segments(p, tb.kc, nil) {
 				for i := 0; i < seg.N; i++ {
 					if seg.KMag != nil {
 						merged[seg.Pos[i]] = true
@@ -311,7 +311,7 @@ func checkMerge(t *testing.T, s *Paged, before []map[int32][]float32, uppers []i
 			}
 		}
 		var lret []int32
-		for _, seg := range lo.mini.segments(p, nil) {
+		for _, seg := range lo.mini.segments(p, lo.kc, nil) {
 			if seg.KMag == nil {
 				lret = append(lret, seg.Pos[:seg.N]...)
 			}
@@ -489,20 +489,27 @@ func TestMergeLayersCodecs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 5))
 	const L, H, d, B, T = 4, 2, 16, 4, 100
 	cases := []struct {
-		k, v string
-		tol  float64 // on restored merged values, relative to ‖x‖
+		k, v  string
+		tol   float64 // on restored merged values, relative to ‖x‖
+		shift bool    // keys shifted by a mean (PoolConfig.KeyShift)
 	}{
-		{"f32", "f32", 1e-6},
-		{"f16", "bf16", 1e-2},
-		{"q8", "q8", 1e-2},
-		{"f32", "q4", 0.1},
-		{"q4", "q4", 0.1},
-		{"f32", "kivi4", 0.1},
-		{"kivi4", "kivi4", 0.1},
-		{"kivi2", "kivi2", 0.5},
+		{"f32", "f32", 1e-6, false},
+		{"f16", "bf16", 1e-2, false},
+		{"q8", "q8", 1e-2, false},
+		{"q8", "q8", 1e-2, true},
+		{"f32", "q4", 0.1, false},
+		{"q4", "q4", 0.1, false},
+		{"q4", "kivi4", 0.1, true},
+		{"f32", "kivi4", 0.1, false},
+		{"kivi4", "kivi4", 0.1, false},
+		{"kivi2", "kivi2", 0.5, false},
 	}
 	for _, c := range cases {
-		t.Run(c.k+"_"+c.v, func(t *testing.T) {
+		name := c.k + "_" + c.v
+		if c.shift {
+			name += "_shift"
+		}
+		t.Run(name, func(t *testing.T) {
 			kc, err := codec.Parse(c.k, codec.Keys)
 			if err != nil {
 				t.Fatal(err)
@@ -511,7 +518,8 @@ func TestMergeLayersCodecs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := NewPool(PoolConfig{Layout: Layout{Layers: L, KVHeads: H, HeadDim: d}, BlockTokens: B, K: kc, V: vc, Tokens: 256, Residual: 8})
+			lay := Layout{Layers: L, KVHeads: H, HeadDim: d}
+			p, err := NewPool(PoolConfig{Layout: lay, BlockTokens: B, K: kc, V: vc, Tokens: 256, Residual: 8, KeyShift: testShift(lay, c.shift)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -12,14 +12,15 @@ import (
 // table is one (layer, KV head)'s tokens: full blocks, then a partly filled
 // last block, then (KIVI only) a full-precision residual.
 type table struct {
-	blocks []int32   // physical blocks, in token order
-	n      int       // tokens held in blocks; block j holds min(B, n-j·B)
-	res    *residual // KIVI: the most recent tokens in f32, not yet sealed
-	segs   []Segment // read view, rebuilt when dirty
-	dirty  bool      // blocks or n changed since segs was built
-	kbuf   []float32 // scratch for sealing: keys and values [2][group][headDim]
-	lo, hi []float32 // scratch: per-channel range of a key group [headDim]
-	mini   *merged   // MiniCache: merged and retained tokens before the blocks (minicache.go); nil if unmerged
+	blocks []int32     // physical blocks, in token order
+	n      int         // tokens held in blocks; block j holds min(B, n-j·B)
+	res    *residual   // KIVI: the most recent tokens in f32, not yet sealed
+	segs   []Segment   // read view, rebuilt when dirty
+	dirty  bool        // blocks or n changed since segs was built
+	kbuf   []float32   // scratch for sealing: keys and values [2][group][headDim]
+	lo, hi []float32   // scratch: per-channel range of a key group [headDim]
+	mini   *merged     // MiniCache: merged and retained tokens before the blocks (minicache.go); nil if unmerged
+	kc     codec.Codec // key codec of this (layer, head): the pool's, shifted by its key mean if set (PoolConfig.KeyShift)
 }
 
 // residual holds the newest tokens of a table in f16 (KIVI keeps its
@@ -75,6 +76,7 @@ func (p *Pool) NewSequence() *Paged {
 	s := &Paged{pool: p, tables: make([]table, p.layout.Layers*p.layout.KVHeads), pristine: true}
 	for i := range s.tables {
 		s.tables[i].dirty = true
+		s.tables[i].kc = p.keyCodec(i)
 	}
 	return s
 }
@@ -218,7 +220,7 @@ func (s *Paged) appendBlock(t *table, pos int32, k, v []float32) error {
 		return err
 	}
 	d := p.layout.HeadDim
-	p.kc.Put(p.kbuf(b), p.B, d, slot, k)
+	t.kc.Put(p.kbuf(b), p.B, d, slot, k)
 	p.vc.Put(p.vbuf(b), p.B, d, slot, v)
 	p.posbuf(b)[slot] = pos
 	t.n++
@@ -339,7 +341,7 @@ func (s *Paged) seal(t *table, m int) error {
 		for i := 0; i < p.B; i++ {
 			x := (off + i) * d
 			if !grouped {
-				p.kc.Put(p.kbuf(b), p.B, d, i, ks[x:x+d])
+				t.kc.Put(p.kbuf(b), p.B, d, i, ks[x:x+d])
 			}
 			p.vc.Put(p.vbuf(b), p.B, d, i, vs[x:x+d])
 			p.posbuf(b)[i] = r.pos[off+i]
@@ -398,11 +400,11 @@ func (s *Paged) Segments(layer, head int) []Segment {
 	d := p.layout.HeadDim
 	t.segs = t.segs[:0]
 	if t.mini != nil {
-		t.segs = t.mini.segments(p, t.segs)
+		t.segs = t.mini.segments(p, t.kc, t.segs)
 	}
 	for j, b := range t.blocks {
 		n := min(p.B, t.n-j*p.B)
-		t.segs = append(t.segs, Segment{K: p.kbuf(b), V: p.vbuf(b), KC: p.kc, VC: p.vc, Cap: p.B, N: n, Pos: p.posbuf(b)[:n]})
+		t.segs = append(t.segs, Segment{K: p.kbuf(b), V: p.vbuf(b), KC: t.kc, VC: p.vc, Cap: p.B, N: n, Pos: p.posbuf(b)[:n]})
 	}
 	if r := t.res; r != nil && r.n > 0 {
 		c := len(r.pos)
@@ -479,6 +481,7 @@ func (s *Paged) Fork() *Paged {
 		ft.blocks = append([]int32(nil), t.blocks...)
 		ft.n = t.n
 		ft.dirty = true
+		ft.kc = t.kc
 		for _, b := range t.blocks {
 			p.incref(b)
 		}

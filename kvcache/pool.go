@@ -3,6 +3,7 @@ package kvcache
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/kvlm/kvlm/kvcache/codec"
@@ -26,6 +27,13 @@ type PoolConfig struct {
 	// table before they are sealed (only used when K or V is KIVI);
 	// 0 means codec.DefaultResidual.
 	Residual int
+	// KeyShift, if set, is a mean key per (layer, KV head), index
+	// layer·KVHeads + head, each [HeadDim], post-RoPE. With a key codec
+	// that quantizes per token (q8, q4), each table stores k − mean and
+	// reads add it back (codec.Shifted): the stored keys read the same, but
+	// the quantization step follows the spread of the keys around their
+	// mean instead of their offset. Other key codecs ignore it.
+	KeyShift [][]float32
 }
 
 // pblock is the bookkeeping of one physical block; its data lives in the
@@ -47,13 +55,14 @@ type Pool struct {
 	mu sync.Mutex
 
 	layout     Layout
-	B          int         // token slots per block
-	kc, vc     codec.Codec // storage codecs
-	kBytes     int         // bytes of one block's keys
-	vBytes     int         // bytes of one block's values
-	blockBytes int         // kBytes + vBytes + 4·B (positions)
-	residual   int         // KIVI full-precision residual (tokens)
-	group      int         // KIVI key group (tokens); 0 without KIVI keys
+	B          int           // token slots per block
+	kc, vc     codec.Codec   // storage codecs
+	kcs        []codec.Codec // key codec per (layer, KV head) when KeyShift applies; nil: kc everywhere
+	kBytes     int           // bytes of one block's keys
+	vBytes     int           // bytes of one block's values
+	blockBytes int           // kBytes + vBytes + 4·B (positions)
+	residual   int           // KIVI full-precision residual (tokens)
+	group      int           // KIVI key group (tokens); 0 without KIVI keys
 
 	kdata []byte   // [blocks][kBytes]
 	vdata []byte   // [blocks][vBytes]
@@ -93,6 +102,9 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	}
 	p := &Pool{layout: cfg.Layout, B: B, kc: cfg.K, vc: cfg.V, index: map[uint64]*prefixEntry{}}
 	d := cfg.Layout.HeadDim
+	if err := p.setKeyShift(cfg.KeyShift); err != nil {
+		return nil, err
+	}
 	p.kBytes = cfg.K.BlockBytes(B, d)
 	p.vBytes = cfg.V.BlockBytes(B, d)
 	p.blockBytes = p.kBytes + p.vBytes + 4*B
@@ -145,6 +157,47 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	}
 	return p, nil
 }
+
+// setKeyShift checks a KeyShift and makes the per-table key codecs.
+func (p *Pool) setKeyShift(shift [][]float32) error {
+	if shift == nil {
+		return nil
+	}
+	L := p.layout
+	if len(shift) != L.Layers*L.KVHeads {
+		return fmt.Errorf("kvcache: key shift has %d vectors, the layout needs %d (layers × KV heads)", len(shift), L.Layers*L.KVHeads)
+	}
+	for i, mu := range shift {
+		if len(mu) != L.HeadDim {
+			return fmt.Errorf("kvcache: key shift %d has %d values, head dim is %d", i, len(mu), L.HeadDim)
+		}
+		for _, v := range mu {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				return fmt.Errorf("kvcache: key shift %d is not finite", i)
+			}
+		}
+	}
+	if codec.Shifted(p.kc, shift[0]) == p.kc {
+		return nil // the key codec does not use it
+	}
+	p.kcs = make([]codec.Codec, len(shift))
+	for i, mu := range shift {
+		p.kcs[i] = codec.Shifted(p.kc, mu)
+	}
+	return nil
+}
+
+// keyCodec is the key codec of table i (layer·KVHeads + head).
+func (p *Pool) keyCodec(i int) codec.Codec {
+	if p.kcs == nil {
+		return p.kc
+	}
+	return p.kcs[i]
+}
+
+// KeyShifted reports whether the tables store keys shifted by a mean
+// (PoolConfig.KeyShift with a per-token quantized key codec).
+func (p *Pool) KeyShifted() bool { return p.kcs != nil }
 
 func isKIVI(c codec.Codec) bool { return len(c.Name()) > 4 && c.Name()[:4] == "kivi" }
 

@@ -396,13 +396,18 @@ func TestPoolExhaustion(t *testing.T) {
 }
 
 func TestRemoveRangeAndKeep(t *testing.T) {
-	for _, name := range []string{"f32", "f16", "q8", "q4"} {
+	for _, name := range []string{"f32", "f16", "q8", "q4", "q8+shift", "q4+shift"} {
 		t.Run(name, func(t *testing.T) {
-			kc, _ := codec.Parse(name, codec.Keys)
-			vc, _ := codec.Parse(name, codec.Values)
-			p, err := NewPool(PoolConfig{Layout: Layout{Layers: 2, KVHeads: 2, HeadDim: 8}, BlockTokens: 4, K: kc, V: vc, Tokens: 64})
+			base, shifted := strings.CutSuffix(name, "+shift")
+			kc, _ := codec.Parse(base, codec.Keys)
+			vc, _ := codec.Parse(base, codec.Values)
+			l := Layout{Layers: 2, KVHeads: 2, HeadDim: 8}
+			p, err := NewPool(PoolConfig{Layout: l, BlockTokens: 4, K: kc, V: vc, Tokens: 64, KeyShift: testShift(l, shifted)})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if p.KeyShifted() != shifted {
+				t.Fatalf("KeyShifted %v", p.KeyShifted())
 			}
 			s := p.NewSequence()
 			if err := appendTokens(t, s, 0, 30); err != nil {

@@ -42,6 +42,12 @@
 // value is an f16 gets scale 0 and decodes exactly; any other constant gets a
 // tiny scale and errs by at most that scale/2 (≤ |c|·2^-11/top).
 //
+// Shifted q8/q4 (keys): Shifted(c, mu) stores x − mu in c's layout and adds
+// mu back on every read (Get, Axpy; Dot adds q·mu), so a head whose vectors
+// share a large offset is quantized over its spread instead; mu is one
+// [d] vector per codec instance (per (layer, KV head) in the cache), not
+// block metadata, so bits per value are unchanged.
+//
 // Non-finite and huge inputs never panic: the range is taken over finite
 // values only (0,0 if there is none); NaN and −Inf encode as q = 0 (x̂ =
 // min), +Inf as q = top (x̂ = min+top·scale). The f16 metadata saturate at

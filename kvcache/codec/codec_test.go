@@ -661,3 +661,183 @@ func BenchmarkAxpy(b *testing.B) {
 		})
 	}
 }
+
+// ---- shifted keys --------------------------------------------------------------
+
+// TestShifted checks Shifted codecs: the block holds exactly what the plain
+// codec would hold for x − mu (so the error bounds of checkGroup apply to
+// x − mu), reads add mu back, Dot/DotAll/Axpy agree with the decoded
+// vectors, nothing allocates, and codecs that do not quantize per token
+// come back unchanged.
+func TestShifted(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, name := range []string{"f32", "f16", "bf16", "kivi2", "kivi4"} {
+		for _, kind := range []Kind{Keys, Values} {
+			c, _ := Parse(name, kind)
+			if Shifted(c, []float32{1, 2}) != c || Shift(c) != nil {
+				t.Errorf("%s/%s: Shifted changed a codec that does not quantize per token", name, kind)
+			}
+		}
+	}
+	for _, plain := range []Codec{Q8, Q4} {
+		if Shifted(plain, nil) != plain || Base(plain) != plain {
+			t.Errorf("%s: nil shift or Base changed the codec", plain.Name())
+		}
+		mu := []float32{1, 2, 3, 4, 5, 6, 7, 8}
+		c := Shifted(plain, mu)
+		mu[0] = 100
+		if Shift(c)[0] != 1 || Base(c) != plain {
+			t.Errorf("%s: Shifted must keep its own copy of mu and lay blocks out as the plain codec", plain.Name())
+		}
+		for _, ds := range datasets {
+			for _, d := range dims {
+				for _, n := range sizes {
+					mu := fill(1, d, func(int, int) float32 { return float32(20 * r.NormFloat64()) })
+					c := Shifted(plain, mu)
+					if c.Name() != plain.Name() || c.BlockBytes(n, d) != plain.BlockBytes(n, d) || !c.PerToken() {
+						t.Fatalf("%s: shifted codec changes name, layout or kind", plain.Name())
+					}
+					x := ds.gen(r, n, d)
+					for i := range n {
+						for j := range d {
+							x[i*d+j] += mu[j] // keys with an offset
+						}
+					}
+					what := fmt.Sprintf("%s/%s/d%d/n%d", plain.Name(), ds.name, d, n)
+					b := encode(c, n, d, x)
+					// The bytes are the plain codec's encoding of x − mu.
+					y := make([]float32, n*d)
+					for i := range n {
+						for j := range d {
+							y[i*d+j] = x[i*d+j] - mu[j]
+						}
+					}
+					if want := encode(plain, n, d, y); string(want) != string(b) {
+						t.Fatalf("%s: block is not the plain encoding of x − mu", what)
+					}
+					yh := decodeAll(plain, b, n, d)
+					checkTokens(t, plain, b, y, yh, n, d)
+					xh := decodeAll(c, b, n, d)
+					for j := range xh {
+						if want := yh[j] + mu[j%d]; math.Float32bits(xh[j]) != math.Float32bits(want) {
+							t.Fatalf("%s: Get %d = %g, want %g", what, j, xh[j], want)
+						}
+					}
+					// Slots copy as they are.
+					cp := make([]byte, len(b))
+					for i := range n {
+						if !CopySlot(Base(c), cp, n, i, b, n, i, d) {
+							t.Fatalf("%s: CopySlot refused", what)
+						}
+					}
+					if string(cp) != string(b) {
+						t.Fatalf("%s: CopySlot changed the slots", what)
+					}
+					q := datasets[1].gen(r, 1, d)
+					all := make([]float32, n)
+					DotAll(c, b, n, d, q, all)
+					for i := range n {
+						mins := minAbs(plain, b, n, d, i)
+						var ref, mag float64
+						for j := range d {
+							ref += float64(q[j]) * float64(xh[i*d+j])
+							mag += math.Abs(float64(q[j])) * (math.Abs(float64(yh[i*d+j])) + 2*mins[j] + math.Abs(float64(mu[j])) + math.Abs(float64(xh[i*d+j])))
+						}
+						for _, got := range []float32{c.Dot(b, n, d, i, q), all[i]} {
+							if math.Abs(float64(got)-ref) > 1e-5*mag+1e-30 {
+								t.Fatalf("%s slot %d: Dot/DotAll %g, decoded %g (mag %g)", what, i, got, ref, mag)
+							}
+						}
+						a := float32(r.NormFloat64())
+						out := datasets[0].gen(r, 1, d)
+						base := append([]float32(nil), out...)
+						c.Axpy(b, n, d, i, a, out)
+						for j := range out {
+							ref := float64(base[j]) + float64(a)*float64(xh[i*d+j])
+							tol := 1e-5 * (math.Abs(float64(base[j])) + math.Abs(float64(a))*(math.Abs(float64(yh[i*d+j]))+2*mins[j]+2*math.Abs(float64(mu[j]))))
+							if math.Abs(float64(out[j])-ref) > tol+1e-30 {
+								t.Fatalf("%s slot %d ch %d: Axpy %g, decoded %g", what, i, j, out[j], ref)
+							}
+						}
+					}
+				}
+			}
+		}
+		const n, d = 16, 128
+		mu = datasets[0].gen(r, 1, d)
+		c = Shifted(plain, mu)
+		x := datasets[0].gen(r, n, d)
+		b := make([]byte, c.BlockBytes(n, d))
+		q := datasets[0].gen(r, 1, d)
+		out := make([]float32, d)
+		scores := make([]float32, n)
+		var sink float32
+		for what, f := range map[string]func(){
+			"Put":    func() { c.Put(b, n, d, 3, x[3*d:4*d]) },
+			"Dot":    func() { sink += c.Dot(b, n, d, 3, q) },
+			"DotAll": func() { DotAll(c, b, n, d, q, scores) },
+			"Axpy":   func() { c.Axpy(b, n, d, 3, 0.5, out) },
+		} {
+			if a := testing.AllocsPerRun(100, f); a != 0 {
+				t.Errorf("shifted %s: %s allocates %v", plain.Name(), what, a)
+			}
+		}
+		_ = sink
+	}
+}
+
+// TestShiftedShrinksStep: keys with a large common offset get the step of
+// their spread, not of their offset.
+func TestShiftedShrinksStep(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	const n, d = 64, 8
+	mu := []float32{0, 0, 0, 0, 0, 1, 18, -3}
+	x := fill(n, d, func(_, c int) float32 { return mu[c] + 2*float32(r.NormFloat64()) })
+	for _, plain := range []Codec{Q8, Q4} {
+		rms := func(c Codec) float64 {
+			xh := decodeAll(c, encode(c, n, d, x), n, d)
+			var s float64
+			for j := range x {
+				s += (float64(x[j]) - float64(xh[j])) * (float64(x[j]) - float64(xh[j]))
+			}
+			return math.Sqrt(s / float64(len(x)))
+		}
+		p, s := rms(plain), rms(Shifted(plain, mu))
+		t.Logf("%s: RMS error %.3g plain, %.3g shifted", plain.Name(), p, s)
+		if s > 0.7*p {
+			t.Errorf("%s: shifting by the mean left the RMS error at %.3g (plain %.3g)", plain.Name(), s, p)
+		}
+	}
+}
+
+// BenchmarkShifted: the cost of the shift on q8/q4 scores (DotAll adds q·mu
+// once per block) and on encoding.
+func BenchmarkShifted(b *testing.B) {
+	r := rand.New(rand.NewPCG(15, 16))
+	for _, d := range []int{8, 128} {
+		const n = 16
+		x := datasets[0].gen(r, n, d)
+		q := datasets[0].gen(r, 1, d)
+		mu := datasets[0].gen(r, 1, d)
+		out := make([]float32, n)
+		for _, plain := range []Codec{Q8, Q4} {
+			for _, c := range []Codec{plain, Shifted(plain, mu)} {
+				name := fmt.Sprintf("%s/d%d", plain.Name(), d)
+				if c != plain {
+					name += "/shifted"
+				}
+				blk := encode(c, n, d, x)
+				b.Run(name+"/DotAll", func(b *testing.B) {
+					for b.Loop() {
+						DotAll(c, blk, n, d, q, out)
+					}
+				})
+				b.Run(name+"/Put", func(b *testing.B) {
+					for b.Loop() {
+						c.Put(blk, n, d, 3, x[3*d:4*d])
+					}
+				})
+			}
+		}
+	}
+}

@@ -20,6 +20,107 @@ type tokenQuant struct {
 	group int // channels per group; 0 means d
 }
 
+// Shifted returns c storing x − mu instead of x, for a codec quantizing per
+// token (q8, q4): Get and Axpy add mu back and Dot adds q·mu (computed once
+// per block by DotBlock), so every read is the same as with c except that
+// the quantization error is that of x − mu. The block layout and bits per
+// value do not change; mu lives with the codec, not in the blocks (Base
+// gives the codec the bytes are laid out in, for copying slots). Keys
+// whose channels carry a large common offset (the low-frequency RoPE pairs
+// of most models) have a per-token range set by that offset; subtracting a
+// mean shrinks the range and with it every channel's step.
+//
+// Any other codec, or a nil mu, is returned unchanged (floats gain
+// nothing; KIVI keys are quantized per channel, which a per-channel offset
+// does not change). mu must hold finite values, one per channel of the
+// vectors it will store; it is copied.
+func Shifted(c Codec, mu []float32) Codec {
+	tq, ok := c.(*tokenQuant)
+	if !ok || tq.group != 0 || mu == nil {
+		return c
+	}
+	return &shiftedQuant{tokenQuant: tq, shift: append([]float32(nil), mu...)}
+}
+
+// Shift returns the mean a Shifted codec subtracts, or nil.
+func Shift(c Codec) []float32 {
+	if s, ok := c.(*shiftedQuant); ok {
+		return s.shift
+	}
+	return nil
+}
+
+// Base returns the codec whose layout c's blocks have: c itself, or the
+// plain codec of a Shifted one. Slot bytes copied with CopySlot(Base(c), …)
+// between blocks of the same c stay valid.
+func Base(c Codec) Codec {
+	if s, ok := c.(*shiftedQuant); ok {
+		return s.tokenQuant
+	}
+	return c
+}
+
+// shiftedQuant is a tokenQuant over x − shift (see Shifted). It is a type
+// of its own so that code reading tokenQuant blocks directly (fast paths
+// keyed on *tokenQuant) never skips the shift.
+type shiftedQuant struct {
+	*tokenQuant
+	shift []float32 // [d]
+}
+
+func (c *shiftedQuant) String() string { return c.tokenQuant.String() + " shifted" }
+
+// maxShiftStack is the widest vector Put shifts in a stack buffer.
+const maxShiftStack = 256
+
+func (c *shiftedQuant) Put(dst []byte, n, d, i int, x []float32) {
+	var buf [maxShiftStack]float32
+	var y []float32
+	if d <= maxShiftStack {
+		y = buf[:d]
+	} else {
+		y = make([]float32, d)
+	}
+	for j, m := range c.shift[:d] {
+		y[j] = x[j] - m
+	}
+	c.tokenQuant.Put(dst, n, d, i, y)
+}
+
+func (c *shiftedQuant) Get(src []byte, n, d, i int, out []float32) {
+	c.tokenQuant.Get(src, n, d, i, out)
+	for j, m := range c.shift[:d] {
+		out[j] += m
+	}
+}
+
+func (c *shiftedQuant) Dot(src []byte, n, d, i int, q []float32) float32 {
+	return c.tokenQuant.Dot(src, n, d, i, q) + dotF32(q[:d], c.shift[:d])
+}
+
+// DotBlock scores the first len(out) slots, with q·shift computed once.
+func (c *shiftedQuant) DotBlock(src []byte, n, d int, q []float32, out []float32) {
+	qm := dotF32(q[:d], c.shift[:d])
+	for i := range out {
+		out[i] = c.tokenQuant.Dot(src, n, d, i, q) + qm
+	}
+}
+
+func (c *shiftedQuant) Axpy(src []byte, n, d, i int, a float32, out []float32) {
+	c.tokenQuant.Axpy(src, n, d, i, a, out)
+	for j, m := range c.shift[:d] {
+		out[j] += a * m
+	}
+}
+
+func dotF32(a, b []float32) float32 {
+	var s float32
+	for j, v := range a {
+		s += v * b[j]
+	}
+	return s
+}
+
 func (c *tokenQuant) Name() string   { return c.name }
 func (c *tokenQuant) Bits() int      { return c.bits }
 func (c *tokenQuant) PerToken() bool { return true }
