@@ -2,25 +2,38 @@
 // against the keys and values of a paged KV cache, reading every storage
 // codec directly (no dequantized copy of the cache).
 //
-// Work is split over KV heads and tiles of 16 queries. Each query runs, by
-// default, a two-pass softmax over its visible slots in llama2.c's order (on
-// a CPU the per-worker score buffer is cheap, and prefill then equals decode
-// bit for bit); Batch.Online selects a tiled kernel instead, where each
-// cache block is a tile of keys and a running maximum, sum and output per
-// query head are updated once per tile (online softmax). Decode attention of
-// a long cache is split along the keys into chunks computed in parallel,
-// each an online softmax giving a partial output and its log-sum-exp, merged
-// afterwards (FlashDecoding). On request both hand
-// back the attention mass each stored token received, summed over chosen
-// queries and aggregated over the query heads that share a KV head — the
-// scores the eviction policies need. A segment may carry per-slot
-// magnitudes (MiniCache's merged layers store unit directions shared by two
-// layers and each layer's norms): scores are then multiplied by KMag[i] and
-// value weights by VMag[i]; segments without them take the plain path.
+// Work is split over KV heads and tiles of up to 16 query tokens. The rows
+// of a tile (its tokens × the G query heads of the KV head) are computed
+// together, a panel of up to 16 cache slots at a time, by the kernels of
+// package tensor: the scores of a panel as a small matrix product (the keys
+// transposed into SIMD lanes; every score summed in head-dimension order as
+// llama2.c's run.c does), the softmax's exponentials in SIMD, and the
+// weighted sum of value rows with the output's values in lanes (slot order
+// kept). Float codecs (f32, f16, bf16) are read in place; other codecs
+// decode a panel's slots to float32 once per tile.
+//
+// By default each row runs a two-pass softmax over its visible slots in
+// run.c's order (every score, their maximum, the exponentials and their
+// sum, each weight divided by the sum, then the weighted sum of values);
+// every row's numbers are independent of the tile it is computed in, so a
+// prompt run as a matrix and token by token give the same bits.
+// Batch.Online selects an online softmax instead, where each panel updates
+// a running maximum, sum and output per row. Decode attention of a long
+// cache is split along the keys into chunks computed in parallel, each an
+// online softmax giving a partial output and its log-sum-exp, merged
+// afterwards (FlashDecoding). On request both hand back the attention mass
+// each stored token received, summed over chosen queries and aggregated
+// over the query heads that share a KV head — the scores the eviction
+// policies need. A segment may carry per-slot magnitudes (MiniCache's
+// merged layers store unit directions shared by two layers and each layer's
+// norms): scores are then multiplied by KMag[i] and value weights by
+// VMag[i]; segments without them take the plain path.
 package attention
 
 import (
 	"math"
+	"sync"
+	"unsafe"
 
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
@@ -74,10 +87,10 @@ type Batch struct {
 	Segs func(head int) []kvcache.Segment // the stored tokens of each KV head
 	Mass *MassRequest                     // nil: no mass wanted
 
-	// Online selects, for batches of several queries, the tiled kernel
-	// with an online softmax (a running maximum and sum per query head,
-	// updated once per block). By default each query runs the two-pass
-	// kernel decode uses, which keeps prefill and decode bit-identical.
+	// Online selects, for batches of several queries, an online softmax
+	// (a running maximum, sum and output per row, updated once per panel
+	// of 16 slots). By default each row runs the two-pass softmax decode
+	// uses, which keeps prefill and decode bit-identical.
 	Online bool
 
 	// SplitMin is the number of slots above which a single query's keys
@@ -96,7 +109,6 @@ const (
 type Scratch struct {
 	items  []item
 	states []state
-	work   [][]float32
 }
 
 // item is one unit of parallel work: (head, query tile) or (head, chunk of
@@ -153,8 +165,7 @@ func (b *Batch) Run(sc *Scratch) {
 			}
 			continue
 		}
-		// Query tiles of up to 16 tokens per item.
-		const tile = 16
+		tile := queryTile(b.G, slots)
 		for q0 := 0; q0 < n; q0 += tile {
 			sc.items = append(sc.items, item{head: h, q0: q0, q1: min(q0+tile, n), s0: 0, s1: len(segs), state: -1})
 		}
@@ -168,247 +179,496 @@ func (b *Batch) Run(sc *Scratch) {
 			sc.states[i].o = make([]float32, hd)
 		}
 	}
-	workers := tensor.Threads
-	if len(sc.work) < workers {
-		sc.work = make([][]float32, workers)
-	}
 	tensor.Parallel(len(sc.items), 1, func(lo, hi int) {
-		var buf []float32
+		w := tiles.Get().(*tile)
 		for i := lo; i < hi; i++ {
 			if it := &sc.items[i]; it.state < 0 && !b.Online {
-				for t := it.q0; t < it.q1; t++ {
-					buf = b.runExact(it.head, t, buf)
-				}
+				w.exact(b, it)
 			} else {
-				buf = b.runItem(it, sc, buf)
+				w.online(b, it, sc)
 			}
 		}
+		tiles.Put(w)
 	})
 	if nstates > 0 {
 		b.merge(sc)
 	}
 	if b.Mass != nil {
 		tensor.Parallel(b.Heads, 1, func(lo, hi int) {
-			var buf []float32
+			w := tiles.Get().(*tile)
 			for h := lo; h < hi; h++ {
-				buf = b.mass(h, buf)
+				b.mass(h, w)
 			}
+			tiles.Put(w)
 		})
 	}
 }
 
-// runItem computes one item with online softmax, tile = segment. Split
-// items leave their partial state in sc.states; others write Out.
-func (b *Batch) runItem(it *item, sc *Scratch, buf []float32) []float32 {
-	hd, G := b.HeadDim, b.G
-	stride := b.Heads * G * hd
-	segs := b.Segs(it.head)[it.s0:it.s1]
-	maxN := 0
-	for _, s := range segs {
-		maxN = max(maxN, s.N)
-	}
-	need := G*maxN + G*hd + 2*G
-	if cap(buf) < need {
-		buf = make([]float32, need)
-	}
-	buf = buf[:need]
-	scores := buf[:G*maxN]
-	for t := it.q0; t < it.q1; t++ {
-		p := b.Pos[t]
-		qt := b.Q[t*stride+it.head*G*hd : t*stride+(it.head+1)*G*hd]
-		var o []float32
-		var ms, ls []float32
-		if it.state >= 0 {
-			for j := 0; j < G; j++ {
-				st := &sc.states[it.state+j]
-				st.m, st.l = float32(math.Inf(-1)), 0
-				clear(st.o)
-			}
-		} else {
-			o = b.Out[t*stride+it.head*G*hd : t*stride+(it.head+1)*G*hd]
-			clear(o)
-			ms = buf[G*maxN+G*hd : G*maxN+G*hd+G]
-			ls = buf[G*maxN+G*hd+G : G*maxN+G*hd+2*G]
-			for j := range ms {
-				ms[j], ls[j] = float32(math.Inf(-1)), 0
-			}
-		}
-		for _, s := range segs {
-			// The tile's scores; slots after the query's position are masked.
-			for j := 0; j < G; j++ {
-				qj := qt[j*hd : (j+1)*hd]
-				var m *float32
-				var l *float32
-				var oj []float32
-				if it.state >= 0 {
-					st := &sc.states[it.state+j]
-					m, l, oj = &st.m, &st.l, st.o
-				} else {
-					m, l, oj = &ms[j], &ls[j], o[j*hd:(j+1)*hd]
-				}
-				sj := scores[j*maxN : j*maxN+s.N]
-				codec.DotAll(s.KC, s.K, s.Cap, hd, qj, sj)
-				if s.KMag != nil {
-					scaleBy(sj, s.KMag)
-				}
-				tmax := float32(math.Inf(-1))
-				for i := 0; i < s.N; i++ {
-					if b.hide(s.Pos[i], p) {
-						continue
-					}
-					v := sj[i] / b.Norm
-					sj[i] = v
-					if v > tmax {
-						tmax = v
-					}
-				}
-				if tmax == float32(math.Inf(-1)) {
-					continue // no visible slot in this tile
-				}
-				mNew := *m
-				if tmax > mNew {
-					mNew = tmax
-				}
-				if mNew != *m && *l != 0 {
-					f := float32(math.Exp(float64(*m - mNew)))
-					*l *= f
-					for c := range oj {
-						oj[c] *= f
-					}
-				}
-				*m = mNew
-				if s.VMag != nil {
-					for i := 0; i < s.N; i++ {
-						if b.hide(s.Pos[i], p) {
-							continue
-						}
-						e := float32(math.Exp(float64(sj[i] - mNew)))
-						*l += e
-						s.VC.Axpy(s.V, s.Cap, hd, i, e*s.VMag[i], oj)
-					}
-					continue
-				}
-				for i := 0; i < s.N; i++ {
-					if b.hide(s.Pos[i], p) {
-						continue
-					}
-					e := float32(math.Exp(float64(sj[i] - mNew)))
-					*l += e
-					s.VC.Axpy(s.V, s.Cap, hd, i, e, oj)
-				}
-			}
-		}
-		if it.state < 0 {
-			for j := 0; j < G; j++ {
-				if ls[j] == 0 {
-					continue
-				}
-				oj := o[j*hd : (j+1)*hd]
-				for c := range oj {
-					oj[c] /= ls[j]
-				}
-			}
-		}
-	}
-	return buf
+// tileScores is about the most scores (rows × slots) a tile holds at once:
+// long contexts get fewer query tokens per tile.
+const tileScores = 1 << 17
+
+// queryTile is the number of query tokens per tile: up to 16.
+func queryTile(G, slots int) int {
+	return max(1, min(16, tileScores/(max(G, 1)*max(slots, tensor.AttnLanes))))
 }
 
-// runExact is the attention of query t over all of a head's visible slots
-// in two passes, in llama2.c's order: every score, their maximum, the
-// exponentials and their sum, each weight divided by the sum, then the
-// weighted sum of values. Prefill and decode share it, so a prompt run as a
-// matrix and token by token give the same numbers.
-func (b *Batch) runExact(h, t int, buf []float32) []float32 {
+// Visibility of a panel to a query.
+const (
+	visNone uint8 = iota // every slot hidden
+	visAll               // every slot visible
+	visSome              // some slots visible
+)
+
+// panel is up to 16 consecutive slots of a head (one column block of the
+// scores): slots i0 … i0+n−1 of segment seg, or, for segments of fewer than
+// 16 slots (gather), n slots walked from there across segments.
+type panel struct {
+	seg, i0, n int
+	k0         int  // index of its first slot among the head's slots (mass)
+	single     bool // all its slots are in segment seg
+	room16     bool // single, and segment seg has 16 slots from i0 (keys read as 16 rows)
+	kmag, vmag bool // some slot has a key (value) magnitude
+	lo, hi     int32
+}
+
+// tile is a worker's state and buffers for one item: rows = nq query tokens
+// × G query heads, against the panels of a head's segments.
+type tile struct {
+	segs   []kvcache.Segment
+	panels []panel
+	pos    []int32 // [panels][16] positions of the panels' slots
+	vis    []uint8 // [nq][panels]
+	h      int
+	q0, nq int
+	rows   int
+	ld     int // columns of s: 16 per panel
+
+	q, qp []float32 // [rows][hd] queries, gathered and packed
+	s     []float32 // [rows][ld] scores, then weights
+	o     []float32 // [rows][hd] outputs
+	m, l  []float32 // [rows] maximum and sum
+	kpan  []float32 // [hd][16] a key panel
+	dec   []float32 // [16][hd] decoded slots
+	mag   [tensor.AttnLanes]float32
+}
+
+var tiles = sync.Pool{New: func() any { return new(tile) }}
+
+func grow[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	return b[:n]
+}
+
+func f32Bytes(x []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
+}
+
+// setup prepares w for item it: its segments, panels, gathered and packed
+// queries, and buffers.
+func (w *tile) setup(b *Batch, it *item) {
 	hd, G := b.HeadDim, b.G
+	w.h, w.q0, w.nq = it.head, it.q0, it.q1-it.q0
+	w.rows = w.nq * G
+	w.segs = b.Segs(it.head)[it.s0:it.s1]
+	w.buildPanels(it.slot0)
+	np := len(w.panels)
+	w.ld = tensor.AttnLanes * np
+	w.q = grow(w.q, w.rows*hd)
+	w.qp = grow(w.qp, w.rows*hd)
+	w.s = grow(w.s, w.rows*w.ld)
+	w.o = grow(w.o, w.rows*hd)
+	w.m = grow(w.m, w.rows)
+	w.l = grow(w.l, w.rows)
+	w.kpan = grow(w.kpan, hd*tensor.AttnLanes)
+	w.dec = grow(w.dec, tensor.AttnLanes*hd)
+	w.vis = grow(w.vis, w.nq*np)
 	stride := b.Heads * G * hd
-	segs := b.Segs(h)
-	slots := 0
-	for _, s := range segs {
-		slots += s.N
+	for t := 0; t < w.nq; t++ {
+		off := (w.q0+t)*stride + w.h*G*hd
+		copy(w.q[t*G*hd:(t+1)*G*hd], b.Q[off:off+G*hd])
 	}
-	if cap(buf) < slots {
-		buf = make([]float32, slots)
-	}
-	sc := buf[:slots]
-	p := b.Pos[t]
-	for j := 0; j < G; j++ {
-		qj := b.Q[t*stride+(h*G+j)*hd : t*stride+(h*G+j+1)*hd]
-		oj := b.Out[t*stride+(h*G+j)*hd : t*stride+(h*G+j+1)*hd]
-		clear(oj)
-		k := 0
-		mx := float32(math.Inf(-1))
-		for _, s := range segs {
-			if b.hidden(s, p) {
-				// A block wholly after the query (later prompt tokens of a
-				// prefill chunk): no need to score it.
-				for i := range sc[k : k+s.N] {
-					sc[k+i] = float32(math.Inf(-1))
-				}
-				k += s.N
-				continue
-			}
-			codec.DotAll(s.KC, s.K, s.Cap, hd, qj, sc[k:k+s.N])
-			if s.KMag != nil {
-				scaleBy(sc[k:k+s.N], s.KMag)
-			}
-			for i := 0; i < s.N; i++ {
-				if b.hide(s.Pos[i], p) {
-					sc[k+i] = float32(math.Inf(-1))
-					continue
-				}
-				sc[k+i] /= b.Norm
-				mx = max(mx, sc[k+i])
-			}
-			k += s.N
+	tensor.PackQueries(w.qp, w.q, w.rows, hd)
+	for t := 0; t < w.nq; t++ {
+		p := b.Pos[w.q0+t]
+		for pi := range w.panels {
+			w.vis[t*np+pi] = b.classify(&w.panels[pi], p)
 		}
-		if mx == float32(math.Inf(-1)) {
+	}
+}
+
+// buildPanels splits w.segs into panels: segments with room for 16 slots
+// into panels of 16 of their own, smaller ones gathered 16 slots at a time.
+func (w *tile) buildPanels(slot0 int) {
+	w.panels = w.panels[:0]
+	k := slot0
+	gather := -1 // index of an open gather panel
+	for si := range w.segs {
+		s := &w.segs[si]
+		if s.N == 0 {
 			continue
 		}
-		var sum float32
-		for i, v := range sc {
-			e := float32(math.Exp(float64(v - mx)))
-			sc[i] = e
-			sum += e
-		}
-		for i := range sc {
-			sc[i] /= sum
-		}
-		k = 0
-		for _, s := range segs {
-			if s.VMag != nil {
-				for i := 0; i < s.N; i++ {
-					if a := sc[k+i]; a != 0 {
-						s.VC.Axpy(s.V, s.Cap, hd, i, a*s.VMag[i], oj)
-					}
-				}
-				k += s.N
-				continue
+		if s.Cap >= tensor.AttnLanes {
+			gather = -1
+			for i0 := 0; i0 < s.N; i0 += tensor.AttnLanes {
+				n := min(tensor.AttnLanes, s.N-i0)
+				w.panels = append(w.panels, panel{seg: si, i0: i0, n: n, k0: k, single: true, room16: i0+tensor.AttnLanes <= s.Cap})
+				k += n
 			}
-			for i := 0; i < s.N; i++ {
-				if a := sc[k+i]; a != 0 {
-					s.VC.Axpy(s.V, s.Cap, hd, i, a, oj)
-				}
+			continue
+		}
+		for i := 0; i < s.N; i++ {
+			if gather < 0 {
+				gather = len(w.panels)
+				w.panels = append(w.panels, panel{seg: si, i0: i, k0: k, single: true})
 			}
-			k += s.N
+			p := &w.panels[gather]
+			if p.seg != si {
+				p.single = false
+			}
+			p.n++
+			k++
+			if p.n == tensor.AttnLanes {
+				gather = -1
+			}
 		}
 	}
-	return buf
+	w.pos = grow(w.pos, tensor.AttnLanes*len(w.panels))
+	for pi := range w.panels {
+		p := &w.panels[pi]
+		pos := w.pos[pi*tensor.AttnLanes : (pi+1)*tensor.AttnLanes]
+		p.lo, p.hi = math.MaxInt32, math.MinInt32
+		w.walk(p, func(j int, s *kvcache.Segment, i int) {
+			q := s.Pos[i]
+			pos[j] = q
+			p.lo, p.hi = min(p.lo, q), max(p.hi, q)
+			p.kmag = p.kmag || s.KMag != nil
+			p.vmag = p.vmag || s.VMag != nil
+		})
+	}
+}
+
+// walk calls f for each slot of p: lane j, its segment and slot.
+func (w *tile) walk(p *panel, f func(j int, s *kvcache.Segment, i int)) {
+	si, i := p.seg, p.i0
+	for j := 0; j < p.n; j++ {
+		for i >= w.segs[si].N {
+			si, i = si+1, 0
+		}
+		f(j, &w.segs[si], i)
+		i++
+	}
+}
+
+// classify says how much of panel p a query at position q sees.
+func (b *Batch) classify(p *panel, q int32) uint8 {
+	if p.lo > q || (b.Window > 0 && p.hi <= q-b.Window) {
+		return visNone
+	}
+	if p.hi <= q && (b.Window <= 0 || p.lo > q-b.Window) {
+		return visAll
+	}
+	return visSome
+}
+
+// keys packs panel p's keys, transposed, into w.kpan.
+func (w *tile) keys(p *panel, hd int) {
+	if p.single {
+		s := &w.segs[p.seg]
+		if t, ok := codec.Plain(s.KC); ok {
+			rb := hd * 4
+			if t != tensor.F32 {
+				rb = hd * 2
+			}
+			n := p.n
+			if p.room16 {
+				n = tensor.AttnLanes
+			}
+			tensor.PackKeys(w.kpan, s.K[p.i0*rb:], t, rb, n, hd)
+			return
+		}
+		codec.GetRows(s.KC, s.K, s.Cap, hd, p.i0, p.n, w.dec)
+	} else {
+		w.walk(p, func(j int, s *kvcache.Segment, i int) {
+			s.KC.Get(s.K, s.Cap, hd, i, w.dec[j*hd:(j+1)*hd])
+		})
+	}
+	tensor.PackKeys(w.kpan, f32Bytes(w.dec), tensor.F32, 4*hd, tensor.AttnLanes, hd)
+}
+
+// values returns panel p's value rows as the tensor kernels read them:
+// in place for a float codec, else decoded into w.dec.
+func (w *tile) values(p *panel, hd int) ([]byte, tensor.DType, int) {
+	if p.single {
+		s := &w.segs[p.seg]
+		if t, ok := codec.Plain(s.VC); ok {
+			rb := hd * 4
+			if t != tensor.F32 {
+				rb = hd * 2
+			}
+			return s.V[p.i0*rb:], t, rb
+		}
+		codec.GetRows(s.VC, s.V, s.Cap, hd, p.i0, p.n, w.dec)
+	} else {
+		w.walk(p, func(j int, s *kvcache.Segment, i int) {
+			s.VC.Get(s.V, s.Cap, hd, i, w.dec[j*hd:(j+1)*hd])
+		})
+	}
+	return f32Bytes(w.dec), tensor.F32, 4 * hd
+}
+
+// scores fills column block pi of w.s with the raw scores q·k (times the
+// key magnitudes), −Inf where a slot is hidden from the row's query (and in
+// lanes past the panel's slots). It reports whether any row sees a slot.
+func (w *tile) scores(b *Batch, pi int) bool {
+	const L = tensor.AttnLanes
+	p := &w.panels[pi]
+	np, ld, G := len(w.panels), w.ld, b.G
+	col := w.s[pi*L:]
+	inf := float32(math.Inf(-1))
+	any := false
+	for t := 0; t < w.nq; t++ {
+		any = any || w.vis[t*np+pi] != visNone
+	}
+	if !any {
+		for r := 0; r < w.rows; r++ {
+			c := col[r*ld : r*ld+L]
+			for j := range c {
+				c[j] = inf
+			}
+		}
+		return false
+	}
+	w.keys(p, b.HeadDim)
+	tensor.AttnScores(col, ld, w.kpan, w.qp, w.rows, b.HeadDim)
+	if p.kmag {
+		for j := range w.mag {
+			w.mag[j] = 1
+		}
+		w.walk(p, func(j int, s *kvcache.Segment, i int) {
+			if s.KMag != nil {
+				w.mag[j] = s.KMag[i]
+			}
+		})
+		for r := 0; r < w.rows; r++ {
+			c := col[r*ld : r*ld+p.n]
+			for j := range c {
+				c[j] *= w.mag[j]
+			}
+		}
+	}
+	pos := w.pos[pi*L : pi*L+p.n]
+	for t := 0; t < w.nq; t++ {
+		v := w.vis[t*np+pi]
+		q := b.Pos[w.q0+t]
+		for r := t * G; r < (t+1)*G; r++ {
+			c := col[r*ld : r*ld+L]
+			switch v {
+			case visNone:
+				for j := range c {
+					c[j] = inf
+				}
+				continue
+			case visSome:
+				for j, k := range pos {
+					if b.hide(k, q) {
+						c[j] = inf
+					}
+				}
+			}
+			for j := p.n; j < L; j++ {
+				c[j] = inf
+			}
+		}
+	}
+	return true
+}
+
+// weighted adds, for panel pi, the weights of w.s (times the value
+// magnitudes) times the panel's values to w.o, for the rows of the queries
+// that see some of its slots.
+func (w *tile) weighted(b *Batch, pi int) {
+	const L = tensor.AttnLanes
+	p := &w.panels[pi]
+	np, ld, G, hd := len(w.panels), w.ld, b.G, b.HeadDim
+	col := w.s[pi*L:]
+	if p.vmag {
+		for j := range w.mag {
+			w.mag[j] = 1
+		}
+		w.walk(p, func(j int, s *kvcache.Segment, i int) {
+			if s.VMag != nil {
+				w.mag[j] = s.VMag[i]
+			}
+		})
+		for r := 0; r < w.rows; r++ {
+			c := col[r*ld : r*ld+p.n]
+			for j := range c {
+				c[j] *= w.mag[j]
+			}
+		}
+	}
+	var v []byte
+	var vt tensor.DType
+	var ldv int
+	for t0 := 0; t0 < w.nq; {
+		if w.vis[t0*np+pi] == visNone {
+			t0++
+			continue
+		}
+		t1 := t0 + 1
+		for t1 < w.nq && w.vis[t1*np+pi] != visNone {
+			t1++
+		}
+		if v == nil {
+			v, vt, ldv = w.values(p, hd)
+		}
+		tensor.AttnPV(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, vt, ldv, p.n, (t1-t0)*G, hd)
+		t0 = t1
+	}
+}
+
+// probs turns the rows of w.s into attention weights, in run.c's order:
+// every score divided by Norm, their maximum, the exponentials and their sum
+// (in slot order), each divided by the sum. A row that sees no slot becomes
+// zeros with sum 0 (w.l).
+func (w *tile) probs(b *Batch) {
+	for pi := range w.panels {
+		w.scores(b, pi)
+	}
+	ld := w.ld
+	inf := float32(math.Inf(-1))
+	for r := 0; r < w.rows; r++ {
+		row := w.s[r*ld : (r+1)*ld]
+		mx := tensor.AttnMax(row)
+		if mx == inf {
+			clear(row)
+			continue
+		}
+		tensor.AttnExp(row, b.Norm, mx/b.Norm)
+	}
+	rowSums(w.s, ld, w.rows, w.l)
+	for r := 0; r < w.rows; r++ {
+		if w.l[r] != 0 {
+			tensor.AttnDiv(w.s[r*ld:(r+1)*ld], w.l[r])
+		}
+	}
+}
+
+// rowSums sets l[r] to the sum of row r of s (rows × ld), added in order
+// from zero (four rows in step).
+func rowSums(s []float32, ld, rows int, l []float32) {
+	r := 0
+	for ; r+4 <= rows; r += 4 {
+		a := s[r*ld : (r+1)*ld]
+		b, c, d := s[(r+1)*ld:(r+2)*ld], s[(r+2)*ld:(r+3)*ld], s[(r+3)*ld:(r+4)*ld]
+		b, c, d = b[:len(a)], c[:len(a)], d[:len(a)]
+		var s0, s1, s2, s3 float32
+		for i, v := range a {
+			s0 += v
+			s1 += b[i]
+			s2 += c[i]
+			s3 += d[i]
+		}
+		l[r], l[r+1], l[r+2], l[r+3] = s0, s1, s2, s3
+	}
+	for ; r < rows; r++ {
+		var s0 float32
+		for _, v := range s[r*ld : (r+1)*ld] {
+			s0 += v
+		}
+		l[r] = s0
+	}
+}
+
+// exact computes item it (a head and a tile of queries) with the two-pass
+// softmax and writes Out.
+func (w *tile) exact(b *Batch, it *item) {
+	w.setup(b, it)
+	w.probs(b)
+	hd, G := b.HeadDim, b.G
+	clear(w.o[:w.rows*hd])
+	for pi := range w.panels {
+		w.weighted(b, pi)
+	}
+	stride := b.Heads * G * hd
+	for t := 0; t < w.nq; t++ {
+		off := (w.q0+t)*stride + w.h*G*hd
+		copy(b.Out[off:off+G*hd], w.o[t*G*hd:(t+1)*G*hd])
+	}
+}
+
+// online computes item it with an online softmax, panel by panel: a split
+// item leaves its partial state in sc.states, others write Out.
+func (w *tile) online(b *Batch, it *item, sc *Scratch) {
+	const L = tensor.AttnLanes
+	w.setup(b, it)
+	hd, G, ld := b.HeadDim, b.G, w.ld
+	inf := float32(math.Inf(-1))
+	for r := 0; r < w.rows; r++ {
+		w.m[r], w.l[r] = inf, 0
+	}
+	clear(w.o[:w.rows*hd])
+	for pi := range w.panels {
+		if !w.scores(b, pi) {
+			continue
+		}
+		for r := 0; r < w.rows; r++ {
+			c := w.s[r*ld+pi*L : r*ld+(pi+1)*L]
+			tmax := tensor.AttnMax(c)
+			if tmax == inf {
+				clear(c) // nothing visible in this panel
+				continue
+			}
+			tmax /= b.Norm
+			m := w.m[r]
+			mNew := m
+			if tmax > mNew {
+				mNew = tmax
+			}
+			if mNew != m && w.l[r] != 0 {
+				f := float32(math.Exp(float64(m - mNew)))
+				w.l[r] *= f
+				for i, v := range w.o[r*hd : (r+1)*hd] {
+					w.o[r*hd+i] = v * f
+				}
+			}
+			w.m[r] = mNew
+			tensor.AttnExp(c, b.Norm, mNew)
+			l := w.l[r]
+			for _, e := range c {
+				l += e
+			}
+			w.l[r] = l
+		}
+		w.weighted(b, pi)
+	}
+	if it.state >= 0 {
+		for j := 0; j < G; j++ {
+			st := &sc.states[it.state+j]
+			st.m, st.l = w.m[j], w.l[j]
+			copy(st.o, w.o[j*hd:(j+1)*hd])
+		}
+		return
+	}
+	stride := b.Heads * G * hd
+	for r := 0; r < w.rows; r++ {
+		if w.l[r] != 0 {
+			tensor.AttnDiv(w.o[r*hd:(r+1)*hd], w.l[r])
+		}
+	}
+	for t := 0; t < w.nq; t++ {
+		off := (w.q0+t)*stride + w.h*G*hd
+		copy(b.Out[off:off+G*hd], w.o[t*G*hd:(t+1)*G*hd])
+	}
 }
 
 // hide reports whether a query at position p must not see a slot at
 // position q: q is later, or outside the sliding window.
 func (b *Batch) hide(q, p int32) bool {
 	return q > p || (b.Window > 0 && q <= p-b.Window)
-}
-
-// hidden reports whether every slot of s is hidden from position p.
-func (b *Batch) hidden(s kvcache.Segment, p int32) bool {
-	for _, q := range s.Pos[:s.N] {
-		if !b.hide(q, p) {
-			return false
-		}
-	}
-	return true
 }
 
 // merge combines the partial states of split heads by log-sum-exp.
@@ -459,93 +719,53 @@ func (b *Batch) merge(sc *Scratch) {
 
 // mass adds each slot's attention probability, summed over the requested
 // queries and aggregated over the G query heads, to Mass.Out[head]. It
-// recomputes the scores with the final softmax normalisers.
-func (b *Batch) mass(h int, buf []float32) []float32 {
-	hd, G := b.HeadDim, b.G
-	stride := b.Heads * G * hd
+// recomputes the weights of the exact path, tile by tile of queries.
+func (b *Batch) mass(h int, w *tile) {
+	const L = tensor.AttnLanes
+	G := b.G
+	out := b.Mass.Out[h]
+	from := max(b.Mass.From, 0)
+	n := len(b.Pos)
 	segs := b.Segs(h)
 	slots := 0
 	for _, s := range segs {
 		slots += s.N
 	}
-	need := G * (slots + 2)
-	if cap(buf) < need {
-		buf = make([]float32, need)
-	}
-	buf = buf[:need]
-	out := b.Mass.Out[h]
-	from := max(b.Mass.From, 0)
-	for t := from; t < len(b.Pos); t++ {
-		p := b.Pos[t]
-		wt := float32(1) // ×1 leaves every unweighted sum bit for bit as it was
-		if b.Mass.Weights != nil {
-			wt = b.Mass.Weights[t-from]
-		}
-		qt := b.Q[t*stride+h*G*hd : t*stride+(h+1)*G*hd]
-		sc := buf[:G*slots]
-		ms := buf[G*slots : G*slots+G]
-		ls := buf[G*slots+G : G*slots+2*G]
-		for j := 0; j < G; j++ {
-			qj := qt[j*hd : (j+1)*hd]
-			m := float32(math.Inf(-1))
-			k := 0
-			for _, s := range segs {
-				for i := 0; i < s.N; i++ {
-					v := float32(math.Inf(-1))
-					if !b.hide(s.Pos[i], p) {
-						d := s.KC.Dot(s.K, s.Cap, hd, i, qj)
-						if s.KMag != nil {
-							d *= s.KMag[i]
+	nq := queryTile(G, slots)
+	for q0 := from; q0 < n; q0 += nq {
+		it := item{head: h, q0: q0, q1: min(q0+nq, n), s0: 0, s1: len(segs), state: -1}
+		w.setup(b, &it)
+		w.probs(b)
+		ld := w.ld
+		for t := 0; t < w.nq; t++ {
+			wt := float32(1) // ×1 leaves every unweighted sum bit for bit as it was
+			if b.Mass.Weights != nil {
+				wt = b.Mass.Weights[q0+t-from]
+			}
+			for pi := range w.panels {
+				p := &w.panels[pi]
+				o := out[p.k0 : p.k0+p.n]
+				for j := range o {
+					var agg float32
+					for g := 0; g < G; g++ {
+						r := t*G + g
+						if w.l[r] == 0 {
+							continue
 						}
-						v = d / b.Norm
+						pj := w.s[r*ld+pi*L+j]
+						switch b.Mass.Agg {
+						case AggMax:
+							agg = max(agg, pj)
+						default:
+							agg += pj
+						}
 					}
-					sc[j*slots+k] = v
-					if v > m {
-						m = v
+					if b.Mass.Agg == AggMean {
+						agg /= float32(G)
 					}
-					k++
+					o[j] += wt * agg
 				}
 			}
-			var l float32
-			for k := 0; k < slots; k++ {
-				if v := sc[j*slots+k]; v > float32(math.Inf(-1)) {
-					e := float32(math.Exp(float64(v - m)))
-					sc[j*slots+k] = e
-					l += e
-				} else {
-					sc[j*slots+k] = 0
-				}
-			}
-			ms[j], ls[j] = m, l
 		}
-		for k := 0; k < slots; k++ {
-			var agg float32
-			for j := 0; j < G; j++ {
-				if ls[j] == 0 {
-					continue
-				}
-				pj := sc[j*slots+k] / ls[j]
-				switch b.Mass.Agg {
-				case AggMax:
-					agg = max(agg, pj)
-				default:
-					agg += pj
-				}
-			}
-			if b.Mass.Agg == AggMean {
-				agg /= float32(G)
-			}
-			out[k] += wt * agg
-		}
-	}
-	return buf
-}
-
-// scaleBy multiplies each score by its slot's key magnitude (a segment
-// whose keys are stored as unit directions, see kvcache.Segment.KMag).
-func scaleBy(sc, mag []float32) {
-	mag = mag[:len(sc)]
-	for i := range sc {
-		sc[i] *= mag[i]
 	}
 }

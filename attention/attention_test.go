@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/tensor"
 )
 
 // naive is attention written out plainly in float64 over explicit key and
@@ -379,5 +380,132 @@ func TestSlidingWindow(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestPrefillEqualsDecode: a query's output does not depend on the tile it
+// is computed in: a causal batch of queries gives, bit for bit, what each
+// query gives alone (as decode computes it), for float and quantized
+// codecs, block sizes that fill panels and that are gathered into them,
+// GQA, a sliding window and magnitudes.
+func TestPrefillEqualsDecode(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	for _, c := range []struct {
+		kc, vc string
+		B, G   int
+		hd     int
+		window int32
+	}{
+		{"f32", "f32", 16, 4, 64, 0},
+		{"f16", "f16", 16, 2, 48, 0},
+		{"bf16", "q8", 64, 1, 32, 0},
+		{"q8", "q4", 8, 3, 16, 0},
+		{"f32", "f16", 1, 2, 8, 0},
+		{"kivi4", "kivi2", 16, 2, 64, 0},
+		{"f32", "f32", 16, 4, 64, 29},
+		{"f16", "f32", 5, 2, 24, 11},
+	} {
+		kc, _ := codec.Parse(c.kc, codec.Keys)
+		vc, _ := codec.Parse(c.vc, codec.Values)
+		t.Run(fmt.Sprintf("%s_%s_B%d_G%d_d%d_w%d", c.kc, c.vc, c.B, c.G, c.hd, c.window), func(t *testing.T) {
+			const heads, tokens = 2, 83
+			f := build(t, rng, heads, c.G, c.hd, tokens, c.B, kc, vc)
+			segs := make([][]kvcache.Segment, heads)
+			for h := range segs {
+				for j, s := range f.seq.Segments(0, h) {
+					if j%4 == 1 {
+						s.KMag, s.VMag = make([]float32, s.N), make([]float32, s.N)
+						for i := range s.N {
+							s.KMag[i], s.VMag[i] = float32(0.5+rng.Float64()), float32(0.5+rng.Float64())
+						}
+					}
+					segs[h] = append(segs[h], s)
+				}
+			}
+			stride := heads * c.G * c.hd
+			var pos []int32
+			for p := 40; p < tokens; p++ {
+				pos = append(pos, int32(p))
+			}
+			q := make([]float32, len(pos)*stride)
+			for i := range q {
+				q[i] = float32(rng.NormFloat64())
+			}
+			run := func(q []float32, pos []int32) []float32 {
+				out := make([]float32, len(q))
+				b := Batch{Heads: heads, G: c.G, HeadDim: c.hd, Norm: float32(math.Sqrt(float64(c.hd))), Q: q, Out: out, Pos: pos,
+					Window: c.window, Segs: func(h int) []kvcache.Segment { return segs[h] }, SplitMin: -1}
+				var sc Scratch
+				b.Run(&sc)
+				return out
+			}
+			all := run(q, pos)
+			for i, p := range pos {
+				one := run(q[i*stride:(i+1)*stride], []int32{p})
+				for k, v := range one {
+					if w := all[i*stride+k]; math.Float32bits(v) != math.Float32bits(w) {
+						t.Fatalf("query %d value %d: alone %g, in the batch %g", p, k, v, w)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestKernelLevelsAgree: every tensor kernel set (the plain Go twins, AVX2,
+// AVX-512, those this CPU and build have) gives the same bits, on the exact,
+// online and split paths and for the attention mass.
+func TestKernelLevelsAgree(t *testing.T) {
+	defer tensor.SetKernels("auto")
+	rng := rand.New(rand.NewPCG(15, 16))
+	f16, _ := codec.Parse("f16", codec.Keys)
+	q8, _ := codec.Parse("q8", codec.Values)
+	for _, c := range []struct {
+		kc, vc codec.Codec
+		B      int
+	}{{codec.F32, codec.F32, 16}, {f16, q8, 8}, {codec.BF16, codec.F16, 64}} {
+		const heads, G, hd, tokens = 2, 3, 80, 300
+		f := build(t, rng, heads, G, hd, tokens, c.B, c.kc, c.vc)
+		stride := heads * G * hd
+		var pos []int32
+		for p := tokens - 37; p < tokens; p++ {
+			pos = append(pos, int32(p))
+		}
+		q := make([]float32, len(pos)*stride)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		var ref [][]float32
+		for _, level := range []string{"go", "avx2", "avx512"} {
+			if tensor.SetKernels(level) != nil {
+				continue
+			}
+			var got [][]float32
+			for _, mode := range []struct {
+				n        int
+				online   bool
+				splitMin int
+			}{{len(pos), false, 0}, {len(pos), true, 0}, {1, false, 1}} {
+				out := make([]float32, mode.n*stride)
+				mass := &MassRequest{From: mode.n / 2, Agg: AggMean, Out: [][]float32{make([]float32, tokens), make([]float32, tokens)}}
+				b := Batch{Heads: heads, G: G, HeadDim: hd, Norm: float32(math.Sqrt(hd)), Q: q[:mode.n*stride], Out: out, Pos: pos[len(pos)-mode.n:],
+					Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, Online: mode.online, SplitMin: mode.splitMin, SplitChunk: 100, Mass: mass}
+				var sc Scratch
+				b.Run(&sc)
+				got = append(got, out, mass.Out[0], mass.Out[1])
+			}
+			if ref == nil {
+				ref = got
+				continue
+			}
+			for i := range got {
+				for k := range got[i] {
+					if math.Float32bits(got[i][k]) != math.Float32bits(ref[i][k]) {
+						t.Fatalf("%s/%s B=%d, kernels %s: result %d value %d = %g, plain Go %g", c.kc.Name(), c.vc.Name(), c.B, level, i, k, got[i][k], ref[i][k])
+					}
+				}
+			}
+		}
+		f.seq.Free()
 	}
 }

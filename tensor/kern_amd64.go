@@ -138,6 +138,198 @@ func swigluZ(dst, gate, up *float32, n int)
 func swigluY(dst, gate, up *float32, n int)
 
 //go:noescape
+func attnExpZ(s *float32, n int, norm, mx float32)
+
+//go:noescape
+func attnExpY(s *float32, n int, norm, mx float32)
+
+//go:noescape
+func qkZm1(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm2(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm3(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm4(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm5(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm6(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm7(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm8(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm9(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm10(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm11(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm12(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm13(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkZm14(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkYm1(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkYm2(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkYm3(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkYm4(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkYm5(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkYm6(p, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func pvF32Zm1(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF32Ym1(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF32Zm2(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF32Ym2(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF32Zm3(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF32Ym3(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF32Zm4(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF32Ym4(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF32Zm5(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF32Ym5(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF32Zm6(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF32Ym6(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Zm1(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Ym1(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Zm2(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Ym2(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Zm3(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Ym3(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Zm4(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Ym4(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Zm5(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Ym5(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Zm6(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvF16Ym6(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Zm1(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Ym1(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Zm2(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Ym2(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Zm3(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Ym3(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Zm4(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Ym4(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Zm5(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Ym5(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Zm6(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func pvBF16Ym6(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+
+//go:noescape
+func vmaxZ(s *float32, n int) float32
+
+//go:noescape
+func vmaxY(s *float32, n int) float32
+
+//go:noescape
+func vdivZ(s *float32, n int, d float32)
+
+//go:noescape
+func vdivY(s *float32, n int, d float32)
+
+//go:noescape
+func scaleBytesZ(dst *float32, u *byte, n int, s, m float32)
+
+//go:noescape
+func scaleBytesY(dst *float32, u *byte, n int, s, m float32)
+
+//go:noescape
 func actQ32Z(x *float32, dst *byte, nb, stride int, negCorr int32) uint32
 
 //go:noescape

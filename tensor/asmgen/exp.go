@@ -102,3 +102,120 @@ func genSwiGLU(e *emitter) {
 		e.in("RET")
 	}
 }
+
+// attnExp<isa>(s *float32, n int, norm, mx float32): s[i] =
+// float32(e^(s[i]/norm − mx)) for n a multiple of 8, as package tensor's
+// attnExpGo: the division and subtraction in float32, the exponential as
+// exp64 in float64 lanes (the steps of swiglu<isa>; its constants). The
+// AVX-512 kernel keeps the polynomial's coefficients in registers and runs
+// two vectors of eight at a time (two dependency chains).
+func genAttnExp(e *emitter) {
+	genAttnExpZ(e)
+	genAttnExpY(e)
+}
+
+func genAttnExpZ(e *emitter) {
+	e.text("attnExpZ", "(s *float32, n int, norm, mx float32)", 24)
+	e.in("MOVQ s+0(FP), SI")
+	e.in("MOVQ n+8(FP), CX")
+	e.in("SHRQ $3, CX")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	for i, name := range []string{"expLo", "expHi", "expLog2e", "expMagic", "expLn2Hi", "expLn2Lo", "exp1023"} {
+		e.in("VBROADCASTSD %s<>(SB), Z%d", name, 8+i)
+	}
+	for n := 0; n <= 13; n++ {
+		e.in("VBROADCASTSD expC%c<>(SB), Z%d", 'a'+n, 18+n)
+	}
+	e.in("VBROADCASTSS norm+16(FP), Y6")
+	e.in("VBROADCASTSS mx+20(FP), Y7")
+	// one chain: load 8 floats at off(SI) into Y<ld>, x in Z<x>, t, k, p.
+	type chain struct{ ld, x, t, k, p int }
+	a, b := chain{0, 1, 2, 3, 4}, chain{15, 15, 16, 17, 5}
+	steps := func(cs []chain) {
+		for i, c := range cs {
+			e.in("VMOVUPS %d(SI), Y%d", 32*i, c.ld)
+		}
+		for _, c := range cs {
+			e.in("VDIVPS Y6, Y%d, Y%d", c.ld, c.ld)
+			e.in("VSUBPS Y7, Y%d, Y%d", c.ld, c.ld)
+			e.in("VCVTPS2PD Y%d, Z%d", c.ld, c.x)
+			e.in("VMAXPD Z%d, Z8, Z%d", c.x, c.x)
+			e.in("VMINPD Z%d, Z9, Z%d", c.x, c.x)
+			e.in("VMULPD Z10, Z%d, Z%d", c.x, c.t)
+			e.in("VADDPD Z11, Z%d, Z%d", c.t, c.t)
+			e.in("VSUBPD Z11, Z%d, Z%d", c.t, c.k)
+			e.in("VFNMADD231PD Z12, Z%d, Z%d", c.k, c.x)
+			e.in("VFNMADD231PD Z13, Z%d, Z%d", c.k, c.x)
+			e.in("VMOVAPD Z31, Z%d", c.p)
+		}
+		for n := 12; n >= 0; n-- {
+			for _, c := range cs {
+				e.in("VFMADD213PD Z%d, Z%d, Z%d", 18+n, c.x, c.p)
+			}
+		}
+		for i, c := range cs {
+			e.in("VPADDQ Z14, Z%d, Z%d", c.t, c.t)
+			e.in("VPSLLQ $52, Z%d, Z%d", c.t, c.t)
+			e.in("VMULPD Z%d, Z%d, Z%d", c.t, c.p, c.p)
+			e.in("VCVTPD2PS Z%d, Y%d", c.p, c.p)
+			e.in("VMOVUPS Y%d, %d(SI)", c.p, 32*i)
+		}
+	}
+	e.label("loop")
+	e.in("CMPQ CX, $2")
+	e.in("JLT one")
+	steps([]chain{a, b})
+	e.in("ADDQ $64, SI")
+	e.in("SUBQ $2, CX")
+	e.in("JMP loop")
+	e.label("one")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	steps([]chain{a})
+	e.label("done")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+func genAttnExpY(e *emitter) {
+	e.text("attnExpY", "(s *float32, n int, norm, mx float32)", 24)
+	e.in("MOVQ s+0(FP), SI")
+	e.in("MOVQ n+8(FP), CX")
+	e.in("SHRQ $2, CX")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	for i, name := range []string{"expLo", "expHi", "expLog2e", "expMagic", "expLn2Hi", "expLn2Lo", "exp1023"} {
+		e.in("VBROADCASTSD %s<>(SB), Y%d", name, 8+i)
+	}
+	e.in("VBROADCASTSS norm+16(FP), X6")
+	e.in("VBROADCASTSS mx+20(FP), X7")
+	e.label("loop")
+	e.in("VMOVUPS (SI), X0")
+	e.in("VDIVPS X6, X0, X0")
+	e.in("VSUBPS X7, X0, X0")
+	e.in("VCVTPS2PD X0, Y1")
+	e.in("VMAXPD Y1, Y8, Y1")
+	e.in("VMINPD Y1, Y9, Y1")
+	e.in("VMULPD Y10, Y1, Y2")
+	e.in("VADDPD Y11, Y2, Y2")
+	e.in("VSUBPD Y11, Y2, Y3")
+	e.in("VFNMADD231PD Y12, Y3, Y1")
+	e.in("VFNMADD231PD Y13, Y3, Y1")
+	e.in("VBROADCASTSD expCn<>(SB), Y4")
+	for n := 12; n >= 0; n-- {
+		e.in("VBROADCASTSD expC%c<>(SB), Y5", 'a'+n)
+		e.in("VFMADD213PD Y5, Y1, Y4")
+	}
+	e.in("VPADDQ Y14, Y2, Y2")
+	e.in("VPSLLQ $52, Y2, Y2")
+	e.in("VMULPD Y2, Y4, Y4")
+	e.in("VCVTPD2PSY Y4, X4")
+	e.in("VMOVUPS X4, (SI)")
+	e.in("ADDQ $16, SI")
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}

@@ -617,3 +617,432 @@ func genMatVec2H1(e *emitter, src, isa string) {
 	e.in("VZEROUPPER")
 	e.in("RET")
 }
+
+// Attention kernels (package tensor's attn.go has their plain Go twins).
+
+// genAttn writes the score, weighted-sum, maximum and division kernels.
+func genAttn(e *emitter) {
+	for m := 1; m <= 14; m++ {
+		genQKZ(e, m)
+	}
+	for m := 1; m <= 6; m++ {
+		genQKY(e, m)
+	}
+	for _, src := range []string{"F32", "F16", "BF16"} {
+		for m := 1; m <= 6; m++ {
+			genPVZ(e, src, m)
+			genPVY(e, src, m)
+		}
+	}
+	genVMax(e)
+	genVDiv(e)
+	genScaleBytes(e)
+}
+
+const qkSig = "(p, xp *float32, k int, c *float32, ldc int)"
+
+// qkZm<M>(p, xp *float32, k int, c *float32, ldc int): as kernF32Zm<M>
+// from zero, row t of the result stored at c + t·ldc bytes.
+func genQKZ(e *emitter, m int) {
+	e.text(fmt.Sprintf("qkZm%d", m), qkSig, 40)
+	e.in("MOVQ p+0(FP), SI")
+	e.in("MOVQ xp+8(FP), DI")
+	e.in("MOVQ k+16(FP), CX")
+	e.in("MOVQ c+24(FP), DX")
+	e.in("MOVQ ldc+32(FP), BX")
+	for t := 0; t < m; t++ {
+		e.in("VXORPS Z%d, Z%d, Z%d", t, t, t)
+	}
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	e.label("loop")
+	e.in("VMOVUPS (SI), Z31")
+	ntmp := 31 - m
+	for t := 0; t < m; t++ {
+		tmp := m + t%ntmp
+		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
+		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
+	}
+	e.in("ADDQ $64, SI")
+	e.in("ADDQ $%d, DI", 4*m)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	for t := 0; t < m; t++ {
+		e.in("VMOVUPS Z%d, (DX)", t)
+		if t < m-1 {
+			e.in("ADDQ BX, DX")
+		}
+	}
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// qkYm<M>: the AVX2 twin of qkZm<M>.
+func genQKY(e *emitter, m int) {
+	e.text(fmt.Sprintf("qkYm%d", m), qkSig, 40)
+	e.in("MOVQ p+0(FP), SI")
+	e.in("MOVQ xp+8(FP), DI")
+	e.in("MOVQ k+16(FP), CX")
+	e.in("MOVQ c+24(FP), DX")
+	e.in("MOVQ ldc+32(FP), BX")
+	for t := 0; t < 2*m; t++ {
+		e.in("VXORPS Y%d, Y%d, Y%d", t, t, t)
+	}
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	e.label("loop")
+	e.in("VMOVUPS (SI), Y14")
+	e.in("VMOVUPS 32(SI), Y15")
+	tmp := []int{12, 13}
+	if m == 6 {
+		tmp = []int{12}
+	}
+	b := 13
+	if m < 6 {
+		b = 11
+	}
+	ti := 0
+	for t := 0; t < m; t++ {
+		e.in("VBROADCASTSS %d(DI), Y%d", 4*t, b)
+		for h := 0; h < 2; h++ {
+			tr := tmp[ti%len(tmp)]
+			ti++
+			e.in("VMULPS Y%d, Y%d, Y%d", 14+h, b, tr)
+			e.in("VADDPS Y%d, Y%d, Y%d", tr, 2*t+h, 2*t+h)
+		}
+	}
+	e.in("ADDQ $64, SI")
+	e.in("ADDQ $%d, DI", 4*m)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	for t := 0; t < m; t++ {
+		e.in("VMOVUPS Y%d, (DX)", 2*t)
+		e.in("VMOVUPS Y%d, 32(DX)", 2*t+1)
+		if t < m-1 {
+			e.in("ADDQ BX, DX")
+		}
+	}
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+const pvSig = "(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)"
+
+// pvLoad loads 16 values of type src at off(DI) as float32 into reg.
+func pvLoad(e *emitter, src string, off int, reg string) {
+	switch src {
+	case "F32":
+		e.in("VMOVUPS %d(DI), %s", 4*off, reg)
+	case "F16":
+		e.in("VCVTPH2PS %d(DI), %s", 2*off, reg)
+	case "BF16":
+		e.in("VPMOVZXWD %d(DI), %s", 2*off, reg)
+		e.in("VPSLLD $16, %s, %s", reg, reg)
+	}
+}
+
+// pvRow is the address of row r's weight of the current slot: rows 0-2
+// from SI, rows 3-5 from R8 (= SI + 3·ldp), BX = ldp.
+func pvRow(r int) string {
+	base, k := "SI", r
+	if r >= 3 {
+		base, k = "R8", r-3
+	}
+	if k == 0 {
+		return "(" + base + ")"
+	}
+	return fmt.Sprintf("(%s)(BX*%d)", base, k)
+}
+
+// pv<src>Zm<M>(p *float32, ldp int, v unsafe.Pointer, ldv int, n int,
+// o *float32, ldo int, cols int): for the M rows r (p and o rows ldp and
+// ldo bytes apart) and the first cols columns c (a multiple of 16), o[r][c]
+// += p[r][i]·v_i[c] for the slots i < n in order (v_i ldv bytes apart, of
+// type src), a multiply then an add: 64 columns at a time, then 16.
+func genPVZ(e *emitter, src string, m int) {
+	e.text(fmt.Sprintf("pv%sZm%d", src, m), pvSig, 64)
+	es := map[string]int{"F32": 4, "F16": 2, "BF16": 2}[src]
+	e.in("MOVQ ldp+8(FP), BX")
+	e.in("MOVQ v+16(FP), R13")
+	e.in("MOVQ ldv+24(FP), R9")
+	e.in("MOVQ n+32(FP), AX")
+	e.in("MOVQ o+40(FP), DX")
+	e.in("MOVQ ldo+48(FP), R10")
+	e.in("MOVQ cols+56(FP), R11")
+	for _, w := range []int{4, 1} {
+		lbl := fmt.Sprintf("c%d", w)
+		e.label(lbl)
+		e.in("CMPQ R11, $%d", 16*w)
+		if w == 4 {
+			e.in("JLT c1")
+		} else {
+			e.in("JLT done")
+		}
+		acc := func(r, j int) int { return r*w + j }
+		e.in("MOVQ DX, R12")
+		for r := 0; r < m; r++ {
+			for j := 0; j < w; j++ {
+				e.in("VMOVUPS %d(R12), Z%d", 64*j, acc(r, j))
+			}
+			if r < m-1 {
+				e.in("ADDQ R10, R12")
+			}
+		}
+		e.in("MOVQ p+0(FP), SI")
+		if m > 3 {
+			e.in("LEAQ (SI)(BX*2), R8")
+			e.in("ADDQ BX, R8")
+		}
+		e.in("MOVQ R13, DI")
+		e.in("MOVQ AX, CX")
+		e.in("TESTQ CX, CX")
+		e.in("JZ s%d", w)
+		e.label(fmt.Sprintf("l%d", w))
+		for j := 0; j < w; j++ {
+			pvLoad(e, src, 16*j, fmt.Sprintf("Z%d", 24+j))
+		}
+		ti := 0
+		for r := 0; r < m; r++ {
+			e.in("VBROADCASTSS %s, Z28", pvRow(r))
+			for j := 0; j < w; j++ {
+				tr := 29 + ti%3
+				ti++
+				e.in("VMULPS Z%d, Z28, Z%d", 24+j, tr)
+				e.in("VADDPS Z%d, Z%d, Z%d", tr, acc(r, j), acc(r, j))
+			}
+		}
+		e.in("ADDQ $4, SI")
+		if m > 3 {
+			e.in("ADDQ $4, R8")
+		}
+		e.in("ADDQ R9, DI")
+		e.in("DECQ CX")
+		e.in("JNZ l%d", w)
+		e.label(fmt.Sprintf("s%d", w))
+		e.in("MOVQ DX, R12")
+		for r := 0; r < m; r++ {
+			for j := 0; j < w; j++ {
+				e.in("VMOVUPS Z%d, %d(R12)", acc(r, j), 64*j)
+			}
+			if r < m-1 {
+				e.in("ADDQ R10, R12")
+			}
+		}
+		e.in("ADDQ $%d, DX", 64*w)
+		e.in("ADDQ $%d, R13", 16*w*es)
+		e.in("SUBQ $%d, R11", 16*w)
+		e.in("JMP %s", lbl)
+	}
+	e.label("done")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// pv<src>Ym<M>: the AVX2 twin of pv<src>Zm<M>, 16 columns at a time.
+func genPVY(e *emitter, src string, m int) {
+	e.text(fmt.Sprintf("pv%sYm%d", src, m), pvSig, 64)
+	es := map[string]int{"F32": 4, "F16": 2, "BF16": 2}[src]
+	e.in("MOVQ ldp+8(FP), BX")
+	e.in("MOVQ v+16(FP), R13")
+	e.in("MOVQ ldv+24(FP), R9")
+	e.in("MOVQ n+32(FP), AX")
+	e.in("MOVQ o+40(FP), DX")
+	e.in("MOVQ ldo+48(FP), R10")
+	e.in("MOVQ cols+56(FP), R11")
+	e.label("c1")
+	e.in("CMPQ R11, $16")
+	e.in("JLT done")
+	e.in("MOVQ DX, R12")
+	for r := 0; r < m; r++ {
+		e.in("VMOVUPS (R12), Y%d", 2*r)
+		e.in("VMOVUPS 32(R12), Y%d", 2*r+1)
+		if r < m-1 {
+			e.in("ADDQ R10, R12")
+		}
+	}
+	e.in("MOVQ p+0(FP), SI")
+	if m > 3 {
+		e.in("LEAQ (SI)(BX*2), R8")
+		e.in("ADDQ BX, R8")
+	}
+	e.in("MOVQ R13, DI")
+	e.in("MOVQ AX, CX")
+	e.in("TESTQ CX, CX")
+	e.in("JZ s1")
+	e.label("l1")
+	switch src {
+	case "F32":
+		e.in("VMOVUPS (DI), Y12")
+		e.in("VMOVUPS 32(DI), Y13")
+	case "F16":
+		e.in("VCVTPH2PS (DI), Y12")
+		e.in("VCVTPH2PS 16(DI), Y13")
+	case "BF16":
+		e.in("VPMOVZXWD (DI), Y12")
+		e.in("VPMOVZXWD 16(DI), Y13")
+		e.in("VPSLLD $16, Y12, Y12")
+		e.in("VPSLLD $16, Y13, Y13")
+	}
+	for r := 0; r < m; r++ {
+		e.in("VBROADCASTSS %s, Y14", pvRow(r))
+		for j := 0; j < 2; j++ {
+			e.in("VMULPS Y%d, Y14, Y15", 12+j)
+			e.in("VADDPS Y15, Y%d, Y%d", 2*r+j, 2*r+j)
+		}
+	}
+	e.in("ADDQ $4, SI")
+	if m > 3 {
+		e.in("ADDQ $4, R8")
+	}
+	e.in("ADDQ R9, DI")
+	e.in("DECQ CX")
+	e.in("JNZ l1")
+	e.label("s1")
+	e.in("MOVQ DX, R12")
+	for r := 0; r < m; r++ {
+		e.in("VMOVUPS Y%d, (R12)", 2*r)
+		e.in("VMOVUPS Y%d, 32(R12)", 2*r+1)
+		if r < m-1 {
+			e.in("ADDQ R10, R12")
+		}
+	}
+	e.in("ADDQ $64, DX")
+	e.in("ADDQ $%d, R13", 16*es)
+	e.in("SUBQ $16, R11")
+	e.in("JMP c1")
+	e.label("done")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// vmax<isa>(s *float32, n int) float32: n a positive multiple of 16;
+// sixteen lanes from −Inf, l = max(s_i, l) with MAXPS's rule (the second
+// operand when the first is not greater: NaN never enters), then the tree
+// l[j] = max(l[j+8], l[j]), l[j+4], l[j+2], l[j+1].
+func genVMax(e *emitter) {
+	b := []byte{0, 0, 0x80, 0xff, 0, 0, 0x80, 0xff} // -Inf, twice
+	e.dataBytes("attnNegInf", b)
+	for _, isa := range []string{"Z", "Y"} {
+		e.text("vmax"+isa, "(s *float32, n int) float32", 20)
+		e.in("MOVQ s+0(FP), SI")
+		e.in("MOVQ n+8(FP), CX")
+		e.in("SHRQ $4, CX")
+		if isa == "Z" {
+			e.in("VBROADCASTSS attnNegInf<>(SB), Z0")
+		} else {
+			e.in("VBROADCASTSS attnNegInf<>(SB), Y0")
+			e.in("VBROADCASTSS attnNegInf<>(SB), Y1")
+		}
+		e.label("loop")
+		if isa == "Z" {
+			e.in("VMOVUPS (SI), Z2")
+			e.in("VMAXPS Z0, Z2, Z0")
+		} else {
+			e.in("VMOVUPS (SI), Y2")
+			e.in("VMOVUPS 32(SI), Y3")
+			e.in("VMAXPS Y0, Y2, Y0")
+			e.in("VMAXPS Y1, Y3, Y1")
+		}
+		e.in("ADDQ $64, SI")
+		e.in("DECQ CX")
+		e.in("JNZ loop")
+		if isa == "Z" {
+			e.in("VEXTRACTF32X8 $1, Z0, Y1")
+		}
+		e.in("VMAXPS Y0, Y1, Y0")
+		e.in("VEXTRACTF128 $1, Y0, X1")
+		e.in("VMAXPS X0, X1, X0")
+		e.in("VMOVHLPS X0, X0, X1")
+		e.in("VMAXPS X0, X1, X0")
+		e.in("VMOVSHDUP X0, X1")
+		e.in("VMAXSS X0, X1, X0")
+		e.in("VMOVSS X0, ret+16(FP)")
+		e.in("VZEROUPPER")
+		e.in("RET")
+	}
+}
+
+// vdiv<isa>(s *float32, n int, d float32): s[i] /= d, n a multiple of 16.
+func genVDiv(e *emitter) {
+	for _, isa := range []string{"Z", "Y"} {
+		e.text("vdiv"+isa, "(s *float32, n int, d float32)", 20)
+		e.in("MOVQ s+0(FP), SI")
+		e.in("MOVQ n+8(FP), CX")
+		e.in("SHRQ $4, CX")
+		e.in("TESTQ CX, CX")
+		e.in("JZ done")
+		if isa == "Z" {
+			e.in("VBROADCASTSS d+16(FP), Z1")
+		} else {
+			e.in("VBROADCASTSS d+16(FP), Y1")
+		}
+		e.label("loop")
+		if isa == "Z" {
+			e.in("VMOVUPS (SI), Z2")
+			e.in("VDIVPS Z1, Z2, Z2")
+			e.in("VMOVUPS Z2, (SI)")
+		} else {
+			e.in("VMOVUPS (SI), Y2")
+			e.in("VMOVUPS 32(SI), Y3")
+			e.in("VDIVPS Y1, Y2, Y2")
+			e.in("VDIVPS Y1, Y3, Y3")
+			e.in("VMOVUPS Y2, (SI)")
+			e.in("VMOVUPS Y3, 32(SI)")
+		}
+		e.in("ADDQ $64, SI")
+		e.in("DECQ CX")
+		e.in("JNZ loop")
+		e.label("done")
+		e.in("VZEROUPPER")
+		e.in("RET")
+	}
+}
+
+// scaleBytes<isa>(dst *float32, u *byte, n int, s, m float32): dst[j] =
+// s·float32(u[j]) + m (a multiply then an add) for n a multiple of 16.
+func genScaleBytes(e *emitter) {
+	for _, isa := range []string{"Z", "Y"} {
+		e.text("scaleBytes"+isa, "(dst *float32, u *byte, n int, s, m float32)", 32)
+		e.in("MOVQ dst+0(FP), DI")
+		e.in("MOVQ u+8(FP), SI")
+		e.in("MOVQ n+16(FP), CX")
+		e.in("SHRQ $4, CX")
+		e.in("TESTQ CX, CX")
+		e.in("JZ done")
+		if isa == "Z" {
+			e.in("VBROADCASTSS s+24(FP), Z1")
+			e.in("VBROADCASTSS m+28(FP), Z2")
+		} else {
+			e.in("VBROADCASTSS s+24(FP), Y1")
+			e.in("VBROADCASTSS m+28(FP), Y2")
+		}
+		e.label("loop")
+		if isa == "Z" {
+			e.in("VPMOVZXBD (SI), Z0")
+			e.in("VCVTDQ2PS Z0, Z0")
+			e.in("VMULPS Z1, Z0, Z0")
+			e.in("VADDPS Z2, Z0, Z0")
+			e.in("VMOVUPS Z0, (DI)")
+		} else {
+			e.in("VPMOVZXBD (SI), Y0")
+			e.in("VPMOVZXBD 8(SI), Y3")
+			e.in("VCVTDQ2PS Y0, Y0")
+			e.in("VCVTDQ2PS Y3, Y3")
+			e.in("VMULPS Y1, Y0, Y0")
+			e.in("VMULPS Y1, Y3, Y3")
+			e.in("VADDPS Y2, Y0, Y0")
+			e.in("VADDPS Y2, Y3, Y3")
+			e.in("VMOVUPS Y0, (DI)")
+			e.in("VMOVUPS Y3, 32(DI)")
+		}
+		e.in("ADDQ $16, SI")
+		e.in("ADDQ $64, DI")
+		e.in("DECQ CX")
+		e.in("JNZ loop")
+		e.label("done")
+		e.in("VZEROUPPER")
+		e.in("RET")
+	}
+}

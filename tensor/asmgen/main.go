@@ -74,6 +74,8 @@ func main() {
 	genMatVecH(e)
 	genMatVec2H(e)
 	genSwiGLU(e)
+	genAttnExp(e)
+	genAttn(e)
 	genActQuant(e)
 	genPrefetch(e)
 	genQuantKernels(e)

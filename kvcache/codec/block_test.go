@@ -1,0 +1,64 @@
+package codec
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/kvlm/kvlm/tensor"
+)
+
+// TestGetRows: GetRows decodes every slot as Get does, for every codec, and
+// Plain names the float codecs' element types.
+func TestGetRows(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	for _, name := range append(Names, "q8-shifted", "q4-shifted") {
+		for _, kind := range []Kind{Keys, Values} {
+			c, err := Parse(strings.TrimSuffix(name, "-shifted"), kind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.HasSuffix(name, "-shifted") {
+				mu := make([]float32, 72)
+				for i := range mu {
+					mu[i] = float32(3 * r.NormFloat64())
+				}
+				c = Shifted(c, mu)
+			}
+			for _, d := range []int{8, 64, 72} {
+				const n = 16
+				x := make([]float32, n*d)
+				for i := range x {
+					x[i] = float32(r.NormFloat64())
+				}
+				blk := make([]byte, c.BlockBytes(n, d))
+				if g, ok := c.(Grouped); ok {
+					lo, hi := make([]float32, d), make([]float32, d)
+					ChannelRange(x, d, lo, hi)
+					g.EncodeRange(blk, n, d, x, lo, hi)
+				} else {
+					for i := range n {
+						c.Put(blk, n, d, i, x[i*d:(i+1)*d])
+					}
+				}
+				got := make([]float32, 5*d)
+				GetRows(c, blk, n, d, 3, 5, got)
+				want := make([]float32, d)
+				for i := range 5 {
+					c.Get(blk, n, d, 3+i, want)
+					for j := range want {
+						if math.Float32bits(got[i*d+j]) != math.Float32bits(want[j]) {
+							t.Fatalf("%s %s d=%d: slot %d value %d = %g, want %g", name, kind, d, 3+i, j, got[i*d+j], want[j])
+						}
+					}
+				}
+			}
+			typ, ok := Plain(c)
+			want := map[string]tensor.DType{"f32": tensor.F32, "f16": tensor.F16, "bf16": tensor.BF16}
+			if w, plain := want[name]; ok != plain || (ok && typ != w) {
+				t.Fatalf("%s: Plain = %v, %v", name, typ, ok)
+			}
+		}
+	}
+}

@@ -1,0 +1,93 @@
+//go:build amd64 && !purego
+
+package tensor
+
+import "unsafe"
+
+type (
+	qkFunc func(p, xp *float32, k int, c *float32, ldc int)
+	pvFunc func(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+)
+
+var (
+	qkZ = []qkFunc{nil, qkZm1, qkZm2, qkZm3, qkZm4, qkZm5, qkZm6, qkZm7, qkZm8, qkZm9, qkZm10, qkZm11, qkZm12, qkZm13, qkZm14}
+	qkY = []qkFunc{nil, qkYm1, qkYm2, qkYm3, qkYm4, qkYm5, qkYm6}
+
+	pvZ = [3][]pvFunc{
+		{nil, pvF32Zm1, pvF32Zm2, pvF32Zm3, pvF32Zm4, pvF32Zm5, pvF32Zm6},
+		{nil, pvF16Zm1, pvF16Zm2, pvF16Zm3, pvF16Zm4, pvF16Zm5, pvF16Zm6},
+		{nil, pvBF16Zm1, pvBF16Zm2, pvBF16Zm3, pvBF16Zm4, pvBF16Zm5, pvBF16Zm6},
+	}
+	pvY = [3][]pvFunc{
+		{nil, pvF32Ym1, pvF32Ym2, pvF32Ym3, pvF32Ym4, pvF32Ym5, pvF32Ym6},
+		{nil, pvF16Ym1, pvF16Ym2, pvF16Ym3, pvF16Ym4, pvF16Ym5, pvF16Ym6},
+		{nil, pvBF16Ym1, pvBF16Ym2, pvBF16Ym3, pvBF16Ym4, pvBF16Ym5, pvBF16Ym6},
+	}
+)
+
+// qkKern returns the score kernels of the level in use, indexed by rows
+// (nil: plain Go).
+func qkKern() []qkFunc {
+	switch level {
+	case levelAVX512:
+		return qkZ
+	case levelAVX2:
+		return qkY
+	}
+	return nil
+}
+
+// pvKern returns the weighted-sum kernels for values of type t, indexed by
+// rows (1..6; nil: plain Go).
+func pvKern(t DType) []pvFunc {
+	switch level {
+	case levelAVX512:
+		return pvZ[floatIndex(t)]
+	case levelAVX2:
+		return pvY[floatIndex(t)]
+	}
+	return nil
+}
+
+func vmaxLanes(s []float32) float32 {
+	switch level {
+	case levelAVX512:
+		return vmaxZ(&s[0], len(s))
+	case levelAVX2:
+		return vmaxY(&s[0], len(s))
+	}
+	return vmaxGo(s)
+}
+
+func attnExpLanes(s []float32, norm, mx float32) {
+	switch level {
+	case levelAVX512:
+		attnExpZ(&s[0], len(s), norm, mx)
+	case levelAVX2:
+		attnExpY(&s[0], len(s), norm, mx)
+	default:
+		attnExpGo(s, norm, mx)
+	}
+}
+
+func vdivLanes(s []float32, d float32) {
+	switch level {
+	case levelAVX512:
+		vdivZ(&s[0], len(s), d)
+	case levelAVX2:
+		vdivY(&s[0], len(s), d)
+	default:
+		vdivGo(s, d)
+	}
+}
+
+func scaleBytesLanes(dst []float32, u []byte, s, m float32) {
+	switch level {
+	case levelAVX512:
+		scaleBytesZ(&dst[0], &u[0], len(dst), s, m)
+	case levelAVX2:
+		scaleBytesY(&dst[0], &u[0], len(dst), s, m)
+	default:
+		scaleBytesGo(dst, u, s, m)
+	}
+}

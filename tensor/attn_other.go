@@ -1,0 +1,22 @@
+//go:build !amd64 || purego
+
+package tensor
+
+import "unsafe"
+
+type (
+	qkFunc func(p, xp *float32, k int, c *float32, ldc int)
+	pvFunc func(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
+)
+
+func qkKern() []qkFunc { return nil }
+
+func pvKern(DType) []pvFunc { return nil }
+
+func vmaxLanes(s []float32) float32 { return vmaxGo(s) }
+
+func attnExpLanes(s []float32, norm, mx float32) { attnExpGo(s, norm, mx) }
+
+func vdivLanes(s []float32, d float32) { vdivGo(s, d) }
+
+func scaleBytesLanes(dst []float32, u []byte, s, m float32) { scaleBytesGo(dst, u, s, m) }
