@@ -119,9 +119,7 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 		for t := 0; t < n; t++ {
 			tensor.RMSNorm(b.xb[t*c.Dim:(t+1)*c.Dim], b.x[t*c.Dim:(t+1)*c.Dim], L.AttnNorm, c.NormEps)
 		}
-		L.Wq.MatMul(b.q, b.xb, n)
-		L.Wk.MatMul(b.k, b.xb, n)
-		L.Wv.MatMul(b.v, b.xb, n)
+		m.qkv(L, b.q, b.k, b.v, b.xb, n)
 		addBias(b.q, L.Bq, n)
 		addBias(b.k, L.Bk, n)
 		addBias(b.v, L.Bv, n)

@@ -224,3 +224,92 @@ func BenchmarkDecodeBatch(b *testing.B) {
 		}
 	}
 }
+
+// quantizeMatrix converts an F32 matrix to type typ.
+func quantizeMatrix(tb testing.TB, w *tensor.Matrix, typ tensor.DType) *tensor.Matrix {
+	tb.Helper()
+	rb, err := typ.RowBytes(w.Cols)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	data := make([]byte, w.Rows*rb)
+	if err := tensor.Quantize(typ, w.F32(), data); err != nil {
+		tb.Fatal(err)
+	}
+	q, err := tensor.NewMatrix(typ, w.Rows, w.Cols, data)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return q
+}
+
+// TestDecodeBatchMixedTypes runs a model whose layers mix weight types
+// (Wq, Wk Q4_K with Wv Q6_K as Q4_K_M does; W_gate Q8_0 with W_up Q4_0;
+// and a layer of F16 beside Q8_0), so that tensor.MatMulMany quantizes
+// the shared activations once per format: DecodeBatch agrees with
+// per-sequence Forward, and chunked prefill with token-by-token decode.
+func TestDecodeBatchMixedTypes(t *testing.T) {
+	m := synthModel(t, 256, 512, 2, 4, 2, 300, 64)
+	q := func(w *tensor.Matrix, typ tensor.DType) *tensor.Matrix { return quantizeMatrix(t, w, typ) }
+	L := &m.Layers[0]
+	L.Wq, L.Wk, L.Wv = q(L.Wq, tensor.Q4_K), q(L.Wk, tensor.Q4_K), q(L.Wv, tensor.Q6_K)
+	L.WGate, L.WUp, L.Wo, L.WDown = q(L.WGate, tensor.Q8_0), q(L.WUp, tensor.Q4_0), q(L.Wo, tensor.Q6_K), q(L.WDown, tensor.Q4_K)
+	L = &m.Layers[1]
+	L.Wq, L.Wk, L.Wv = q(L.Wq, tensor.F16), q(L.Wk, tensor.Q8_0), q(L.Wv, tensor.BF16)
+	L.WGate, L.WUp = q(L.WGate, tensor.Q4_K), q(L.WUp, tensor.F16)
+	const nseq = 5
+	batch, ref := make([]*Sequence, nseq), make([]*Sequence, nseq)
+	next := make([]int, nseq)
+	for i := range batch {
+		prompt := make([]int, 3+5*i)
+		for j := range prompt {
+			prompt[j] = (i*37 + j*11) % m.Vocab
+		}
+		var err error
+		if batch[i], err = m.NewStandaloneSequence(KVOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if ref[i], err = m.NewStandaloneSequence(KVOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		a, err := batch[i].Forward(prompt, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The reference runs its prompt token by token.
+		var b []float32
+		for _, tok := range prompt {
+			if b, err = ref[i].Forward([]int{tok}, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := maxDiff(a, b); d > 1e-4 {
+			t.Fatalf("sequence %d: prefill and decode logits differ by %g", i, d)
+		}
+		next[i] = argmax(b)
+	}
+	for step := 0; step < 6; step++ {
+		got, err := m.DecodeBatch(batch, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range batch {
+			want, err := ref[i].Forward([]int{next[i]}, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := maxDiff(got[i], want); d > 1e-4 {
+				t.Fatalf("step %d sequence %d: logits differ by %g", step, i, d)
+			}
+			next[i] = argmax(want)
+		}
+	}
+}
+
+func maxDiff(a, b []float32) float64 {
+	var worst float64
+	for j := range a {
+		worst = max(worst, math.Abs(float64(a[j]-b[j])))
+	}
+	return worst
+}

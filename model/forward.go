@@ -260,9 +260,7 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		for t := 0; t < n; t++ {
 			tensor.RMSNorm(s.xb[t*c.Dim:(t+1)*c.Dim], s.x[t*c.Dim:(t+1)*c.Dim], L.AttnNorm, c.NormEps)
 		}
-		L.Wq.MatMul(s.q, s.xb, n)
-		L.Wk.MatMul(s.k, s.xb, n)
-		L.Wv.MatMul(s.v, s.xb, n)
+		m.qkv(L, s.q, s.k, s.v, s.xb, n)
 		addBias(s.q, L.Bq, n)
 		addBias(s.k, L.Bk, n)
 		addBias(s.v, L.Bv, n)
@@ -352,6 +350,13 @@ func addBias(x, b []float32, n int) {
 	}
 }
 
+// qkv computes the queries, keys and values of n rows of xb (before
+// biases and RoPE): one quantization of xb and one parallel region for the
+// three matrices.
+func (m *Model) qkv(L *Layer, q, k, v, xb []float32, n int) {
+	tensor.MatMulMany([][]float32{q, k, v}, []*tensor.Matrix{L.Wq, L.Wk, L.Wv}, xb, n)
+}
+
 // finishLayer completes a layer for n rows after attention: the output
 // projection and its residual, then RMSNorm, the SwiGLU FFN and its
 // residual. x [n][Dim] is the residual stream, att [n][QDim] the attention
@@ -363,8 +368,7 @@ func (m *Model) finishLayer(L *Layer, x, xb, att, gate, up []float32, n int) {
 	for t := 0; t < n; t++ {
 		tensor.RMSNorm(xb[t*c.Dim:(t+1)*c.Dim], x[t*c.Dim:(t+1)*c.Dim], L.FFNNorm, c.NormEps)
 	}
-	L.WGate.MatMul(gate, xb, n)
-	L.WUp.MatMul(up, xb, n)
+	tensor.MatMulMany([][]float32{gate, up}, []*tensor.Matrix{L.WGate, L.WUp}, xb, n)
 	tensor.SwiGLU(gate[:n*c.HiddenDim], gate[:n*c.HiddenDim], up[:n*c.HiddenDim])
 	L.WDown.MatMul(xb, gate, n)
 	tensor.Add(x[:n*c.Dim], xb[:n*c.Dim])

@@ -57,17 +57,15 @@ type benchDecodeAt struct {
 	TokS    float64 `json:"tok_s"`
 }
 
-// benchBatch is decode throughput with Batch sequences each decoding one
-// token per step. The model runs one sequence per Forward call, so
-// DecodeTokS steps the sequences one after another (the weights are read
-// once per sequence); MatMulTokS times what a batched forward pass would
-// run as matrices, every weight matrix times Batch activation rows (the
-// weights read once per step), attention and the rest left out: the bound
-// a batched model API would approach.
+// benchBatch is decode throughput with Batch sequences decoding together,
+// one model.DecodeBatch call per step (each weight matrix read once per
+// step for all of them): DecodeTokS counts every sequence's tokens;
+// VsBatch1 is DecodeTokS over batch 1's (when --batch includes 1).
 type benchBatch struct {
 	Batch      int     `json:"batch"`
+	Steps      int     `json:"steps"`
 	DecodeTokS float64 `json:"decode_tok_s"`
-	MatMulTokS float64 `json:"matmul_tok_s"`
+	VsBatch1   float64 `json:"vs_batch1,omitempty"`
 }
 
 type benchFlags struct {
@@ -127,8 +125,8 @@ func newBench() *cobra.Command {
 	c.Flags().IntVar(&f.reps, "reps", 3, "repetitions (the median is reported)")
 	c.Flags().BoolVar(&f.asJSON, "json", false, "print one JSON object")
 	c.Flags().StringVar(&f.contexts, "contexts", "128,512,1024", "context lengths to time decode at (those that fit the model's context)")
-	c.Flags().IntVar(&f.ctxGen, "ctx-gen", 16, "tokens decoded at each of --contexts and per batched-decode measurement")
-	c.Flags().StringVar(&f.batches, "batch", "1,4,16", "batch sizes for batched decode")
+	c.Flags().IntVar(&f.ctxGen, "ctx-gen", 16, "tokens decoded at each of --contexts, and steps of each batched-decode measurement")
+	c.Flags().StringVar(&f.batches, "batch", "1,4,16", "batch sizes for batched decode (model.DecodeBatch; ratios against batch 1 when listed)")
 	c.Flags().IntVar(&f.bandwidthMiB, "bandwidth-mib", 512, "buffer for the memory bandwidth measurement (0: skip it)")
 	c.Flags().StringVar(&f.kernels, "kernels", "auto", "tensor kernels: auto, avx512, avx2 or go (the plain Go twins)")
 	return c
@@ -237,12 +235,21 @@ func runBench(mf *modelFlags, f *benchFlags, m *model.Model, contexts, batches [
 		seq.Close()
 	}
 
+	var one float64
 	for _, b := range batches {
 		bb, err := benchBatched(mf, m, b, f.ctxGen)
 		if err != nil {
 			return res, err
 		}
+		if b == 1 {
+			one = bb.DecodeTokS
+		}
 		res.Batch = append(res.Batch, bb)
+	}
+	if one > 0 {
+		for i := range res.Batch {
+			res.Batch[i].VsBatch1 = res.Batch[i].DecodeTokS / one
+		}
 	}
 
 	res.BytesPerToken = decodeBytes(m) + m.KVBytesPerToken()*int64(f.promptN+f.genN/2)
@@ -266,13 +273,14 @@ func decodeBytes(m *model.Model) int64 {
 	return n
 }
 
-// benchBatched times b sequences (each after an 8-token prompt) decoding
-// steps tokens each, stepped one after another, and the matrix products of
-// one batched decode step.
+// benchBatched times b sequences (each after an 8-token prompt, run on its
+// own) decoding steps tokens each together: one model.DecodeBatch per step,
+// every weight matrix multiplied by b rows at once, attention per sequence.
+// One untimed step comes first.
 func benchBatched(mf *modelFlags, m *model.Model, b, steps int) (benchBatch, error) {
 	res := benchBatch{Batch: b}
+	const promptN = 8
 	seqs := make([]*model.Sequence, b)
-	logits := make([][]float32, b)
 	defer func() {
 		for _, s := range seqs {
 			if s != nil {
@@ -280,16 +288,20 @@ func benchBatched(mf *modelFlags, m *model.Model, b, steps int) (benchBatch, err
 			}
 		}
 	}()
-	if 8+steps > m.CtxLen {
-		steps = m.CtxLen - 8
+	if promptN+1+steps > m.CtxLen {
+		steps = m.CtxLen - promptN - 1
+	}
+	if steps < 1 {
+		return res, fmt.Errorf("batched decode: the context length %d is too short", m.CtxLen)
 	}
 	opt, err := mf.kvOptions()
 	if err != nil {
 		return res, err
 	}
 	if opt.MemBytes == 0 {
-		opt.Tokens = 8 + steps // a pool per sequence sized for what it runs
+		opt.Tokens = promptN + 1 + steps // a pool per sequence sized for what it runs
 	}
+	next := make([]int, b)
 	for i := range seqs {
 		s, err := m.NewStandaloneSequence(opt)
 		if err != nil {
@@ -297,42 +309,33 @@ func benchBatched(mf *modelFlags, m *model.Model, b, steps int) (benchBatch, err
 		}
 		s.Chunk = mf.chunk
 		seqs[i] = s
-		l, err := s.Forward(benchPrompt(8, m.Vocab, uint64(10+i)), false)
+		l, err := s.Forward(benchPrompt(promptN, m.Vocab, uint64(10+i)), false)
 		if err != nil {
 			return res, err
 		}
-		logits[i] = slices.Clone(l)
+		next[i] = argmaxF(l)
+	}
+	step := func() error {
+		out, err := m.DecodeBatch(seqs, next)
+		if err != nil {
+			return err
+		}
+		for i, l := range out {
+			next[i] = argmaxF(l)
+		}
+		return nil
+	}
+	if err := step(); err != nil { // warm-up: scratch buffers, caches
+		return res, err
 	}
 	t0 := time.Now()
 	for st := 0; st < steps; st++ {
-		for i, s := range seqs {
-			l, err := s.Forward([]int{argmaxF(logits[i])}, false)
-			if err != nil {
-				return res, err
-			}
-			copy(logits[i], l)
+		if err := step(); err != nil {
+			return res, err
 		}
 	}
 	res.DecodeTokS = float64(b*steps) / time.Since(t0).Seconds()
-
-	// The matrices of a batched step: every weight matrix times b rows.
-	c := m.Config
-	x := make([]float32, b*max(c.Dim, c.HiddenDim, c.QDim()))
-	for i := range x {
-		x[i] = float32(i%7)*0.1 - 0.3
-	}
-	out := make([]float32, b*max(c.Vocab, c.HiddenDim, c.Dim, c.QDim()))
-	reps := max(1, steps/4)
-	t0 = time.Now()
-	for r := 0; r < reps; r++ {
-		for _, L := range m.Layers {
-			for _, w := range []*tensor.Matrix{L.Wq, L.Wk, L.Wv, L.Wo, L.WGate, L.WUp, L.WDown} {
-				w.MatMul(out, x, b)
-			}
-		}
-		m.Output.MatMul(out, x, b)
-	}
-	res.MatMulTokS = float64(b*reps) / time.Since(t0).Seconds()
+	res.Steps = steps
 	return res, nil
 }
 
@@ -368,7 +371,11 @@ func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
 		fmt.Fprintf(w, "decode @%-7d   %.1f tok/s  (%d tokens)\n", d.Context, d.TokS, f.ctxGen)
 	}
 	for _, b := range res.Batch {
-		fmt.Fprintf(w, "batch %-4d       %.1f tok/s stepped one by one; matrices of a batched step %.1f tok/s\n", b.Batch, b.DecodeTokS, b.MatMulTokS)
+		ratio := ""
+		if b.VsBatch1 > 0 {
+			ratio = fmt.Sprintf("; %.2f× batch 1", b.VsBatch1)
+		}
+		fmt.Fprintf(w, "batch %-4d       %.1f tok/s  (%d steps of model.DecodeBatch%s)\n", b.Batch, b.DecodeTokS, b.Steps, ratio)
 	}
 	fmt.Fprintf(w, "peak RSS         %s\n", human(res.PeakRSSBytes))
 	if res.BandwidthGBs > 0 {

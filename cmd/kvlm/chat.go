@@ -74,6 +74,7 @@ first tokens and the last --window (StreamingLLM), never re-encoding history.`,
 				return err
 			}
 			defer m.Close()
+			cfg.KeyShiftPrompt = f.keyShiftPrompt(tok)
 			format, _, err := server.ChooseFormat(f.model, tok, f.template)
 			if err != nil {
 				return err

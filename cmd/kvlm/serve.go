@@ -18,6 +18,7 @@ import (
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/server"
+	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"
 )
 
@@ -32,6 +33,7 @@ type serveFlags struct {
 	maxQueue         int
 	chunk            int
 	template         string
+	keyShift         bool
 }
 
 func (f *serveFlags) register(c *cobra.Command) {
@@ -43,6 +45,7 @@ func (f *serveFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.kvTypeK, "kv-type-k", "", "default codec of the keys (overrides --kv-type)")
 	fl.StringVar(&f.kvTypeV, "kv-type-v", "", "default codec of the values (overrides --kv-type)")
 	fl.IntVar(&f.kvBlock, "kv-block", kvcache.DefaultBlockTokens, "KV cache block size in tokens")
+	fl.BoolVar(&f.keyShift, "kv-key-shift", true, "store q8/q4 keys around the model's mean keys (estimated once from a text the model writes from BOS; see docs/KVCACHE.md)")
 	fl.IntVar(&f.maxRunning, "max-running", 32, "sequences decoded together at most (the batch)")
 	fl.IntVar(&f.maxQueue, "max-queue", 256, "requests waiting at most; more are refused with 429")
 	fl.IntVar(&f.chunk, "chunk", model.DefaultChunk, "prompt tokens prefilled per scheduler step, between decode steps")
@@ -115,6 +118,7 @@ type, type_k, type_v, slot, cache_prompt).`,
 				return err
 			}
 			defer m.Close()
+			cfg.KeyShiftPrompt = f.keyShiftPrompt(tok)
 			format, how, err := server.ChooseFormat(f.model, tok, f.template)
 			if err != nil {
 				return err
@@ -174,4 +178,23 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// keyShiftPrompt is the engine's KeyShiftPrompt: the BOS token (else EOS)
+// when --kv-key-shift is on, nil otherwise or when the vocabulary has neither.
+func (f *serveFlags) keyShiftPrompt(tok tokenizer.Tokenizer) []int {
+	return keyShiftPrompt(f.keyShift, tok)
+}
+
+func keyShiftPrompt(on bool, tok tokenizer.Tokenizer) []int {
+	if !on {
+		return nil
+	}
+	if b := tok.BOS(); b >= 0 {
+		return []int{b}
+	}
+	if e := tok.EOS(); e >= 0 {
+		return []int{e}
+	}
+	return nil
 }

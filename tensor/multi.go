@@ -1,0 +1,101 @@
+package tensor
+
+import (
+	"fmt"
+	"sync"
+)
+
+// MatMulMany computes dsts[i][t] = ws[i]·x[t] for n inputs x [n][Cols] and
+// matrices that share them (a layer's Wq, Wk and Wv; W_gate and W_up): the
+// same values, bit for bit, as ws[i].MatMul(dsts[i], x, n) for each i, with
+// less work. The quantized matrices (Q8_0, Q4_0, Q4_K, Q6_K) quantize x
+// once per activation format (Q4_K and Q6_K share one) instead of once per
+// matrix, and all their products run in one parallel region; float
+// matrices (F32, F16, BF16), which have nothing to share, run their own
+// MatMul. Every matrix must have the same Cols; dsts[i] is [n][ws[i].Rows].
+func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
+	if len(dsts) != len(ws) {
+		panic(fmt.Sprintf("tensor: MatMulMany given %d outputs for %d matrices", len(dsts), len(ws)))
+	}
+	if len(ws) == 0 {
+		return
+	}
+	cols := ws[0].Cols
+	_ = x[n*cols-1]
+	mj := multiJobs.Get().(*multiJob)
+	defer multiJobs.Put(mj)
+	mj.reset()
+	for i, w := range ws {
+		if w.Cols != cols {
+			panic(fmt.Sprintf("tensor: MatMulMany matrices of %d and %d columns", cols, w.Cols))
+		}
+		_ = dsts[i][n*w.Rows-1]
+		switch w.Type {
+		case Q8_0, Q4_0, Q4_K, Q6_K:
+			qk := quantKern(w.Type)
+			key := actKey(w.Type, qk)
+			a := -1
+			for j, k := range mj.keys {
+				if k == key {
+					a = j
+				}
+			}
+			if a < 0 {
+				a = len(mj.acts)
+				mj.keys = append(mj.keys, key)
+				mj.acts = append(mj.acts, quantizeFor(w.Type, qk, x, cols, n))
+			}
+			tiles := (w.Rows + quantRowTile - 1) / quantRowTile
+			mj.parts = append(mj.parts, multiPart{m: w, qk: qk, dst: dsts[i], act: a, lo: mj.tiles, hi: mj.tiles + tiles})
+			mj.tiles += tiles
+		default:
+			w.MatMul(dsts[i], x, n)
+		}
+	}
+	if len(mj.parts) > 0 {
+		// The matrices' row tiles one after another, as one range of work.
+		Parallel(mj.tiles, quantGrain(cols, n), mj.run)
+	}
+	for i := range mj.acts {
+		mj.acts[i].release()
+	}
+	mj.reset()
+}
+
+// multiJob is the work of one MatMulMany call (pooled: decode calls it
+// several times per layer).
+type multiJob struct {
+	keys  [][2]int
+	acts  []quantActs
+	parts []multiPart
+	tiles int
+}
+
+// multiPart is one quantized matrix's tiles [lo, hi) of the job's range.
+type multiPart struct {
+	m      *Matrix
+	qk     *quantKernels
+	dst    []float32
+	act    int // index into acts
+	lo, hi int
+}
+
+var multiJobs = sync.Pool{New: func() any { return new(multiJob) }}
+
+func (mj *multiJob) reset() {
+	clear(mj.acts)
+	clear(mj.parts)
+	mj.keys, mj.acts, mj.parts, mj.tiles = mj.keys[:0], mj.acts[:0], mj.parts[:0], 0
+}
+
+// run computes tiles [lo, hi) of the job's range.
+func (mj *multiJob) run(lo, hi int) {
+	for i := range mj.parts {
+		p := &mj.parts[i]
+		a, b := max(lo, p.lo), min(hi, p.hi)
+		if a >= b {
+			continue
+		}
+		p.m.quantRows(p.qk, p.dst, &mj.acts[p.act], (a-p.lo)*quantRowTile, min((b-p.lo)*quantRowTile, p.m.Rows))
+	}
+}
