@@ -116,6 +116,10 @@ type KVOptions struct {
 	K, V        codec.Codec // nil: f32
 	MemBytes    int64       // pool size in bytes; or
 	Tokens      int         // room for this many tokens; both 0: the model's context
+	// KeyShift, if set, stores q8/q4 keys around these means (from
+	// KeyMeans; indexed layer·KVHeads + head, each [HeadDim]); see
+	// kvcache.PoolConfig.KeyShift.
+	KeyShift [][]float32
 }
 
 // NewStandaloneSequence starts a sequence over a private block pool sized
@@ -124,7 +128,7 @@ func (m *Model) NewStandaloneSequence(opt KVOptions) (*Sequence, error) {
 	if opt.BlockTokens == 0 {
 		opt.BlockTokens = kvcache.DefaultBlockTokens
 	}
-	cfg := kvcache.PoolConfig{Layout: m.KVLayout(), BlockTokens: opt.BlockTokens, K: opt.K, V: opt.V, MemBytes: opt.MemBytes}
+	cfg := kvcache.PoolConfig{Layout: m.KVLayout(), BlockTokens: opt.BlockTokens, K: opt.K, V: opt.V, MemBytes: opt.MemBytes, KeyShift: opt.KeyShift}
 	if opt.MemBytes == 0 {
 		cfg.Tokens = opt.Tokens
 		if cfg.Tokens == 0 {

@@ -298,6 +298,9 @@ func benchBatched(mf *modelFlags, m *model.Model, b, steps int) (benchBatch, err
 	if err != nil {
 		return res, err
 	}
+	if opt, err = mf.withKeyShift(m, opt); err != nil {
+		return res, err
+	}
 	if opt.MemBytes == 0 {
 		opt.Tokens = promptN + 1 + steps // a pool per sequence sized for what it runs
 	}

@@ -282,6 +282,7 @@ type streamChat struct {
 	hist          []int  // every token run
 	logits        []float32
 	turns         int
+	keyMeans      [][]float32 // q8/q4 key shift (cfg.KeyShiftPrompt), computed once
 }
 
 func newStreamChat(b chatBase, cfg engine.Config, sinks, window int) (*streamChat, error) {
@@ -309,8 +310,13 @@ func (c *streamChat) reset() error {
 	if err != nil {
 		return err
 	}
+	if c.keyMeans == nil && len(c.cfg.KeyShiftPrompt) > 0 && codec.Shifted(k, make([]float32, c.m.HeadDim)) != k {
+		if c.keyMeans, err = c.m.KeyMeans(c.cfg.KeyShiftPrompt, 0, 1); err != nil {
+			return fmt.Errorf("key means for %s keys: %w", k.Name(), err)
+		}
+	}
 	seq, err := c.m.NewStandaloneSequence(model.KVOptions{BlockTokens: c.cfg.BlockTokens, K: k, V: v,
-		Tokens: c.sinks + c.window + c.feedChunk() + 2*c.cfg.BlockTokens})
+		Tokens: c.sinks + c.window + c.feedChunk() + 2*c.cfg.BlockTokens, KeyShift: c.keyMeans})
 	if err != nil {
 		return err
 	}

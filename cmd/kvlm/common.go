@@ -29,6 +29,10 @@ type modelFlags struct {
 	kvTypeK   string
 	kvTypeV   string
 	kvMem     string
+	keyShift  bool
+
+	tok      tokenizer.Tokenizer // set by load, for the key means
+	keyMeans [][]float32         // computed once, for q8/q4 keys
 
 	pol       policy.Config // --kv-policy and its parameters
 	agg       string
@@ -44,6 +48,7 @@ func (f *modelFlags) register(c *cobra.Command) {
 	c.Flags().StringVar(&f.kvTypeK, "kv-type-k", "", "codec of the keys (overrides --kv-type)")
 	c.Flags().StringVar(&f.kvTypeV, "kv-type-v", "", "codec of the values (overrides --kv-type)")
 	c.Flags().StringVar(&f.kvMem, "kv-mem", "", "KV block pool size, e.g. 64MiB or 2GiB (default: room for the whole context)")
+	c.Flags().BoolVar(&f.keyShift, "kv-key-shift", true, "store q8/q4 keys around the model's mean keys (estimated once from a text the model writes from BOS; see docs/KVCACHE.md)")
 	fl := c.Flags()
 	fl.StringVar(&f.pol.Method, "kv-policy", "full", "KV compression: "+strings.Join(policy.Methods, ", "))
 	fl.IntVar(&f.pol.Budget, "kv-budget", 0, "tokens kept per (layer, KV head)")
@@ -124,12 +129,39 @@ func (f *modelFlags) load() (*model.Model, tokenizer.Tokenizer, error) {
 	if _, err := f.policyConfig(); err != nil {
 		return nil, nil, err
 	}
-	return engine.Load(f.model, f.tokenizer)
+	m, tok, err := engine.Load(f.model, f.tokenizer)
+	f.tok = tok
+	return m, tok, err
+}
+
+// withKeyShift adds the model's key means to opt when its key codec
+// quantizes per token (q8, q4) and --kv-key-shift is on; they are computed
+// once per command.
+func (f *modelFlags) withKeyShift(m *model.Model, opt model.KVOptions) (model.KVOptions, error) {
+	if opt.K == nil || f.tok == nil || codec.Shifted(opt.K, make([]float32, m.HeadDim)) == opt.K {
+		return opt, nil
+	}
+	prompt := keyShiftPrompt(f.keyShift, f.tok)
+	if prompt == nil {
+		return opt, nil
+	}
+	if f.keyMeans == nil {
+		km, err := m.KeyMeans(prompt, 0, 1)
+		if err != nil {
+			return opt, fmt.Errorf("key means for %s keys: %w", opt.K.Name(), err)
+		}
+		f.keyMeans = km
+	}
+	opt.KeyShift = f.keyMeans
+	return opt, nil
 }
 
 func (f *modelFlags) sequence(m *model.Model) (*model.Sequence, error) {
 	opt, err := f.kvOptions()
 	if err != nil {
+		return nil, err
+	}
+	if opt, err = f.withKeyShift(m, opt); err != nil {
 		return nil, err
 	}
 	seq, err := m.NewStandaloneSequence(opt)

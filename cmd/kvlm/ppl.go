@@ -82,6 +82,9 @@ With a --kv-policy:
 			if err != nil {
 				return err
 			}
+			if opt, err = mf.withKeyShift(m, opt); err != nil {
+				return err
+			}
 			if stream && pc.Method == "full" && opt.MemBytes == 0 {
 				opt.Tokens = max(ctx, m.CtxLen) // dense: room for every token
 			}
