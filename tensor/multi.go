@@ -32,6 +32,9 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 		_ = dsts[i][n*w.Rows-1]
 		switch w.Type {
 		case Q8_0, Q4_0, Q4_K, Q6_K:
+			if w.matmulP8(dsts[i], x, n) {
+				continue
+			}
 			qk := quantKern(w.Type)
 			key := actKey(w.Type, qk)
 			a := -1

@@ -77,6 +77,14 @@ func genQuantKernels(e *emitter) {
 		genQ4K(e, "V", s.r, s.t)
 		genQ6K(e, "V", s.r, s.t)
 	}
+	for _, typ := range []string{"Q8_0", "Q4_0"} {
+		for t := 1; t <= 8; t++ {
+			genQ8P(e, typ, t)
+		}
+		for t := 1; t <= 4; t++ {
+			genQ8PA(e, typ, t)
+		}
+	}
 }
 
 // regs hands out vector registers.
@@ -286,7 +294,15 @@ func genQ32(e *emitter, typ, isa string, R, T int) {
 		for r := range yd {
 			yd[r], yq[r] = rg.get(), rg.get()
 		}
-		xq, xc, xd, yp, tmp := rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
+		// Each token's four rows in steps (integer sums, conversions,
+		// scalings, accumulations), so that no step waits on the one just
+		// issued.
+		xq, xc, xd := rg.get(), rg.get(), rg.get()
+		yp := make([]int, R)
+		for r := range yp {
+			yp[r] = rg.get()
+		}
+		tmp := yp[0]
 		e.label("loop")
 		for r := 0; r < R; r++ {
 			weights(r, yd[r], yq[r], tmp)
@@ -297,9 +313,17 @@ func genQ32(e *emitter, typ, isa string, R, T int) {
 			e.in("VMOVDQU32 %d(DI), Y%d", xo+xb32Corr, xc)
 			e.in("VMOVUPS %d(DI), Y%d", xo+xb32D, xd)
 			for r := 0; r < R; r++ {
-				e.in("VMOVDQA32 Y%d, Y%d", xc, yp)
-				e.in("VPDPBUSD Y%d, Y%d, Y%d", xq, yq[r], yp)
-				float(yp, yd[r], A[t][r], fmt.Sprintf("Y%d", xd))
+				e.in("VMOVDQA32 Y%d, Y%d", xc, yp[r])
+				e.in("VPDPBUSD Y%d, Y%d, Y%d", xq, yq[r], yp[r])
+			}
+			for r := 0; r < R; r++ {
+				e.in("VCVTDQ2PS Y%d, Y%d", yp[r], yp[r])
+			}
+			for r := 0; r < R; r++ {
+				e.in("VMULPS Y%d, Y%d, Y%d", xd, yp[r], yp[r]) // float32(P)·dx
+			}
+			for r := 0; r < R; r++ {
+				e.in("VFMADD231PS Y%d, Y%d, Y%d", yd[r], yp[r], A[t][r]) // acc += that·dw, fused
 			}
 		}
 		qepilogue(e, R, T, A, bb, T*xb32)
@@ -709,6 +733,300 @@ func genQ32Rows(e *emitter, typ, isa string) {
 	e.in("DECQ rows+40(FP)")
 	e.in("JNZ row")
 	e.label("end")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// genQ8P: Q8_0 or Q4_0 weights, eight rows in the eight lanes (transposed block
+// by block in registers), times T tokens of activations with one scale
+// per block (qmm_p8.go): per block, the eight VPDPBUSD of four values add
+// up in integers (started at the token's correction), then one
+// conversion, one multiply by dx and one fused multiply-add by the rows'
+// dw for eight rows at once.
+//
+// q<typ>Vp8t<T>(w, ldw, x, xs, nb, acc, load): rows at w + i·ldw, block b
+// of token t at x + b·xs + t·40, acc[t·8 + i].
+func genQ8P(e *emitter, typ string, T int) {
+	const sig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)"
+	e.text(fmt.Sprintf("q%sVp8t%d", typ, T), sig, 56)
+	bb := 34
+	if typ == "Q4_0" {
+		bb = 18
+	}
+	e.in("MOVQ w+0(FP), SI")
+	e.in("MOVQ ldw+8(FP), BX")
+	e.in("MOVQ x+16(FP), DI")
+	e.in("MOVQ xs+24(FP), R10")
+	e.in("MOVQ nb+32(FP), CX")
+	e.in("MOVQ acc+40(FP), DX")
+	e.in("MOVQ load+48(FP), AX")
+	e.in("LEAQ (BX)(BX*2), R8")
+	e.in("LEAQ (SI)(BX*4), R9")
+	// Y0..Y7 acc[t], Y8..Y15 weight groups, Y16..Y23 integer sums (and
+	// transposition temporaries), Y24 dw, Y25 0x80 bytes (Q8_0) or the
+	// mask 0x0F (Q4_0), Y26 a temporary.
+	acc := func(t int) int { return t }
+	G := func(g int) int { return 8 + g }
+	P := func(t int) int { return 16 + t }
+	e.in("TESTQ AX, AX")
+	e.in("JZ zero")
+	for t := 0; t < T; t++ {
+		e.in("VMOVUPS %d(DX), Y%d", 32*t, acc(t))
+	}
+	e.in("JMP start")
+	e.label("zero")
+	for t := 0; t < T; t++ {
+		e.in("VXORPS Y%d, Y%d, Y%d", acc(t), acc(t), acc(t))
+	}
+	e.label("start")
+	if typ == "Q4_0" {
+		e.in("VMOVDQU32 qmask0F<>(SB), Y25")
+	} else {
+		e.in("VMOVDQU32 qconst80<>(SB), Y25")
+	}
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	row := func(i, off int) string {
+		base, r := "SI", i
+		if i >= 4 {
+			base, r = "R9", i-4
+		}
+		switch r {
+		case 0:
+			return fmt.Sprintf("%d(%s)", off, base)
+		case 1:
+			return fmt.Sprintf("%d(%s)(BX*1)", off, base)
+		case 2:
+			return fmt.Sprintf("%d(%s)(BX*2)", off, base)
+		}
+		return fmt.Sprintf("%d(%s)(R8*1)", off, base)
+	}
+	e.label("loop")
+	// the rows' scales: eight f16 into X24, then float32
+	e.in("MOVWLZX %s, R11", row(0, 0))
+	e.in("VMOVD R11, X24")
+	for i := 1; i < 8; i++ {
+		e.in("VPINSRW $%d, %s, X24, X24", i, row(i, 0))
+	}
+	e.in("VCVTPH2PS X24, Y24")
+	// quants as unsigned bytes, row i in Y(16+i): qw+128 (Q8_0), or the
+	// nibbles, values 0..15 low and 16..31 high (Q4_0)
+	for i := 0; i < 8; i++ {
+		if typ == "Q4_0" {
+			e.in("VMOVDQU32 %s, X%d", row(i, 2), 16+i)
+			e.in("VPSRLW $4, X%d, X26", 16+i)
+			e.in("VINSERTI32X4 $1, X26, Y%d, Y%d", 16+i, 16+i)
+			e.in("VPANDD Y25, Y%d, Y%d", 16+i, 16+i)
+		} else {
+			e.in("VPXORD %s, Y25, Y%d", row(i, 2), 16+i)
+		}
+	}
+	// transpose the 8×8 dwords: G(g) lane i = row i's values 4g..4g+3
+	for k := 0; k < 4; k++ { // rows 2k, 2k+1 → G(2k) (lo), G(2k+1) (hi)
+		e.in("VPUNPCKLDQ Y%d, Y%d, Y%d", 16+2*k+1, 16+2*k, G(2*k))
+		e.in("VPUNPCKHDQ Y%d, Y%d, Y%d", 16+2*k+1, 16+2*k, G(2*k+1))
+	}
+	// G0 = [r0d0 r1d0 r0d1 r1d1 | ·4 ·5], G1 = [·2 ·3 | ·6 ·7]; G2, G3 rows 2,3; ...
+	for h := 0; h < 2; h++ { // rows 4h..4h+3: from G(4h..4h+3) into P(4h..4h+3)
+		a, b, c, d := G(4*h), G(4*h+1), G(4*h+2), G(4*h+3)
+		e.in("VPUNPCKLQDQ Y%d, Y%d, Y%d", c, a, P(4*h))   // d0 | d4
+		e.in("VPUNPCKHQDQ Y%d, Y%d, Y%d", c, a, P(4*h+1)) // d1 | d5
+		e.in("VPUNPCKLQDQ Y%d, Y%d, Y%d", d, b, P(4*h+2)) // d2 | d6
+		e.in("VPUNPCKHQDQ Y%d, Y%d, Y%d", d, b, P(4*h+3)) // d3 | d7
+	}
+	for j := 0; j < 4; j++ { // P(j): rows 0..3 dword j | j+4; P(4+j): rows 4..7
+		e.in("VSHUFI32X4 $0, Y%d, Y%d, Y%d", P(4+j), P(j), G(j))
+		e.in("VSHUFI32X4 $3, Y%d, Y%d, Y%d", P(4+j), P(j), G(4+j))
+	}
+	// Integer sums: with few tokens, each in C chains (registers P(t +
+	// T·c)) added up at the end (exact), so that the VPDPBUSD latency is
+	// hidden.
+	C := 1
+	switch {
+	case T == 1:
+		C = 4
+	case T <= 3:
+		C = 2
+	}
+	for t := 0; t < T; t++ {
+		e.in("VPBROADCASTD %d(DI), Y%d", 40*t+32, P(t))
+		for c := 1; c < C; c++ {
+			e.in("VPXORD Y%d, Y%d, Y%d", P(t+T*c), P(t+T*c), P(t+T*c))
+		}
+	}
+	for g := 0; g < 8; g++ {
+		for t := 0; t < T; t++ {
+			e.in("VPDPBUSD.BCST %d(DI), Y%d, Y%d", 40*t+4*g, G(g), P(t+T*(g%C)))
+		}
+	}
+	for t := 0; t < T; t++ {
+		switch C {
+		case 4:
+			e.in("VPADDD Y%d, Y%d, Y%d", P(t+T), P(t), P(t))
+			e.in("VPADDD Y%d, Y%d, Y%d", P(t+3*T), P(t+2*T), P(t+2*T))
+			e.in("VPADDD Y%d, Y%d, Y%d", P(t+2*T), P(t), P(t))
+		case 2:
+			e.in("VPADDD Y%d, Y%d, Y%d", P(t+T), P(t), P(t))
+		}
+	}
+	for t := 0; t < T; t++ {
+		e.in("VCVTDQ2PS Y%d, Y%d", P(t), P(t))
+	}
+	for t := 0; t < T; t++ {
+		e.in("VMULPS.BCST %d(DI), Y%d, Y%d", 40*t+36, P(t), P(t)) // float32(P)·dx
+	}
+	for t := 0; t < T; t++ {
+		e.in("VFMADD231PS Y24, Y%d, Y%d", P(t), acc(t)) // acc += that·dw, fused
+	}
+	e.in("ADDQ $%d, SI", bb)
+	e.in("ADDQ $%d, R9", bb)
+	e.in("ADDQ R10, DI")
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	for t := 0; t < T; t++ {
+		e.in("VMOVUPS Y%d, %d(DX)", acc(t), 32*t)
+	}
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// genQ8PA: the AVX2 version of genQ8P (16 registers, T ≤ 4 tokens). The
+// block's eight weight groups are transposed through the stack (0(SP),
+// group g at 32g); Q8_0 multiplies |qw| by qx·sign(qw) (VPSIGNB,
+// VPMADDUBSW, VPMADDWD: pairs stay within int16), Q4_0 the nibbles by qx
+// from the token's correction on; then the same float steps as genQ8P.
+func genQ8PA(e *emitter, typ string, T int) {
+	const sig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)"
+	e.frame = 384
+	e.text(fmt.Sprintf("q%sAp8t%d", typ, T), sig, 56)
+	e.frame = 0
+	bb := 34
+	if typ == "Q4_0" {
+		bb = 18
+	}
+	e.in("MOVQ w+0(FP), SI")
+	e.in("MOVQ ldw+8(FP), BX")
+	e.in("MOVQ x+16(FP), DI")
+	e.in("MOVQ xs+24(FP), R10")
+	e.in("MOVQ nb+32(FP), CX")
+	e.in("MOVQ acc+40(FP), DX")
+	e.in("MOVQ load+48(FP), AX")
+	e.in("LEAQ (BX)(BX*2), R8")
+	e.in("LEAQ (SI)(BX*4), R9")
+	// Y0..Y3 acc[t], Y4..Y7 integer sums, Y8 a weight group, Y9..Y12
+	// temporaries, Y13 dw, Y14 dx; Y4..Y11 transpose.
+	A := func(t int) int { return t }
+	I := func(t int) int { return 4 + t }
+	e.in("TESTQ AX, AX")
+	e.in("JZ zero")
+	for t := 0; t < T; t++ {
+		e.in("VMOVUPS %d(DX), Y%d", 32*t, A(t))
+	}
+	e.in("JMP start")
+	e.label("zero")
+	for t := 0; t < T; t++ {
+		e.in("VXORPS Y%d, Y%d, Y%d", A(t), A(t), A(t))
+	}
+	e.label("start")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	row := func(i, off int) string {
+		base, r := "SI", i
+		if i >= 4 {
+			base, r = "R9", i-4
+		}
+		switch r {
+		case 0:
+			return fmt.Sprintf("%d(%s)", off, base)
+		case 1:
+			return fmt.Sprintf("%d(%s)(BX*1)", off, base)
+		case 2:
+			return fmt.Sprintf("%d(%s)(BX*2)", off, base)
+		}
+		return fmt.Sprintf("%d(%s)(R8*1)", off, base)
+	}
+	e.label("loop")
+	e.in("MOVWLZX %s, R11", row(0, 0))
+	e.in("VMOVD R11, X13")
+	for i := 1; i < 8; i++ {
+		e.in("VPINSRW $%d, %s, X13, X13", i, row(i, 0))
+	}
+	e.in("VCVTPH2PS X13, Y13")
+	for h := 0; h < 2; h++ { // rows 4h..4h+3
+		for k := 0; k < 4; k++ {
+			y := 4 + k
+			if typ == "Q4_0" {
+				e.in("VMOVDQU %s, X%d", row(4*h+k, 2), y)
+				e.in("VPSRLW $4, X%d, X12", y)
+				e.in("VINSERTI128 $1, X12, Y%d, Y%d", y, y)
+				e.in("VPAND qmask0F<>(SB), Y%d, Y%d", y, y)
+			} else {
+				e.in("VMOVDQU %s, Y%d", row(4*h+k, 2), y)
+			}
+		}
+		e.in("VPUNPCKLDQ Y5, Y4, Y8")
+		e.in("VPUNPCKHDQ Y5, Y4, Y9")
+		e.in("VPUNPCKLDQ Y7, Y6, Y10")
+		e.in("VPUNPCKHDQ Y7, Y6, Y11")
+		e.in("VPUNPCKLQDQ Y10, Y8, Y4") // d0 | d4
+		e.in("VPUNPCKHQDQ Y10, Y8, Y5") // d1 | d5
+		e.in("VPUNPCKLQDQ Y11, Y9, Y6") // d2 | d6
+		e.in("VPUNPCKHQDQ Y11, Y9, Y7") // d3 | d7
+		// rows 0..3 to 256(SP) whole; with rows 4..7, groups j and j+4
+		// (whole 32-byte stores, so that the loads below forward)
+		for j := 0; j < 4; j++ {
+			if h == 0 {
+				e.in("VMOVDQU Y%d, %d(SP)", 4+j, 256+32*j)
+				continue
+			}
+			e.in("VPERM2I128 $0x02, %d(SP), Y%d, Y8", 256+32*j, 4+j)
+			e.in("VPERM2I128 $0x13, %d(SP), Y%d, Y9", 256+32*j, 4+j)
+			e.in("VMOVDQU Y8, %d(SP)", 32*j)
+			e.in("VMOVDQU Y9, %d(SP)", 32*(j+4))
+		}
+	}
+	for g := 0; g < 8; g++ {
+		if typ == "Q4_0" {
+			e.in("VMOVDQU %d(SP), Y8", 32*g)
+		} else {
+			e.in("VPABSB %d(SP), Y8", 32*g)
+		}
+		for t := 0; t < T; t++ {
+			x := 9 + t
+			e.in("VPBROADCASTD %d(DI), Y%d", 40*t+4*g, x)
+			if typ != "Q4_0" {
+				e.in("VPSIGNB %d(SP), Y%d, Y%d", 32*g, x, x)
+			}
+			e.in("VPMADDUBSW Y%d, Y8, Y%d", x, x)
+			if g == 0 && typ != "Q4_0" {
+				e.in("VPMADDWD qones16<>(SB), Y%d, Y%d", x, I(t))
+				continue
+			}
+			if g == 0 {
+				e.in("VPBROADCASTD %d(DI), Y%d", 40*t+32, I(t))
+			}
+			e.in("VPMADDWD qones16<>(SB), Y%d, Y%d", x, x)
+			e.in("VPADDD Y%d, Y%d, Y%d", x, I(t), I(t))
+		}
+	}
+	for t := 0; t < T; t++ {
+		e.in("VCVTDQ2PS Y%d, Y%d", I(t), I(t))
+	}
+	for t := 0; t < T; t++ {
+		e.in("VBROADCASTSS %d(DI), Y14", 40*t+36)
+		e.in("VMULPS Y14, Y%d, Y%d", I(t), I(t)) // float32(P)·dx
+		e.in("VFMADD231PS Y13, Y%d, Y%d", I(t), A(t))
+	}
+	e.in("ADDQ $%d, SI", bb)
+	e.in("ADDQ $%d, R9", bb)
+	e.in("ADDQ R10, DI")
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	for t := 0; t < T; t++ {
+		e.in("VMOVUPS Y%d, %d(DX)", A(t), 32*t)
+	}
 	e.in("VZEROUPPER")
 	e.in("RET")
 }

@@ -1,0 +1,176 @@
+package tensor
+
+import (
+	"encoding/binary"
+	"math"
+	"unsafe"
+)
+
+// Q8_0 and Q4_0 kernels for several tokens (prefill, batched decode):
+// eight weight rows in the eight lanes of a vector (transposed block by
+// block in registers) and one activation scale per block of 32 (as
+// llama.cpp's Q8_0 activations), so that a block's eight integer dot
+// products of four values (VPDPBUSD) add up in integers before one
+// conversion, one scale multiply and one fused multiply-add per block,
+// token and eight rows, instead of three float operations per block,
+// token and row with the per-lane activation scales of act.go. Zen 4 runs
+// VPDPBUSD, VMULPS and VFMADD on the same two pipes, which bounds both:
+// 3 such operations per 32 products in the 4×4 tiles (they ran at ~95% of
+// that), 10 per 256 here. matmulP8 is the entry point, for MatMul and
+// MatMulMany to call first (n ≥ p8MinTokens); its results are those of
+// the Go twins (qp8Twin) at every level.
+//
+// Activations (xbP bytes per block of 32 values): qx[32] int8, corr int32
+// = -c·Σ qx (c = 128 for Q8_0, 8 for Q4_0: the kernels offset the weights
+// to unsigned bytes), d float32, with d and qx as in act.go (actScale,
+// actQuant) over the whole block. Block b of token t at x + b·xs + t·xbP.
+//
+// Per row i, token t and block b (exact integer P, then float32 steps):
+//
+//	P = Σ_{e<32} qw[i][e]·qx[t][e]       (Q4_0: qw = nibble - 8)
+//	acc[t][i] = fma(float32(P)·dx[t], dw[i], acc[t][i])   (fused, fma32)
+//
+// The kernel leaves one float per row and token (no lanes to add up):
+// acc[t·8 + i].
+const (
+	xbP     = 40
+	xbPCorr = 32
+	xbPD    = 36
+)
+
+// quantActP quantizes the 32 values of x into one xbP block, with the
+// correction for weights offset by c.
+func quantActP(x []float32, dst []byte, c int32) {
+	x = x[:32]
+	dst = dst[:xbP]
+	var amax float32
+	for _, v := range x {
+		amax = max(amax, abs32(v))
+	}
+	d, id := actScale(amax)
+	var s int32
+	for j, v := range x {
+		q := actQuant(v, id)
+		dst[j] = byte(q)
+		s += int32(q)
+	}
+	binary.LittleEndian.PutUint32(dst[xbPCorr:], uint32(-c*s))
+	binary.LittleEndian.PutUint32(dst[xbPD:], math.Float32bits(d))
+}
+
+// quantizeActsP quantizes x [n][cols] into act in the kernels' layout
+// (block b of token t at (b·n + t)·xbP) for weights of type typ, tokens
+// over threads.
+func quantizeActsP(typ DType, act []byte, x []float32, cols, n int) {
+	nb := cols / 32
+	c := int32(128)
+	if typ == Q4_0 {
+		c = 8
+	}
+	Parallel(n, max(1, 8192/max(cols, 1)), func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			for b := 0; b < nb; b++ {
+				quantActP(x[t*cols+b*32:], act[(b*n+t)*xbP:], c)
+			}
+		}
+	})
+}
+
+// qp8Func is the 8-row × T-token kernel: rows at w + i·ldw (weight blocks),
+// block b of token t at x + b·xs + t·xbP; acc[t·8+i] is loaded when load
+// is not 0, else starts at 0.
+type qp8Func func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load int)
+
+// qp8Twin is the plain Go twin of the T-token kernel for weights of type
+// typ (Q8_0 or Q4_0).
+func qp8Twin(typ DType, T int) qp8Func {
+	bb := typ.BlockBytes()
+	return func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load int) {
+		a := unsafe.Slice(acc, T*8)
+		if load == 0 {
+			clear(a)
+		}
+		for i := 0; i < 8; i++ {
+			row := unsafe.Slice((*byte)(unsafe.Add(w, i*ldw)), nb*bb)
+			for t := 0; t < T; t++ {
+				s := a[t*8+i]
+				for b := 0; b < nb; b++ {
+					wb := row[b*bb : b*bb+bb]
+					xb := unsafe.Slice((*byte)(unsafe.Add(x, b*xs+t*xbP)), xbP)
+					var p int32
+					for e := 0; e < 32; e++ {
+						var q int32
+						if typ == Q4_0 {
+							q = int32(wb[2+e%16]>>(4*(e/16))&0x0f) - 8
+						} else {
+							q = int32(int8(wb[2+e]))
+						}
+						p += q * int32(int8(xb[e]))
+					}
+					s = fma32(float32(p)*f32at(xb[xbPD:]), F16ToF32(le16(wb)), s)
+				}
+				a[t*8+i] = s
+			}
+		}
+	}
+}
+
+// matmulP8 runs MatMul with the 8-row kernels (the level's qp8Kern) when
+// they apply: Q8_0 or Q4_0 weights, rows a multiple of 8, at least
+// p8MinTokens tokens. It reports whether it did.
+func (m *Matrix) matmulP8(dst, x []float32, n int) bool {
+	if n < p8MinTokens || m.Rows%8 != 0 || m.Cols == 0 || m.Cols%32 != 0 || m.Type != Q8_0 && m.Type != Q4_0 {
+		return false
+	}
+	matMulQ8P(qp8Kern(m.Type), m, dst, x, n)
+	return true
+}
+
+// p8MinTokens: below it the 8-row kernels lose to the 4-row tiles
+// (quantmm.go; the in-register transposition of the weights is paid for
+// by fewer tokens): 2 tokens 15% slower, 4 even, 8 1.45× faster
+// (BenchmarkMatMulBatch, TinyLlama Q8_0). One token (decode) streams rows
+// (qrowsFunc): 27% faster than the 8-row kernel's eight streams.
+const p8MinTokens = 4
+
+// qp8Go are the Go twins for 1..8 tokens.
+var qp8Go = map[DType][]qp8Func{Q8_0: qp8Twins(Q8_0), Q4_0: qp8Twins(Q4_0)}
+
+func qp8Twins(t DType) []qp8Func {
+	ks := make([]qp8Func, 8)
+	for T := 1; T <= 8; T++ {
+		ks[T-1] = qp8Twin(t, T)
+	}
+	return ks
+}
+
+// matMulQ8P multiplies the Q8_0 or Q4_0 matrix m (rows a multiple of 8) by
+// the n rows of x into dst [n][rows] with the kernels ks[T-1] (T =
+// 1..len(ks) tokens), the matrix in row tiles of 8 over threads.
+func matMulQ8P(ks []qp8Func, m *Matrix, dst, x []float32, n int) {
+	act := make([]byte, m.Cols/32*n*xbP)
+	quantizeActsP(m.Type, act, x, m.Cols, n)
+	Parallel(m.Rows/8, 1, func(lo, hi int) {
+		m.p8Tiles(ks, dst, act, n, lo, hi)
+	})
+}
+
+// p8Tiles computes the row tiles [lo, hi) (rows 8·lo .. 8·hi-1) of
+// dst [n][rows] from the activations act (quantizeActsP, for m.Type), each
+// tile's weights read once and kept in L1 for every token tile. Several
+// matrices' tiles can share a parallel region (MatMulMany).
+func (m *Matrix) p8Tiles(ks []qp8Func, dst []float32, act []byte, n, lo, hi int) {
+	nb := m.Cols / 32
+	ldw := nb * m.Type.BlockBytes()
+	var acc [64]float32
+	for rt := lo; rt < hi; rt++ {
+		w := unsafe.Pointer(&m.Data[rt*8*ldw])
+		for t0 := 0; t0 < n; t0 += len(ks) {
+			T := min(len(ks), n-t0)
+			ks[T-1](w, ldw, unsafe.Pointer(&act[t0*xbP]), n*xbP, nb, &acc[0], 0)
+			for t := 0; t < T; t++ {
+				copy(dst[(t0+t)*m.Rows+rt*8:][:8], acc[t*8:t*8+8])
+			}
+		}
+	}
+}

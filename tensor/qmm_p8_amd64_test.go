@@ -1,0 +1,119 @@
+//go:build amd64 && !purego
+
+package tensor
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+)
+
+// TestQ8PKernels: the AVX-512 and AVX2 kernels against their Go twins,
+// bit for bit, for every tile size, block counts from 0, accumulating or
+// not.
+func TestQ8PKernels(t *testing.T) {
+	sets := map[string]map[DType][]qp8Func{"avx2": qp8A}
+	if cpuVNNI && cpuLevel >= levelAVX512 {
+		sets["avx512"] = qp8V
+	}
+	if cpuLevel < levelAVX2 {
+		t.Skip("no AVX2")
+	}
+	r := rand.New(rand.NewPCG(11, 12))
+	for name, set := range sets {
+		testQ8PKernels(t, r, name, set)
+	}
+}
+
+func testQ8PKernels(t *testing.T, r *rand.Rand, name string, set map[DType][]qp8Func) {
+	for _, c := range []struct {
+		typ DType
+		nb  int
+	}{{Q8_0, 0}, {Q8_0, 1}, {Q8_0, 2}, {Q8_0, 3}, {Q8_0, 7}, {Q8_0, 64}, {Q4_0, 0}, {Q4_0, 1}, {Q4_0, 5}, {Q4_0, 64}} {
+		typ, nb := c.typ, c.nb
+		m := randMatrix(t, r, typ, 8, max(nb, 1)*32)
+		for T := 1; T <= len(set[typ]); T++ {
+			n := T + r.IntN(3)
+			x := randF32(r, n*m.Cols)
+			x[r.IntN(len(x))] = 0
+			act := make([]byte, max(nb, 1)*n*xbP)
+			quantizeActsP(typ, act, x, m.Cols, n)
+			for load := 0; load < 2; load++ {
+				want := make([]float32, 64)
+				got := make([]float32, 64)
+				for i := range want {
+					want[i] = float32(r.NormFloat64())
+					got[i] = want[i]
+				}
+				ldw := m.Cols / 32 * typ.BlockBytes()
+				qp8Twin(typ, T)(unsafe.Pointer(&m.Data[0]), ldw, unsafe.Pointer(&act[0]), n*xbP, nb, &want[0], load)
+				set[typ][T-1](unsafe.Pointer(&m.Data[0]), ldw, unsafe.Pointer(&act[0]), n*xbP, nb, &got[0], load)
+				for i := 0; i < 8*T; i++ {
+					if got[i] != want[i] {
+						t.Fatalf("%s %s nb %d T %d load %d: acc[%d] = %g, want %g", name, typ, nb, T, load, i, got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkQ8P: the 8-row kernels on a 5632×2048 Q8_0 matrix at n = 64
+// (matMulQ8P, threads as MatMul) beside MatMul itself, and the tile
+// kernels alone on a 64×2048 panel in L2, one thread (as
+// BenchmarkQuantTile).
+func BenchmarkQ8P(b *testing.B) {
+	if !cpuVNNI || cpuLevel < levelAVX512 {
+		b.Skip("no AVX-512 VNNI")
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, typ := range []DType{Q8_0, Q4_0} {
+		benchQ8P(b, r, typ)
+	}
+}
+
+func benchQ8P(b *testing.B, r *rand.Rand, typ DType) {
+	m := randMatrix(b, r, typ, 5632, 2048)
+	for _, n := range []int{1, 16, 64} {
+		x := randF32(r, n*m.Cols)
+		dst := make([]float32, n*m.Rows)
+		gmac := func(b *testing.B) {
+			b.ReportMetric(float64(b.N)*float64(n)*float64(m.Rows)*float64(m.Cols)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+		}
+		for l := levelAVX2; l <= cpuLevel; l++ {
+			b.Run(fmt.Sprintf("%s/MatMul/n=%d/%s", typ, n, l), func(b *testing.B) {
+				level = l
+				defer func() { level = cpuLevel }()
+				for b.Loop() {
+					m.MatMul(dst, x, n)
+				}
+				gmac(b)
+			})
+			b.Run(fmt.Sprintf("%s/P8/n=%d/%s", typ, n, l), func(b *testing.B) {
+				level = l
+				defer func() { level = cpuLevel }()
+				for b.Loop() {
+					matMulQ8P(qp8Kern(typ), m, dst, x, n)
+				}
+				gmac(b)
+			})
+		}
+	}
+	const rows, cols = 64, 2048
+	nb := cols / 32
+	bb := typ.BlockBytes()
+	w := m.Data[:rows*nb*bb]
+	x := randF32(r, 8*cols)
+	act := make([]byte, nb*8*xbP)
+	quantizeActsP(typ, act, x, cols, 8)
+	var acc [64]float32
+	b.Run(typ.String()+"/tile8x8", func(b *testing.B) {
+		for b.Loop() {
+			for i := 0; i < rows; i += 8 {
+				qp8V[typ][7](unsafe.Pointer(&w[i*nb*bb]), nb*bb, unsafe.Pointer(&act[0]), 8*xbP, nb, &acc[0], 0)
+			}
+		}
+		b.ReportMetric(float64(b.N)*float64(8*rows*cols)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+	})
+}
