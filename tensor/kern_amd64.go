@@ -453,6 +453,9 @@ func qQ8_0Vp8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc
 func qQ8_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
 
 //go:noescape
+func qQ8_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
 func qQ8_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
 
 //go:noescape
@@ -489,6 +492,9 @@ func qQ4_0Vp8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc
 func qQ4_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
 
 //go:noescape
+func qQ4_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
 func qQ4_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
 
 //go:noescape
@@ -499,3 +505,6 @@ func qQ4_0Ap8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc
 
 //go:noescape
 func qQ4_0Ap8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func actQPZ(x *float32, dst *byte, nb, stride int, negCorr int32) uint32

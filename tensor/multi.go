@@ -10,7 +10,8 @@ import (
 // same values, bit for bit, as ws[i].MatMul(dsts[i], x, n) for each i, with
 // less work. The quantized matrices (Q8_0, Q4_0, Q4_K, Q6_K) quantize x
 // once per activation format (Q4_K and Q6_K share one) instead of once per
-// matrix, and all their products run in one parallel region; float
+// matrix, and their products run in one parallel region (two when some go
+// through the 8-row kernels of qmm_p8.go, which have their own); float
 // matrices (F32, F16, BF16), which have nothing to share, run their own
 // MatMul. Every matrix must have the same Cols; dsts[i] is [n][ws[i].Rows].
 func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
@@ -32,7 +33,25 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 		_ = dsts[i][n*w.Rows-1]
 		switch w.Type {
 		case Q8_0, Q4_0, Q4_K, Q6_K:
-			if w.matmulP8(dsts[i], x, n) {
+			if w.p8Applies(n) {
+				// 8-row kernels: activations quantized once per type
+				// (quantizeActsP), tiles of 8 rows in a region of their own.
+				a := -1
+				for j, t := range mj.p8types {
+					if t == w.Type {
+						a = j
+					}
+				}
+				if a < 0 {
+					a = len(mj.p8acts)
+					ab := getBytes(cols / 32 * n * xbP)
+					quantizeActsP(w.Type, *ab, x, cols, n)
+					mj.p8types = append(mj.p8types, w.Type)
+					mj.p8acts = append(mj.p8acts, ab)
+				}
+				tiles := w.Rows / 8
+				mj.p8parts = append(mj.p8parts, multiPart{m: w, dst: dsts[i], act: a, lo: mj.p8tiles, hi: mj.p8tiles + tiles})
+				mj.p8tiles += tiles
 				continue
 			}
 			qk := quantKern(w.Type)
@@ -55,12 +74,19 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 			w.MatMul(dsts[i], x, n)
 		}
 	}
+	if len(mj.p8parts) > 0 {
+		mj.n = n
+		Parallel(mj.p8tiles, 1, mj.runP8)
+	}
 	if len(mj.parts) > 0 {
 		// The matrices' row tiles one after another, as one range of work.
 		Parallel(mj.tiles, quantGrain(cols, n), mj.run)
 	}
 	for i := range mj.acts {
 		mj.acts[i].release()
+	}
+	for _, ab := range mj.p8acts {
+		byteBufs.Put(ab)
 	}
 	mj.reset()
 }
@@ -72,6 +98,13 @@ type multiJob struct {
 	acts  []quantActs
 	parts []multiPart
 	tiles int
+	// the matrices of the 8-row kernels (qmm_p8.go): their activations by
+	// type, their tiles of 8 rows, n tokens
+	p8types []DType
+	p8acts  []*[]byte
+	p8parts []multiPart
+	p8tiles int
+	n       int
 }
 
 // multiPart is one quantized matrix's tiles [lo, hi) of the job's range.
@@ -89,6 +122,21 @@ func (mj *multiJob) reset() {
 	clear(mj.acts)
 	clear(mj.parts)
 	mj.keys, mj.acts, mj.parts, mj.tiles = mj.keys[:0], mj.acts[:0], mj.parts[:0], 0
+	clear(mj.p8acts)
+	clear(mj.p8parts)
+	mj.p8types, mj.p8acts, mj.p8parts, mj.p8tiles = mj.p8types[:0], mj.p8acts[:0], mj.p8parts[:0], 0
+}
+
+// runP8 computes the 8-row tiles [lo, hi) of the job's 8-row range.
+func (mj *multiJob) runP8(lo, hi int) {
+	for i := range mj.p8parts {
+		p := &mj.p8parts[i]
+		a, b := max(lo, p.lo), min(hi, p.hi)
+		if a >= b {
+			continue
+		}
+		p.m.p8Tiles(qp8Kern(p.m.Type), qp8Kern16(p.m.Type), p.dst, *mj.p8acts[p.act], mj.n, a-p.lo, b-p.lo)
+	}
 }
 
 // run computes tiles [lo, hi) of the job's range.

@@ -69,6 +69,9 @@ func quantizeActsP(typ DType, act []byte, x []float32, cols, n int) {
 	}
 	Parallel(n, max(1, 8192/max(cols, 1)), func(lo, hi int) {
 		for t := lo; t < hi; t++ {
+			if nb > 0 && quantActRowP(x[t*cols:(t+1)*cols], act[t*xbP:], nb, n*xbP, c) {
+				continue
+			}
 			for b := 0; b < nb; b++ {
 				quantActP(x[t*cols+b*32:], act[(b*n+t)*xbP:], c)
 			}
@@ -119,19 +122,25 @@ func qp8Twin(typ DType, T int) qp8Func {
 // they apply: Q8_0 or Q4_0 weights, rows a multiple of 8, at least
 // p8MinTokens tokens. It reports whether it did.
 func (m *Matrix) matmulP8(dst, x []float32, n int) bool {
-	if n < p8MinTokens || m.Rows%8 != 0 || m.Cols == 0 || m.Cols%32 != 0 || m.Type != Q8_0 && m.Type != Q4_0 {
+	if !m.p8Applies(n) {
 		return false
 	}
-	matMulQ8P(qp8Kern(m.Type), m, dst, x, n)
+	matMulQ8P(qp8Kern(m.Type), qp8Kern16(m.Type), m, dst, x, n)
 	return true
 }
 
+// p8Applies reports whether the 8-row kernels multiply m by n tokens.
+func (m *Matrix) p8Applies(n int) bool {
+	return n >= p8MinTokens && m.Rows%8 == 0 && m.Cols != 0 && m.Cols%32 == 0 && (m.Type == Q8_0 || m.Type == Q4_0)
+}
+
 // p8MinTokens: below it the 8-row kernels lose to the 4-row tiles
-// (quantmm.go; the in-register transposition of the weights is paid for
-// by fewer tokens): 2 tokens 15% slower, 4 even, 8 1.45× faster
-// (BenchmarkMatMulBatch, TinyLlama Q8_0). One token (decode) streams rows
-// (qrowsFunc): 27% faster than the 8-row kernel's eight streams.
-const p8MinTokens = 4
+// (quantmm.go). Before the kernels prefetched the next tile, 2 tokens ran
+// 15% slower, 4 even, 8 1.45× faster; with the prefetch, 2 tokens run
+// 1.9× faster (81 vs 43 GMAC/s, BenchmarkMatMulBatch, TinyLlama Q8_0).
+// One token (decode) streams rows (qrowsFunc): 27% faster than the 8-row
+// kernel's eight streams.
+const p8MinTokens = 2
 
 // qp8Go are the Go twins for 1..8 tokens.
 var qp8Go = map[DType][]qp8Func{Q8_0: qp8Twins(Q8_0), Q4_0: qp8Twins(Q4_0)}
@@ -146,31 +155,39 @@ func qp8Twins(t DType) []qp8Func {
 
 // matMulQ8P multiplies the Q8_0 or Q4_0 matrix m (rows a multiple of 8) by
 // the n rows of x into dst [n][rows] with the kernels ks[T-1] (T =
-// 1..len(ks) tokens), the matrix in row tiles of 8 over threads.
-func matMulQ8P(ks []qp8Func, m *Matrix, dst, x []float32, n int) {
-	act := make([]byte, m.Cols/32*n*xbP)
+// 1..len(ks) tokens) and k16 (16 tokens; nil if none), the matrix in row
+// tiles of 8 over threads.
+func matMulQ8P(ks []qp8Func, k16 qp8Func, m *Matrix, dst, x []float32, n int) {
+	ab := getBytes(m.Cols / 32 * n * xbP) // pooled: no garbage per call
+	act := *ab
 	quantizeActsP(m.Type, act, x, m.Cols, n)
 	Parallel(m.Rows/8, 1, func(lo, hi int) {
-		m.p8Tiles(ks, dst, act, n, lo, hi)
+		m.p8Tiles(ks, k16, dst, act, n, lo, hi)
 	})
+	byteBufs.Put(ab)
 }
 
 // p8Tiles computes the row tiles [lo, hi) (rows 8·lo .. 8·hi-1) of
 // dst [n][rows] from the activations act (quantizeActsP, for m.Type), each
 // tile's weights read once and kept in L1 for every token tile. Several
 // matrices' tiles can share a parallel region (MatMulMany).
-func (m *Matrix) p8Tiles(ks []qp8Func, dst []float32, act []byte, n, lo, hi int) {
+func (m *Matrix) p8Tiles(ks []qp8Func, k16 qp8Func, dst []float32, act []byte, n, lo, hi int) {
 	nb := m.Cols / 32
 	ldw := nb * m.Type.BlockBytes()
-	var acc [64]float32
+	var acc [128]float32
 	for rt := lo; rt < hi; rt++ {
 		w := unsafe.Pointer(&m.Data[rt*8*ldw])
-		for t0 := 0; t0 < n; t0 += len(ks) {
+		for t0 := 0; t0 < n; {
 			T := min(len(ks), n-t0)
-			ks[T-1](w, ldw, unsafe.Pointer(&act[t0*xbP]), n*xbP, nb, &acc[0], 0)
+			k := ks[T-1]
+			if k16 != nil && n-t0 >= 16 {
+				T, k = 16, k16
+			}
+			k(w, ldw, unsafe.Pointer(&act[t0*xbP]), n*xbP, nb, &acc[0], 0)
 			for t := 0; t < T; t++ {
 				copy(dst[(t0+t)*m.Rows+rt*8:][:8], acc[t*8:t*8+8])
 			}
+			t0 += T
 		}
 	}
 }

@@ -9,7 +9,10 @@ var (
 		Q8_0: {qQ8_0Vp8t1, qQ8_0Vp8t2, qQ8_0Vp8t3, qQ8_0Vp8t4, qQ8_0Vp8t5, qQ8_0Vp8t6, qQ8_0Vp8t7, qQ8_0Vp8t8},
 		Q4_0: {qQ4_0Vp8t1, qQ4_0Vp8t2, qQ4_0Vp8t3, qQ4_0Vp8t4, qQ4_0Vp8t5, qQ4_0Vp8t6, qQ4_0Vp8t7, qQ4_0Vp8t8},
 	}
-	qp8A = map[DType][]qp8Func{
+	// qp8V16: the AVX-512 VNNI kernels for 16 tokens (two groups of 8,
+	// each block's weights transposed once for both).
+	qp8V16 = map[DType]qp8Func{Q8_0: qQ8_0Vp8t16, Q4_0: qQ4_0Vp8t16}
+	qp8A   = map[DType][]qp8Func{
 		Q8_0: {qQ8_0Ap8t1, qQ8_0Ap8t2, qQ8_0Ap8t3, qQ8_0Ap8t4},
 		Q4_0: {qQ4_0Ap8t1, qQ4_0Ap8t2, qQ4_0Ap8t3, qQ4_0Ap8t4},
 	}
@@ -25,4 +28,26 @@ func qp8Kern(t DType) []qp8Func {
 		return qp8A[t]
 	}
 	return qp8Go[t]
+}
+
+// qp8Kern16 returns the 16-token 8-row kernel for weights of type t at the
+// level in use, or nil where there is none (p8Tiles then runs ks in turn).
+func qp8Kern16(t DType) qp8Func {
+	if level == levelAVX512 && cpuVNNI {
+		return qp8V16[t]
+	}
+	return nil
+}
+
+// quantActRowP quantizes the nb blocks of one token (quantActP's values,
+// blocks stride bytes apart from dst) with the AVX-512 kernel and reports
+// whether it did: not below AVX-512, nor for a row holding an Inf or a
+// NaN, which the Go code then quantizes.
+func quantActRowP(row []float32, dst []byte, nb, stride int, c int32) bool {
+	if level != levelAVX512 {
+		return false
+	}
+	_ = row[nb*32-1]
+	_ = dst[(nb-1)*stride+xbP-1]
+	return actQPZ(&row[0], &dst[0], nb, stride, -c) < 0x7f800000
 }

@@ -24,6 +24,14 @@ func TestQ8PKernels(t *testing.T) {
 	for name, set := range sets {
 		testQ8PKernels(t, r, name, set)
 	}
+	if cpuVNNI && cpuLevel >= levelAVX512 {
+		set16 := map[DType][]qp8Func{}
+		for typ, k := range qp8V16 {
+			set16[typ] = make([]qp8Func, 16)
+			set16[typ][15] = k
+		}
+		testQ8PKernels(t, r, "avx512 16", set16)
+	}
 }
 
 func testQ8PKernels(t *testing.T, r *rand.Rand, name string, set map[DType][]qp8Func) {
@@ -34,14 +42,17 @@ func testQ8PKernels(t *testing.T, r *rand.Rand, name string, set map[DType][]qp8
 		typ, nb := c.typ, c.nb
 		m := randMatrix(t, r, typ, 8, max(nb, 1)*32)
 		for T := 1; T <= len(set[typ]); T++ {
+			if set[typ][T-1] == nil {
+				continue
+			}
 			n := T + r.IntN(3)
 			x := randF32(r, n*m.Cols)
 			x[r.IntN(len(x))] = 0
 			act := make([]byte, max(nb, 1)*n*xbP)
 			quantizeActsP(typ, act, x, m.Cols, n)
 			for load := 0; load < 2; load++ {
-				want := make([]float32, 64)
-				got := make([]float32, 64)
+				want := make([]float32, 8*T)
+				got := make([]float32, 8*T)
 				for i := range want {
 					want[i] = float32(r.NormFloat64())
 					got[i] = want[i]
@@ -94,7 +105,7 @@ func benchQ8P(b *testing.B, r *rand.Rand, typ DType) {
 				level = l
 				defer func() { level = cpuLevel }()
 				for b.Loop() {
-					matMulQ8P(qp8Kern(typ), m, dst, x, n)
+					matMulQ8P(qp8Kern(typ), qp8Kern16(typ), m, dst, x, n)
 				}
 				gmac(b)
 			})

@@ -27,12 +27,101 @@ func TestQ8PAccuracy(t *testing.T) {
 			return math.Sqrt(e / s)
 		}
 		got := make([]float32, n*rows)
-		matMulQ8P(qp8Go[typ], m, got, x, n)
+		matMulQ8P(qp8Go[typ], nil, m, got, x, n)
 		rel := rms(got)
 		m.MatMul(got, x, n)
 		t.Logf("%s: relative RMS error %.3g (MatMul %.3g)", typ, rel, rms(got))
 		if rel > 0.01 {
 			t.Errorf("%s: relative RMS error %.3g", typ, rel)
+		}
+	}
+}
+
+// TestQ8PTokenCounts: MatMul through the 8-row kernels at token counts
+// that mix the 16-token kernel with the smaller ones, at every level,
+// bit for bit against the Go twins.
+func TestQ8PTokenCounts(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, typ := range []DType{Q8_0, Q4_0} {
+		m := randMatrix(t, r, typ, 24, 3*32)
+		for _, n := range []int{15, 16, 17, 24, 35} {
+			x := randF32(r, n*m.Cols)
+			want := make([]float32, n*m.Rows)
+			level = levelGo
+			m.MatMul(want, x, n)
+			level = cpuLevel
+			forEachLevel(t, func(t *testing.T) {
+				got := make([]float32, n*m.Rows)
+				m.MatMul(got, x, n)
+				for i := range got {
+					if !sameBits(got[i], want[i]) {
+						t.Fatalf("%s n=%d: [%d] = %g, want %g", typ, n, i, got[i], want[i])
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestQ8PMany: MatMulMany over several matrices of the 8-row kernels
+// (activations shared by type) beside others, bit for bit against each
+// matrix's MatMul, at every level.
+func TestQ8PMany(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	const cols = 256
+	ws := []*Matrix{randMatrix(t, r, Q8_0, 16, cols), randMatrix(t, r, Q4_0, 24, cols), randMatrix(t, r, Q8_0, 40, cols),
+		randMatrix(t, r, Q8_0, 13, cols), randMatrix(t, r, Q4_K, 8, cols), randMatrix(t, r, Q4_0, 8, cols)}
+	forEachLevel(t, func(t *testing.T) {
+		for _, n := range []int{3, 4, 9, 16, 21} {
+			x := randF32(r, n*cols)
+			dsts := make([][]float32, len(ws))
+			for i, w := range ws {
+				dsts[i] = make([]float32, n*w.Rows)
+			}
+			MatMulMany(dsts, ws, x, n)
+			for i, w := range ws {
+				want := make([]float32, n*w.Rows)
+				w.MatMul(want, x, n)
+				for j := range want {
+					if !sameBits(dsts[i][j], want[j]) {
+						t.Fatalf("n=%d matrix %d (%s): [%d] = %g, want %g", n, i, w.Type, j, dsts[i][j], want[j])
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestQ8PActs: the activations of the 8-row kernels (quantizeActsP) at
+// every level, bit for bit against the Go code, rows with zeros, an Inf,
+// a NaN, large and tiny values included.
+func TestQ8PActs(t *testing.T) {
+	r := rand.New(rand.NewPCG(17, 18))
+	for _, typ := range []DType{Q8_0, Q4_0} {
+		for _, nb := range []int{1, 2, 5, 64} {
+			n := 7
+			cols := nb * 32
+			x := randF32(r, n*cols)
+			clear(x[cols : 2*cols])
+			x[2*cols+r.IntN(cols)] = float32(math.Inf(1))
+			x[3*cols+r.IntN(cols)] = float32(math.NaN())
+			x[4*cols+r.IntN(cols)] *= 1e30
+			for i := 5 * cols; i < 6*cols; i++ {
+				x[i] *= 1e-30
+			}
+			want := make([]byte, nb*n*xbP)
+			level = levelGo
+			quantizeActsP(typ, want, x, cols, n)
+			level = cpuLevel
+			forEachLevel(t, func(t *testing.T) {
+				got := make([]byte, nb*n*xbP)
+				quantizeActsP(typ, got, x, cols, n)
+				for i := range got {
+					if got[i] != want[i] {
+						t.Fatalf("%s nb %d: byte %d (block %d, offset %d) = %#x, want %#x", typ, nb, i, i/xbP, i%xbP, got[i], want[i])
+					}
+				}
+			})
 		}
 	}
 }

@@ -79,12 +79,14 @@ func genQuantKernels(e *emitter) {
 	}
 	for _, typ := range []string{"Q8_0", "Q4_0"} {
 		for t := 1; t <= 8; t++ {
-			genQ8P(e, typ, t)
+			genQ8P(e, typ, t, 1)
 		}
+		genQ8P(e, typ, 8, 2)
 		for t := 1; t <= 4; t++ {
 			genQ8PA(e, typ, t)
 		}
 	}
+	genActQP(e)
 }
 
 // regs hands out vector registers.
@@ -746,9 +748,20 @@ func genQ32Rows(e *emitter, typ, isa string) {
 //
 // q<typ>Vp8t<T>(w, ldw, x, xs, nb, acc, load): rows at w + i·ldw, block b
 // of token t at x + b·xs + t·40, acc[t·8 + i].
-func genQ8P(e *emitter, typ string, T int) {
+//
+// While it reads a tile's blocks from the cache it prefetches the next
+// tile's (the rows 8..15 from w: the tile after it in the matrix, which the
+// caller multiplies next), so that the weights stream from memory under
+// the arithmetic, not between (a prefetch never faults; past the end of
+// the matrix it is wasted).
+//
+// With groups > 1 (q<typ>Vp8t<T·groups>, T·groups ≤ 16) the block's
+// weights are transposed once for all T·groups tokens, and the
+// accumulators stay in acc, read and written back block by block (the
+// same operations on each, in the same order).
+func genQ8P(e *emitter, typ string, T, groups int) {
 	const sig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)"
-	e.text(fmt.Sprintf("q%sVp8t%d", typ, T), sig, 56)
+	e.text(fmt.Sprintf("q%sVp8t%d", typ, T*groups), sig, 56)
 	bb := 34
 	if typ == "Q4_0" {
 		bb = 18
@@ -769,14 +782,23 @@ func genQ8P(e *emitter, typ string, T int) {
 	G := func(g int) int { return 8 + g }
 	P := func(t int) int { return 16 + t }
 	e.in("TESTQ AX, AX")
-	e.in("JZ zero")
-	for t := 0; t < T; t++ {
-		e.in("VMOVUPS %d(DX), Y%d", 32*t, acc(t))
-	}
-	e.in("JMP start")
-	e.label("zero")
-	for t := 0; t < T; t++ {
-		e.in("VXORPS Y%d, Y%d, Y%d", acc(t), acc(t), acc(t))
+	if groups > 1 {
+		// acc stays in memory: cleared unless loaded
+		e.in("JNZ start")
+		e.in("VXORPS Y0, Y0, Y0")
+		for t := 0; t < T*groups; t++ {
+			e.in("VMOVUPS Y0, %d(DX)", 32*t)
+		}
+	} else {
+		e.in("JZ zero")
+		for t := 0; t < T; t++ {
+			e.in("VMOVUPS %d(DX), Y%d", 32*t, acc(t))
+		}
+		e.in("JMP start")
+		e.label("zero")
+		for t := 0; t < T; t++ {
+			e.in("VXORPS Y%d, Y%d, Y%d", acc(t), acc(t), acc(t))
+		}
 	}
 	e.label("start")
 	if typ == "Q4_0" {
@@ -786,10 +808,14 @@ func genQ8P(e *emitter, typ string, T int) {
 	}
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	row := func(i, off int) string {
-		base, r := "SI", i
+	// AX and R12: the next tile's rows 0 and 4 (w + 8·ldw, w + 12·ldw),
+	// prefetched block by block as this tile's are read (see p8Prefetch).
+	e.in("LEAQ (R9)(BX*4), AX")
+	e.in("LEAQ (AX)(BX*4), R12")
+	rowAt := func(lo, hi string, i, off int) string {
+		base, r := lo, i
 		if i >= 4 {
-			base, r = "R9", i-4
+			base, r = hi, i-4
 		}
 		switch r {
 		case 0:
@@ -801,7 +827,11 @@ func genQ8P(e *emitter, typ string, T int) {
 		}
 		return fmt.Sprintf("%d(%s)(R8*1)", off, base)
 	}
+	row := func(i, off int) string { return rowAt("SI", "R9", i, off) }
 	e.label("loop")
+	for i := 0; i < 8; i++ {
+		e.in("%s %s", p8Prefetch, rowAt("AX", "R12", i, 0))
+	}
 	// the rows' scales: eight f16 into X24, then float32
 	e.in("MOVWLZX %s, R11", row(0, 0))
 	e.in("VMOVD R11, X24")
@@ -848,48 +878,169 @@ func genQ8P(e *emitter, typ string, T int) {
 	case T <= 3:
 		C = 2
 	}
-	for t := 0; t < T; t++ {
-		e.in("VPBROADCASTD %d(DI), Y%d", 40*t+32, P(t))
-		for c := 1; c < C; c++ {
-			e.in("VPXORD Y%d, Y%d, Y%d", P(t+T*c), P(t+T*c), P(t+T*c))
+	if groups > 1 {
+		// All T·groups tokens at once, one chain each; the accumulators
+		// stay in memory: acc[t] = fma(float32(P)·dx, dw, acc[t]) by
+		// VFMADD213PS from memory (the same single rounding), stored back.
+		// P(t) in Y16..Y23, then Y0..Y7 (free: no accumulator registers).
+		TT := T * groups
+		PW := func(t int) int {
+			if t < 8 {
+				return 16 + t
+			}
+			return t - 8
 		}
-	}
-	for g := 0; g < 8; g++ {
+		for t := 0; t < TT; t++ {
+			e.in("VPBROADCASTD %d(DI), Y%d", 40*t+32, PW(t))
+		}
+		for g := 0; g < 8; g++ {
+			for t := 0; t < TT; t++ {
+				e.in("VPDPBUSD.BCST %d(DI), Y%d, Y%d", 40*t+4*g, G(g), PW(t))
+			}
+		}
+		for t := 0; t < TT; t++ {
+			e.in("VCVTDQ2PS Y%d, Y%d", PW(t), PW(t))
+		}
+		for t := 0; t < TT; t++ {
+			e.in("VMULPS.BCST %d(DI), Y%d, Y%d", 40*t+36, PW(t), PW(t)) // float32(P)·dx
+		}
+		for t := 0; t < TT; t++ {
+			e.in("VFMADD213PS %d(DX), Y24, Y%d", 32*t, PW(t)) // that·dw + acc, fused
+			e.in("VMOVUPS Y%d, %d(DX)", PW(t), 32*t)
+		}
+	} else {
 		for t := 0; t < T; t++ {
-			e.in("VPDPBUSD.BCST %d(DI), Y%d, Y%d", 40*t+4*g, G(g), P(t+T*(g%C)))
+			e.in("VPBROADCASTD %d(DI), Y%d", 40*t+32, P(t))
+			for c := 1; c < C; c++ {
+				e.in("VPXORD Y%d, Y%d, Y%d", P(t+T*c), P(t+T*c), P(t+T*c))
+			}
 		}
-	}
-	for t := 0; t < T; t++ {
-		switch C {
-		case 4:
-			e.in("VPADDD Y%d, Y%d, Y%d", P(t+T), P(t), P(t))
-			e.in("VPADDD Y%d, Y%d, Y%d", P(t+3*T), P(t+2*T), P(t+2*T))
-			e.in("VPADDD Y%d, Y%d, Y%d", P(t+2*T), P(t), P(t))
-		case 2:
-			e.in("VPADDD Y%d, Y%d, Y%d", P(t+T), P(t), P(t))
+		for g := 0; g < 8; g++ {
+			for t := 0; t < T; t++ {
+				e.in("VPDPBUSD.BCST %d(DI), Y%d, Y%d", 40*t+4*g, G(g), P(t+T*(g%C)))
+			}
 		}
-	}
-	for t := 0; t < T; t++ {
-		e.in("VCVTDQ2PS Y%d, Y%d", P(t), P(t))
-	}
-	for t := 0; t < T; t++ {
-		e.in("VMULPS.BCST %d(DI), Y%d, Y%d", 40*t+36, P(t), P(t)) // float32(P)·dx
-	}
-	for t := 0; t < T; t++ {
-		e.in("VFMADD231PS Y24, Y%d, Y%d", P(t), acc(t)) // acc += that·dw, fused
+		for t := 0; t < T; t++ {
+			switch C {
+			case 4:
+				e.in("VPADDD Y%d, Y%d, Y%d", P(t+T), P(t), P(t))
+				e.in("VPADDD Y%d, Y%d, Y%d", P(t+3*T), P(t+2*T), P(t+2*T))
+				e.in("VPADDD Y%d, Y%d, Y%d", P(t+2*T), P(t), P(t))
+			case 2:
+				e.in("VPADDD Y%d, Y%d, Y%d", P(t+T), P(t), P(t))
+			}
+		}
+		for t := 0; t < T; t++ {
+			e.in("VCVTDQ2PS Y%d, Y%d", P(t), P(t))
+		}
+		for t := 0; t < T; t++ {
+			e.in("VMULPS.BCST %d(DI), Y%d, Y%d", 40*t+36, P(t), P(t)) // float32(P)·dx
+		}
+		for t := 0; t < T; t++ {
+			e.in("VFMADD231PS Y24, Y%d, Y%d", P(t), acc(t)) // acc += that·dw, fused
+		}
 	}
 	e.in("ADDQ $%d, SI", bb)
 	e.in("ADDQ $%d, R9", bb)
+	e.in("ADDQ $%d, AX", bb)
+	e.in("ADDQ $%d, R12", bb)
 	e.in("ADDQ R10, DI")
 	e.in("DECQ CX")
 	e.in("JNZ loop")
 	e.label("done")
-	for t := 0; t < T; t++ {
-		e.in("VMOVUPS Y%d, %d(DX)", acc(t), 32*t)
+	if groups == 1 {
+		for t := 0; t < T; t++ {
+			e.in("VMOVUPS Y%d, %d(DX)", acc(t), 32*t)
+		}
 	}
 	e.in("VZEROUPPER")
 	e.in("RET")
 }
+
+// genActQP: the activations of the 8-row kernels (qmm_p8.go's quantActP),
+// AVX-512: nb blocks of 32 values from x, one scale per block, written
+// stride bytes apart from dst (qx[32], corr = negCorr·Σ qx, d); returns
+// the largest |x| bit pattern (Inf or NaN: the caller redoes the row in
+// Go). The steps are actQKZ's (act.go's actScale, actQuant).
+func genActQP(e *emitter) {
+	e.retOff = 40
+	e.text("actQPZ", "(x *float32, dst *byte, nb, stride int, negCorr int32) uint32", 44)
+	e.in("MOVQ x+0(FP), SI")
+	e.in("MOVQ dst+8(FP), DI")
+	e.in("MOVQ nb+16(FP), CX")
+	e.in("MOVQ stride+24(FP), BX")
+	e.in("MOVL negCorr+32(FP), AX")
+	e.in("VMOVD AX, X26")
+	e.in("VMOVDQU32 actAbs<>(SB), Z20")
+	e.in("VMOVUPS actInv127<>(SB), Z21")
+	e.in("VMOVUPS act127<>(SB), Z22")
+	e.in("VMOVUPS actM127<>(SB), Z23")
+	e.in("VPXORD Z25, Z25, Z25")
+	e.in("VPXORD Z31, Z31, Z31")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	e.label("loop")
+	e.in("VMOVUPS (SI), Z0")
+	e.in("VMOVUPS 64(SI), Z1")
+	e.in("VPANDD Z20, Z0, Z2")
+	e.in("VPANDD Z20, Z1, Z3")
+	e.in("VPMAXUD Z2, Z31, Z31")
+	e.in("VPMAXUD Z3, Z31, Z31")
+	e.in("VMAXPS Z3, Z2, Z2")
+	// horizontal max, broadcast
+	e.in("VSHUFF32X4 $0x4E, Z2, Z2, Z3")
+	e.in("VMAXPS Z3, Z2, Z2")
+	e.in("VSHUFF32X4 $0xB1, Z2, Z2, Z3")
+	e.in("VMAXPS Z3, Z2, Z2")
+	e.in("VPERMILPS $0x4E, Z2, Z3")
+	e.in("VMAXPS Z3, Z2, Z2")
+	e.in("VPERMILPS $0xB1, Z2, Z3")
+	e.in("VMAXPS Z3, Z2, Z2")
+	e.in("VMULPS Z21, Z2, Z3") // d
+	e.in("VMOVSS X3, 36(DI)")
+	e.in("VCMPPS $4, Z25, Z2, K1")   // amax != 0
+	e.in("VDIVPS.Z Z2, Z22, K1, Z4") // id = 127/amax, else 0
+	for h := 0; h < 2; h++ {
+		e.in("VMULPS Z4, Z%d, Z%d", h, 5+h)
+		e.in("VMAXPS Z23, Z%d, Z%d", 5+h, 5+h)
+		e.in("VMINPS Z22, Z%d, Z%d", 5+h, 5+h)
+		e.in("VCVTPS2DQ Z%d, Z%d", 5+h, 5+h)
+		e.in("VPMOVDB Z%d, %d(DI)", 5+h, 16*h)
+	}
+	// corr = negCorr·Σ qx
+	e.in("VPADDD Z6, Z5, Z5")
+	e.in("VEXTRACTI64X4 $1, Z5, Y6")
+	e.in("VPADDD Y6, Y5, Y5")
+	e.in("VEXTRACTI32X4 $1, Y5, X6")
+	e.in("VPADDD X6, X5, X5")
+	e.in("VPSHUFD $0x4E, X5, X6")
+	e.in("VPADDD X6, X5, X5")
+	e.in("VPSHUFD $0xB1, X5, X6")
+	e.in("VPADDD X6, X5, X5")
+	e.in("VPMULLD X26, X5, X5")
+	e.in("VMOVD X5, 32(DI)")
+	e.in("ADDQ $128, SI")
+	e.in("ADDQ BX, DI")
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	// horizontal max of Z31 (unsigned bit patterns of |x|)
+	e.in("VEXTRACTI64X4 $1, Z31, Y1")
+	e.in("VPMAXUD Y1, Y31, Y31")
+	e.in("VEXTRACTI32X4 $1, Y31, X1")
+	e.in("VPMAXUD X1, X31, X31")
+	e.in("VPSHUFD $0x4E, X31, X1")
+	e.in("VPMAXUD X1, X31, X31")
+	e.in("VPSHUFD $0xB1, X31, X1")
+	e.in("VPMAXUD X1, X31, X31")
+	e.in("VMOVD X31, AX")
+	e.in("MOVL AX, ret+%d(FP)", e.retOff)
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// p8Prefetch is the prefetch instruction of genQ8P.
+const p8Prefetch = "PREFETCHT1"
 
 // genQ8PA: the AVX2 version of genQ8P (16 registers, T ≤ 4 tokens). The
 // block's eight weight groups are transposed through the stack (0(SP),
