@@ -48,18 +48,7 @@ func genKernZ(e *emitter, m int) {
 	e.label("start")
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	e.label("loop")
-	e.in("VMOVUPS (SI), Z31")
-	ntmp := 31 - m
-	for t := 0; t < m; t++ {
-		tmp := m + t%ntmp
-		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
-		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
-	}
-	e.in("ADDQ $64, SI")
-	e.in("ADDQ $%d, DI", 4*m)
-	e.in("DECQ CX")
-	e.in("JNZ loop")
+	panelLoopZ(e, m)
 	e.label("done")
 	for t := 0; t < m; t++ {
 		e.in("VMOVUPS Z%d, %d(DX)", t, 64*t)
@@ -90,31 +79,7 @@ func genKernY(e *emitter, m int) {
 	e.label("start")
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	e.label("loop")
-	e.in("VMOVUPS (SI), Y14")
-	e.in("VMOVUPS 32(SI), Y15")
-	tmp := []int{12, 13}
-	if m == 6 {
-		tmp = []int{12}
-	}
-	b := 13 // broadcast register; with m == 6 the temp is 12 and b 13
-	if m < 6 {
-		b = 11
-	}
-	ti := 0
-	for t := 0; t < m; t++ {
-		e.in("VBROADCASTSS %d(DI), Y%d", 4*t, b)
-		for h := 0; h < 2; h++ {
-			tr := tmp[ti%len(tmp)]
-			ti++
-			e.in("VMULPS Y%d, Y%d, Y%d", 14+h, b, tr)
-			e.in("VADDPS Y%d, Y%d, Y%d", tr, 2*t+h, 2*t+h)
-		}
-	}
-	e.in("ADDQ $64, SI")
-	e.in("ADDQ $%d, DI", 4*m)
-	e.in("DECQ CX")
-	e.in("JNZ loop")
+	panelLoopY(e, m)
 	e.label("done")
 	for t := 0; t < m; t++ {
 		e.in("VMOVUPS Y%d, %d(DX)", 2*t, 64*t)
@@ -655,18 +620,7 @@ func genQKZ(e *emitter, m int) {
 	}
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	e.label("loop")
-	e.in("VMOVUPS (SI), Z31")
-	ntmp := 31 - m
-	for t := 0; t < m; t++ {
-		tmp := m + t%ntmp
-		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
-		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
-	}
-	e.in("ADDQ $64, SI")
-	e.in("ADDQ $%d, DI", 4*m)
-	e.in("DECQ CX")
-	e.in("JNZ loop")
+	panelLoopZ(e, m)
 	e.label("done")
 	for t := 0; t < m; t++ {
 		e.in("VMOVUPS Z%d, (DX)", t)
@@ -691,31 +645,7 @@ func genQKY(e *emitter, m int) {
 	}
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	e.label("loop")
-	e.in("VMOVUPS (SI), Y14")
-	e.in("VMOVUPS 32(SI), Y15")
-	tmp := []int{12, 13}
-	if m == 6 {
-		tmp = []int{12}
-	}
-	b := 13
-	if m < 6 {
-		b = 11
-	}
-	ti := 0
-	for t := 0; t < m; t++ {
-		e.in("VBROADCASTSS %d(DI), Y%d", 4*t, b)
-		for h := 0; h < 2; h++ {
-			tr := tmp[ti%len(tmp)]
-			ti++
-			e.in("VMULPS Y%d, Y%d, Y%d", 14+h, b, tr)
-			e.in("VADDPS Y%d, Y%d, Y%d", tr, 2*t+h, 2*t+h)
-		}
-	}
-	e.in("ADDQ $64, SI")
-	e.in("ADDQ $%d, DI", 4*m)
-	e.in("DECQ CX")
-	e.in("JNZ loop")
+	panelLoopY(e, m)
 	e.label("done")
 	for t := 0; t < m; t++ {
 		e.in("VMOVUPS Y%d, (DX)", 2*t)
@@ -1045,4 +975,53 @@ func genScaleBytes(e *emitter) {
 		e.in("VZEROUPPER")
 		e.in("RET")
 	}
+}
+
+// panelLoopZ emits the k loop shared by the F32 panel kernels and the
+// attention scores (AVX-512): per step, one 16-lane panel row from SI times
+// m broadcast values at DI, each product added to its accumulator Z0..Zm-1
+// (multiply then add, in k order, as run.c).
+func panelLoopZ(e *emitter, m int) {
+	e.label("loop")
+	e.in("VMOVUPS (SI), Z31")
+	ntmp := 31 - m
+	for t := 0; t < m; t++ {
+		tmp := m + t%ntmp
+		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
+		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
+	}
+	e.in("ADDQ $64, SI")
+	e.in("ADDQ $%d, DI", 4*m)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+}
+
+// panelLoopY is panelLoopZ for AVX2: accumulators Y0..Y2m-1, two 8-lane
+// halves per row.
+func panelLoopY(e *emitter, m int) {
+	e.label("loop")
+	e.in("VMOVUPS (SI), Y14")
+	e.in("VMOVUPS 32(SI), Y15")
+	tmp := []int{12, 13}
+	if m == 6 {
+		tmp = []int{12}
+	}
+	b := 13 // broadcast register; with m == 6 the temp is 12 and b 13
+	if m < 6 {
+		b = 11
+	}
+	ti := 0
+	for t := 0; t < m; t++ {
+		e.in("VBROADCASTSS %d(DI), Y%d", 4*t, b)
+		for h := 0; h < 2; h++ {
+			tr := tmp[ti%len(tmp)]
+			ti++
+			e.in("VMULPS Y%d, Y%d, Y%d", 14+h, b, tr)
+			e.in("VADDPS Y%d, Y%d, Y%d", tr, 2*t+h, 2*t+h)
+		}
+	}
+	e.in("ADDQ $64, SI")
+	e.in("ADDQ $%d, DI", 4*m)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
 }
