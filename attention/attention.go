@@ -444,20 +444,7 @@ func (w *tile) scores(b *Batch, pi int) bool {
 	w.keys(p, b.HeadDim)
 	tensor.AttnScores(col, ld, w.kpan, w.qp, w.rows, b.HeadDim)
 	if p.kmag {
-		for j := range w.mag {
-			w.mag[j] = 1
-		}
-		w.walk(p, func(j int, s *kvcache.Segment, i int) {
-			if s.KMag != nil {
-				w.mag[j] = s.KMag[i]
-			}
-		})
-		for r := 0; r < w.rows; r++ {
-			c := col[r*ld : r*ld+p.n]
-			for j := range c {
-				c[j] *= w.mag[j]
-			}
-		}
+		w.scaleByMag(p, col, ld, func(s *kvcache.Segment) []float32 { return s.KMag })
 	}
 	pos := w.pos[pi*L : pi*L+p.n]
 	for t := 0; t < w.nq; t++ {
@@ -495,20 +482,7 @@ func (w *tile) weighted(b *Batch, pi int) {
 	np, ld, G, hd := len(w.panels), w.ld, b.G, b.HeadDim
 	col := w.s[pi*L:]
 	if p.vmag {
-		for j := range w.mag {
-			w.mag[j] = 1
-		}
-		w.walk(p, func(j int, s *kvcache.Segment, i int) {
-			if s.VMag != nil {
-				w.mag[j] = s.VMag[i]
-			}
-		})
-		for r := 0; r < w.rows; r++ {
-			c := col[r*ld : r*ld+p.n]
-			for j := range c {
-				c[j] *= w.mag[j]
-			}
-		}
+		w.scaleByMag(p, col, ld, func(s *kvcache.Segment) []float32 { return s.VMag })
 	}
 	var v []byte
 	var vt tensor.DType
@@ -766,6 +740,26 @@ func (b *Batch) mass(h int, w *tile) {
 					o[j] += wt * agg
 				}
 			}
+		}
+	}
+}
+
+// scaleByMag multiplies the panel's columns of every row of col (rows ld
+// apart) by each slot's magnitude, mag(segment)[slot], or 1 for segments
+// without magnitudes (MiniCache's merged layers, see kvcache.Segment).
+func (w *tile) scaleByMag(p *panel, col []float32, ld int, mag func(*kvcache.Segment) []float32) {
+	for j := range w.mag {
+		w.mag[j] = 1
+	}
+	w.walk(p, func(j int, s *kvcache.Segment, i int) {
+		if m := mag(s); m != nil {
+			w.mag[j] = m[i]
+		}
+	})
+	for r := 0; r < w.rows; r++ {
+		c := col[r*ld : r*ld+p.n]
+		for j := range c {
+			c[j] *= w.mag[j]
 		}
 	}
 }
