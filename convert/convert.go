@@ -88,21 +88,12 @@ func Build(m *model.Model, tok *tokenizer.SentencePiece, opt Options) (*gguf.Wri
 			val any
 		}{"general.quantization_version", uint32(2)})
 	}
-	pieces, scores, types := tok.Export()
-	kv = append(kv, []struct {
-		key string
-		val any
-	}{
-		{"tokenizer.ggml.model", "llama"},
-		{"tokenizer.ggml.tokens", pieces},
-		{"tokenizer.ggml.scores", scores},
-		{"tokenizer.ggml.token_type", types},
-		{"tokenizer.ggml.bos_token_id", uint32(tok.BOS())},
-		{"tokenizer.ggml.eos_token_id", uint32(tok.EOS())},
-		{"tokenizer.ggml.unknown_token_id", uint32(tok.Unk())},
-		{"tokenizer.ggml.add_bos_token", true},
-		{"tokenizer.ggml.add_eos_token", false},
-	}...)
+	for _, m := range VocabMetadata(tok) {
+		kv = append(kv, struct {
+			key string
+			val any
+		}{m.Key, m.Val})
+	}
 	for _, e := range kv {
 		if err := w.Set(e.key, e.val); err != nil {
 			return nil, rep, err
@@ -199,4 +190,28 @@ func fileType(t tensor.DType) int {
 		return 32
 	}
 	return 0
+}
+
+// Meta is one GGUF metadata key and its value.
+type Meta struct {
+	Key string
+	Val any
+}
+
+// VocabMetadata is the tokenizer.ggml.* metadata of a SentencePiece
+// vocabulary as llama.cpp's converter writes it (model "llama", pieces,
+// scores, token types, BOS/EOS/UNK ids, BOS added, EOS not).
+func VocabMetadata(tok *tokenizer.SentencePiece) []Meta {
+	pieces, scores, types := tok.Export()
+	return []Meta{
+		{"tokenizer.ggml.model", "llama"},
+		{"tokenizer.ggml.tokens", pieces},
+		{"tokenizer.ggml.scores", scores},
+		{"tokenizer.ggml.token_type", types},
+		{"tokenizer.ggml.bos_token_id", uint32(tok.BOS())},
+		{"tokenizer.ggml.eos_token_id", uint32(tok.EOS())},
+		{"tokenizer.ggml.unknown_token_id", uint32(tok.Unk())},
+		{"tokenizer.ggml.add_bos_token", true},
+		{"tokenizer.ggml.add_eos_token", false},
+	}
 }

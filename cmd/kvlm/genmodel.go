@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kvlm/kvlm/convert"
 	"github.com/kvlm/kvlm/gguf"
 	"github.com/kvlm/kvlm/internal/shared"
 	"github.com/kvlm/kvlm/model"
@@ -292,18 +293,11 @@ func genLoadVocab(kind, path string) (genVocab, error) {
 		if err != nil {
 			return genVocab{}, err
 		}
-		pieces, scores, types := tok.Export()
-		return genVocab{size: tok.VocabSize(), kvs: []genKV{
-			{"tokenizer.ggml.model", "llama"},
-			{"tokenizer.ggml.tokens", pieces},
-			{"tokenizer.ggml.scores", scores},
-			{"tokenizer.ggml.token_type", types},
-			{"tokenizer.ggml.bos_token_id", uint32(tok.BOS())},
-			{"tokenizer.ggml.eos_token_id", uint32(tok.EOS())},
-			{"tokenizer.ggml.unknown_token_id", uint32(tok.Unk())},
-			{"tokenizer.ggml.add_bos_token", true},
-			{"tokenizer.ggml.add_eos_token", false},
-		}}, nil
+		v := genVocab{size: tok.VocabSize()}
+		for _, m := range convert.VocabMetadata(tok) {
+			v.kvs = append(v.kvs, genKV{m.Key, m.Val})
+		}
+		return v, nil
 	}
 	enc, err := os.ReadFile(filepath.Join(path, "encoder.json"))
 	if err != nil {
