@@ -116,9 +116,7 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 	qd, kvd := c.QDim(), c.KVDim()
 	for li := range m.Layers {
 		L := &m.Layers[li]
-		for t := 0; t < n; t++ {
-			tensor.RMSNorm(b.xb[t*c.Dim:(t+1)*c.Dim], b.x[t*c.Dim:(t+1)*c.Dim], L.AttnNorm, c.NormEps)
-		}
+		tensor.RMSNormRows(b.xb, b.x, L.AttnNorm, c.NormEps, n, c.Dim)
 		m.qkv(L, b.q, b.k, b.v, b.xb, n)
 		addBias(b.q, L.Bq, n)
 		addBias(b.k, L.Bk, n)
@@ -157,10 +155,7 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 		}
 		m.finishLayer(L, b.x, b.xb, b.att, b.gate, b.up, n)
 	}
-	for t := 0; t < n; t++ {
-		r := b.x[t*c.Dim : (t+1)*c.Dim]
-		tensor.RMSNorm(r, r, m.OutNorm, c.NormEps)
-	}
+	tensor.RMSNormRows(b.x, b.x, m.OutNorm, c.NormEps, n, c.Dim)
 	m.Output.MatMul(b.logits, b.x, n)
 	out := make([][]float32, n)
 	for i, s := range seqs {
@@ -181,22 +176,26 @@ func (m *Model) ropeRows(x, cos, sin []float32, n, heads int) {
 	hd := m.HeadDim
 	half := hd / 2
 	neox := m.Rope == RopeNeoX
-	for t := 0; t < n; t++ {
-		cs, sn := cos[t*half:(t+1)*half], sin[t*half:(t+1)*half]
-		row := x[t*heads*hd : (t+1)*heads*hd]
-		for h := 0; h < heads; h++ {
-			v := row[h*hd : (h+1)*hd]
-			for j := 0; j < half; j++ {
-				a, b := 2*j, 2*j+1
-				if neox {
-					a, b = j, j+half
+	w := heads * hd
+	// Rows in parallel (at least ~2048 values a worker); each row as before.
+	tensor.Parallel(n, max(1, 2048/max(w, 1)), func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			cs, sn := cos[t*half:(t+1)*half], sin[t*half:(t+1)*half]
+			row := x[t*w : (t+1)*w]
+			for h := 0; h < heads; h++ {
+				v := row[h*hd : (h+1)*hd]
+				for j := 0; j < half; j++ {
+					a, b := 2*j, 2*j+1
+					if neox {
+						a, b = j, j+half
+					}
+					x0, x1 := v[a], v[b]
+					v[a] = x0*cs[j] - x1*sn[j]
+					v[b] = x0*sn[j] + x1*cs[j]
 				}
-				x0, x1 := v[a], v[b]
-				v[a] = x0*cs[j] - x1*sn[j]
-				v[b] = x0*sn[j] + x1*cs[j]
 			}
 		}
-	}
+	})
 }
 
 // Fork returns a sequence over a fork of s's cache (every block shared,

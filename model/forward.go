@@ -261,9 +261,7 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 	for li := range m.Layers {
 		L := &m.Layers[li]
 		n := rows
-		for t := 0; t < n; t++ {
-			tensor.RMSNorm(s.xb[t*c.Dim:(t+1)*c.Dim], s.x[t*c.Dim:(t+1)*c.Dim], L.AttnNorm, c.NormEps)
-		}
+		tensor.RMSNormRows(s.xb, s.x, L.AttnNorm, c.NormEps, n, c.Dim)
 		m.qkv(L, s.q, s.k, s.v, s.xb, n)
 		addBias(s.q, L.Bq, n)
 		addBias(s.k, L.Bk, n)
@@ -309,10 +307,7 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		tensor.RMSNorm(last, last, m.OutNorm, c.NormEps)
 		m.Output.MatVec(dst, last)
 	default:
-		for t := 0; t < n; t++ {
-			r := s.x[t*c.Dim : (t+1)*c.Dim]
-			tensor.RMSNorm(r, r, m.OutNorm, c.NormEps)
-		}
+		tensor.RMSNormRows(s.x, s.x, m.OutNorm, c.NormEps, n, c.Dim)
 		m.Output.MatMul(dst, s.x, n)
 	}
 	return nil
@@ -368,14 +363,11 @@ func (m *Model) qkv(L *Layer, q, k, v, xb []float32, n int) {
 func (m *Model) finishLayer(L *Layer, x, xb, att, gate, up []float32, n int) {
 	c := m.Config
 	L.Wo.MatMul(xb, att, n)
-	tensor.Add(x[:n*c.Dim], xb[:n*c.Dim])
-	for t := 0; t < n; t++ {
-		tensor.RMSNorm(xb[t*c.Dim:(t+1)*c.Dim], x[t*c.Dim:(t+1)*c.Dim], L.FFNNorm, c.NormEps)
-	}
+	tensor.AddRMSNormRows(xb, x, xb, L.FFNNorm, c.NormEps, n, c.Dim)
 	tensor.MatMulMany([][]float32{gate, up}, []*tensor.Matrix{L.WGate, L.WUp}, xb, n)
 	tensor.SwiGLU(gate[:n*c.HiddenDim], gate[:n*c.HiddenDim], up[:n*c.HiddenDim])
 	L.WDown.MatMul(xb, gate, n)
-	tensor.Add(x[:n*c.Dim], xb[:n*c.Dim])
+	tensor.AddRows(x, xb, n, c.Dim)
 }
 
 // Rotate turns one head's key, rotated by RoPE for some position, into the
