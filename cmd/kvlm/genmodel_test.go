@@ -85,16 +85,7 @@ func TestGenModel(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var s float64
-			for _, v := range logits {
-				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-					t.Fatalf("logit %g", v)
-				}
-				s += float64(v) * float64(v)
-			}
-			if rms := math.Sqrt(s / float64(len(logits))); rms < 0.01 || rms > 100 {
-				t.Errorf("logits RMS %g", rms)
-			}
+			checkLogits(t, logits)
 		})
 	}
 }
@@ -275,16 +266,7 @@ func TestGenModelTinyArchs(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var s float64
-				for _, v := range logits {
-					if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-						t.Fatalf("logit %g", v)
-					}
-					s += float64(v) * float64(v)
-				}
-				if rms := math.Sqrt(s / float64(len(logits))); rms < 0.01 || rms > 100 {
-					t.Errorf("logits RMS %g", rms)
-				}
+				checkLogits(t, logits)
 			})
 		}
 	}
@@ -686,5 +668,21 @@ func TestGenModelTinyReference(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkLogits fails on a NaN or infinite logit and on logits whose RMS is
+// outside [0.01, 100] (a random-weight model that is dead or exploding).
+func checkLogits(t *testing.T, logits []float32) {
+	t.Helper()
+	var s float64
+	for _, v := range logits {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			t.Fatalf("logit %g", v)
+		}
+		s += float64(v) * float64(v)
+	}
+	if rms := math.Sqrt(s / float64(len(logits))); rms < 0.01 || rms > 100 {
+		t.Errorf("logits RMS %g", rms)
 	}
 }
