@@ -1,7 +1,6 @@
 package chat
 
 import (
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -260,25 +259,9 @@ func llama3Tok(t *testing.T) *tokenizer.BPE {
 	if llama3Vocab.tok != nil {
 		return llama3Vocab.tok
 	}
-	enc, err := os.ReadFile(shared.Path(t, "models/llama3-tokenizer/encoder.json"))
+	tokens, types, merges, err := tokenizer.ReadGPT2VocabDir(shared.Path(t, "models/llama3-tokenizer"), tokenizer.Llama3Specials())
 	if err != nil {
 		t.Fatal(err)
-	}
-	bpe, err := os.ReadFile(shared.Path(t, "models/llama3-tokenizer/vocab.bpe"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokens, merges, err := tokenizer.ReadGPT2Vocab(enc, bpe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	types := make([]int32, len(tokens))
-	for i := range types {
-		types[i] = tokenizer.TypeNormal
-	}
-	for _, s := range tokenizer.Llama3Specials() {
-		tokens = append(tokens, s)
-		types = append(types, tokenizer.TypeControl)
 	}
 	tok, err := tokenizer.NewBPE(tokenizer.BPEConfig{Tokens: tokens, Types: types, Merges: merges, Pre: "llama-bpe",
 		BOS: 128000, EOS: 128009, AddBOS: true})

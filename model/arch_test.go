@@ -3,7 +3,6 @@ package model
 import (
 	"math"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -383,25 +382,9 @@ func bpeTok(n int, pre string, specials []string, bos, eos int) map[string]any {
 
 // llama3Tok is the Llama 3 vocabulary of ../shared as GGUF metadata.
 func llama3Tok(t testing.TB) map[string]any {
-	enc, err := os.ReadFile(shared.Path(t, "models/llama3-tokenizer/encoder.json"))
+	tokens, types, merges, err := tokenizer.ReadGPT2VocabDir(shared.Path(t, "models/llama3-tokenizer"), tokenizer.Llama3Specials())
 	if err != nil {
 		t.Fatal(err)
-	}
-	bpe, err := os.ReadFile(shared.Path(t, "models/llama3-tokenizer/vocab.bpe"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokens, merges, err := tokenizer.ReadGPT2Vocab(enc, bpe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	types := make([]int32, len(tokens))
-	for i := range types {
-		types[i] = tokenizer.TypeNormal
-	}
-	for _, s := range tokenizer.Llama3Specials() {
-		tokens = append(tokens, s)
-		types = append(types, tokenizer.TypeControl)
 	}
 	return map[string]any{"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
 		"tokenizer.ggml.merges": merges, "tokenizer.ggml.pre": "llama-bpe",

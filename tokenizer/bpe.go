@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"unicode"
@@ -870,6 +872,33 @@ func ReadGPT2Vocab(encoderJSON, vocabBPE []byte) (tokens, merges []string, err e
 		}
 	}
 	return tokens, merges, nil
+}
+
+// ReadGPT2VocabDir reads dir/encoder.json and dir/vocab.bpe (see
+// ReadGPT2Vocab) and appends specials after the regular pieces: the
+// tokens, their types (TypeNormal, then TypeControl for the specials) and
+// the merges, ready for BPEConfig or GGUF metadata.
+func ReadGPT2VocabDir(dir string, specials []string) (tokens []string, types []int32, merges []string, err error) {
+	enc, err := os.ReadFile(filepath.Join(dir, "encoder.json"))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	bpe, err := os.ReadFile(filepath.Join(dir, "vocab.bpe"))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if tokens, merges, err = ReadGPT2Vocab(enc, bpe); err != nil {
+		return nil, nil, nil, err
+	}
+	types = make([]int32, len(tokens), len(tokens)+len(specials))
+	for i := range types {
+		types[i] = TypeNormal
+	}
+	for _, sp := range specials {
+		tokens = append(tokens, sp)
+		types = append(types, TypeControl)
+	}
+	return tokens, types, merges, nil
 }
 
 // Llama3Specials are the texts of Llama 3.1's 256 special tokens, ids

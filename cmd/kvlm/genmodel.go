@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"io/fs"
 	"math"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -299,31 +299,18 @@ func genLoadVocab(kind, path string) (genVocab, error) {
 		}
 		return v, nil
 	}
-	enc, err := os.ReadFile(filepath.Join(path, "encoder.json"))
-	if err != nil {
-		return genVocab{}, fmt.Errorf("--tokenizer for a Llama 3 vocabulary is a folder holding encoder.json and vocab.bpe: %w", err)
-	}
-	bpe, err := os.ReadFile(filepath.Join(path, "vocab.bpe"))
-	if err != nil {
-		return genVocab{}, fmt.Errorf("--tokenizer for a Llama 3 vocabulary is a folder holding encoder.json and vocab.bpe: %w", err)
-	}
-	tokens, merges, err := tokenizer.ReadGPT2Vocab(enc, bpe)
-	if err != nil {
-		return genVocab{}, err
-	}
-	types := make([]int32, len(tokens))
-	for i := range types {
-		types[i] = tokenizer.TypeNormal
-	}
 	specials, pre, tmpl := tokenizer.Llama3Specials(), "llama-bpe", genLlama31Template
 	if kind == "qwen2" {
 		specials, pre, tmpl = genChatMLSpecials, "qwen2", genQwen2Template
 	}
-	first := len(tokens)
-	for _, sp := range specials {
-		tokens = append(tokens, sp)
-		types = append(types, tokenizer.TypeControl)
+	tokens, types, merges, err := tokenizer.ReadGPT2VocabDir(path, specials)
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+		return genVocab{}, fmt.Errorf("--tokenizer for a Llama 3 vocabulary is a folder holding encoder.json and vocab.bpe: %w", err)
 	}
+	if err != nil {
+		return genVocab{}, err
+	}
+	first := len(tokens) - len(specials)
 	id := func(s string) uint32 { return uint32(first + slices.Index(specials, s)) }
 	kvs := []genKV{
 		{"tokenizer.ggml.model", "gpt2"},

@@ -30,25 +30,9 @@ func writeGGUF(t *testing.T, name string, kv map[string]any) string {
 // llama3VocabGGUF is a GGUF with the Llama 3 vocabulary of ../shared.
 func llama3VocabGGUF(t *testing.T, pre string) string {
 	t.Helper()
-	enc, err := os.ReadFile(shared.Path(t, "models/llama3-tokenizer/encoder.json"))
+	tokens, types, merges, err := tokenizer.ReadGPT2VocabDir(shared.Path(t, "models/llama3-tokenizer"), tokenizer.Llama3Specials())
 	if err != nil {
 		t.Fatal(err)
-	}
-	bpe, err := os.ReadFile(shared.Path(t, "models/llama3-tokenizer/vocab.bpe"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokens, merges, err := tokenizer.ReadGPT2Vocab(enc, bpe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	types := make([]int32, len(tokens))
-	for i := range types {
-		types[i] = tokenizer.TypeNormal
-	}
-	for _, s := range tokenizer.Llama3Specials() {
-		tokens = append(tokens, s)
-		types = append(types, tokenizer.TypeControl)
 	}
 	return writeGGUF(t, "llama3-vocab.gguf", map[string]any{
 		"general.architecture": "llama", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
