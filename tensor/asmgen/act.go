@@ -51,21 +51,7 @@ func genActQuant(e *emitter) {
 		e.in("VPXORD Z%d, Z%d, Z%d", zZero, zZero, zZero)
 		e.in("VPXORD Z31, Z31, Z31")
 	}
-	ret := func() {
-		// horizontal max of Z31 (unsigned bit patterns of |x|)
-		e.in("VEXTRACTI64X4 $1, Z31, Y1")
-		e.in("VPMAXUD Y1, Y31, Y31")
-		e.in("VEXTRACTI32X4 $1, Y31, X1")
-		e.in("VPMAXUD X1, X31, X31")
-		e.in("VPSHUFD $0x4E, X31, X1")
-		e.in("VPMAXUD X1, X31, X31")
-		e.in("VPSHUFD $0xB1, X31, X1")
-		e.in("VPMAXUD X1, X31, X31")
-		e.in("VMOVD X31, AX")
-		e.in("MOVL AX, ret+%d(FP)", e.retOff)
-		e.in("VZEROUPPER")
-		e.in("RET")
-	}
+	ret := func() { maxAbsRet(e) }
 	// q = cvt(clamp(x·id)), x in Z0, id in Z4 → Z5 (int32)
 	quant := func() {
 		e.in("VMULPS Z4, Z0, Z5")
@@ -172,4 +158,22 @@ func genActQuant(e *emitter) {
 	e.in("JNZ loop")
 	e.label("done")
 	ret()
+}
+
+// maxAbsRet ends an activation quantizer: the horizontal maximum of Z31
+// (unsigned bit patterns of |x|) returned as a uint32 at ret+e.retOff.
+func maxAbsRet(e *emitter) {
+	// horizontal max of Z31 (unsigned bit patterns of |x|)
+	e.in("VEXTRACTI64X4 $1, Z31, Y1")
+	e.in("VPMAXUD Y1, Y31, Y31")
+	e.in("VEXTRACTI32X4 $1, Y31, X1")
+	e.in("VPMAXUD X1, X31, X31")
+	e.in("VPSHUFD $0x4E, X31, X1")
+	e.in("VPMAXUD X1, X31, X31")
+	e.in("VPSHUFD $0xB1, X31, X1")
+	e.in("VPMAXUD X1, X31, X31")
+	e.in("VMOVD X31, AX")
+	e.in("MOVL AX, ret+%d(FP)", e.retOff)
+	e.in("VZEROUPPER")
+	e.in("RET")
 }

@@ -1024,19 +1024,7 @@ func genActQP(e *emitter) {
 	e.in("DECQ CX")
 	e.in("JNZ loop")
 	e.label("done")
-	// horizontal max of Z31 (unsigned bit patterns of |x|)
-	e.in("VEXTRACTI64X4 $1, Z31, Y1")
-	e.in("VPMAXUD Y1, Y31, Y31")
-	e.in("VEXTRACTI32X4 $1, Y31, X1")
-	e.in("VPMAXUD X1, X31, X31")
-	e.in("VPSHUFD $0x4E, X31, X1")
-	e.in("VPMAXUD X1, X31, X31")
-	e.in("VPSHUFD $0xB1, X31, X1")
-	e.in("VPMAXUD X1, X31, X31")
-	e.in("VMOVD X31, AX")
-	e.in("MOVL AX, ret+%d(FP)", e.retOff)
-	e.in("VZEROUPPER")
-	e.in("RET")
+	maxAbsRet(e)
 }
 
 // p8Prefetch is the prefetch instruction of genQ8P.
