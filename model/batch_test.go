@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/kvlm/kvlm/kvcache"
@@ -172,6 +174,21 @@ func BenchmarkDecodeBatch(b *testing.B) {
 		// llama2.c stories15M's shape (6 layers of dim 288) and a 110M-like
 		// layer width: weights well outside the L2 cache.
 		{"synth-dim768x4", func(tb testing.TB) *Model { return synthModel(tb, 768, 2048, 4, 12, 12, 4096, 1024) }},
+	}
+	// KVLM_BENCH_GGUF names a GGUF file to add (a real model's shape, e.g.
+	// one from kvlm gen-model), for profiling batched decode at full size.
+	if path := os.Getenv("KVLM_BENCH_GGUF"); path != "" {
+		models = append(models, struct {
+			name string
+			m    func(testing.TB) *Model
+		}{filepath.Base(path), func(tb testing.TB) *Model {
+			m, _, err := LoadGGUF(path)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			tb.Cleanup(func() { m.Close() })
+			return m
+		}})
 	}
 	for _, mc := range models {
 		m := mc.m(b)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 
 	"github.com/spf13/cobra"
 )
@@ -36,6 +37,31 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
+	var profPath string
+	var profFile *os.File
+	root.PersistentFlags().StringVar(&profPath, "cpuprofile", "", "write a CPU profile of the command to this file (go tool pprof)")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		if profPath == "" {
+			return nil
+		}
+		f, err := os.Create(profPath)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return err
+		}
+		profFile = f
+		return nil
+	}
+	root.PersistentPostRunE = func(*cobra.Command, []string) error {
+		if profFile == nil {
+			return nil
+		}
+		pprof.StopCPUProfile()
+		return profFile.Close()
+	}
 	root.AddCommand(newGenerate(), newPPL(), newBench(), newInspect(), newConvert())
 	root.AddCommand(newKVCalc())
 	root.AddCommand(newGenModel())

@@ -160,6 +160,14 @@ func TestBenchAndInspect(t *testing.T) {
 	if out, _, code = kvlm(t, "inspect", s.gguf); code != 0 || !strings.Contains(out, "blk.4.ffn_down.weight") {
 		t.Fatalf("inspect table lacks the tensors:\n%s", out)
 	}
+	// --cpuprofile writes a profile pprof reads (gzipped protobuf)
+	prof := filepath.Join(t.TempDir(), "cpu.prof")
+	if _, errOut, code = kvlm(t, "--cpuprofile", prof, "bench", "-m", s.gguf, "--prompt", "8", "--gen", "4", "--reps", "1", "--batch", "", "--contexts", "", "--bandwidth-mib", "0"); code != 0 {
+		t.Fatalf("bench --cpuprofile exit %d: %s", code, errOut)
+	}
+	if b, err := os.ReadFile(prof); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Fatalf("--cpuprofile wrote %d bytes (%v), want a gzipped profile", len(b), err)
+	}
 }
 
 // TestBadInput: each mistake is a one-line error and exit status 1, never a
