@@ -456,6 +456,33 @@ func qQ8_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc
 func qQ8_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
 
 //go:noescape
+func qQ8_0Vp16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ8_0Vp16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ8_0Vp16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ8_0Vp16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ8_0Vp16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ8_0Vp16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ8_0Vp16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ8_0Vp16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ8_0Vp16t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
 func qQ8_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
 
 //go:noescape
@@ -493,6 +520,33 @@ func qQ4_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc
 
 //go:noescape
 func qQ4_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_0Vp16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_0Vp16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_0Vp16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_0Vp16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_0Vp16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_0Vp16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_0Vp16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_0Vp16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_0Vp16t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
 
 //go:noescape
 func qQ4_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)

@@ -49,8 +49,9 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 					mj.p8types = append(mj.p8types, w.Type)
 					mj.p8acts = append(mj.p8acts, ab)
 				}
-				tiles := w.Rows / 8
-				mj.p8parts = append(mj.p8parts, multiPart{m: w, dst: dsts[i], act: a, lo: mj.p8tiles, hi: mj.p8tiles + tiles})
+				ks := w.p8Kernels()
+				tiles := w.Rows / ks.rows
+				mj.p8parts = append(mj.p8parts, multiPart{m: w, p8: ks, dst: dsts[i], act: a, lo: mj.p8tiles, hi: mj.p8tiles + tiles})
 				mj.p8tiles += tiles
 				continue
 			}
@@ -111,6 +112,7 @@ type multiJob struct {
 type multiPart struct {
 	m      *Matrix
 	qk     *quantKernels
+	p8     p8Set // the 8- or 16-row kernels (p8parts)
 	dst    []float32
 	act    int // index into acts
 	lo, hi int
@@ -127,7 +129,8 @@ func (mj *multiJob) reset() {
 	mj.p8types, mj.p8acts, mj.p8parts, mj.p8tiles = mj.p8types[:0], mj.p8acts[:0], mj.p8parts[:0], 0
 }
 
-// runP8 computes the 8-row tiles [lo, hi) of the job's 8-row range.
+// runP8 computes the tiles [lo, hi) of the job's range of 8- and 16-row
+// tiles.
 func (mj *multiJob) runP8(lo, hi int) {
 	for i := range mj.p8parts {
 		p := &mj.p8parts[i]
@@ -135,7 +138,7 @@ func (mj *multiJob) runP8(lo, hi int) {
 		if a >= b {
 			continue
 		}
-		p.m.p8Tiles(qp8Kern(p.m.Type), qp8Kern16(p.m.Type), p.dst, *mj.p8acts[p.act], mj.n, a-p.lo, b-p.lo)
+		p.m.p8Tiles(p.p8, p.dst, *mj.p8acts[p.act], mj.n, a-p.lo, b-p.lo)
 	}
 }
 

@@ -84,19 +84,23 @@ func quantizeActsP(typ DType, act []byte, x []float32, cols, n int) {
 // is not 0, else starts at 0.
 type qp8Func func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load int)
 
-// qp8Twin is the plain Go twin of the T-token kernel for weights of type
-// typ (Q8_0 or Q4_0).
-func qp8Twin(typ DType, T int) qp8Func {
+// qp8Twin is the plain Go twin of the 8-row T-token kernel for weights of
+// type typ (Q8_0 or Q4_0).
+func qp8Twin(typ DType, T int) qp8Func { return qpTwin(typ, 8, T) }
+
+// qpTwin is the plain Go twin of the R-row T-token kernel (acc[t·R + i]):
+// the 16-row kernels compute each row exactly as the 8-row ones.
+func qpTwin(typ DType, R, T int) qp8Func {
 	bb := typ.BlockBytes()
 	return func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load int) {
-		a := unsafe.Slice(acc, T*8)
+		a := unsafe.Slice(acc, T*R)
 		if load == 0 {
 			clear(a)
 		}
-		for i := 0; i < 8; i++ {
+		for i := 0; i < R; i++ {
 			row := unsafe.Slice((*byte)(unsafe.Add(w, i*ldw)), nb*bb)
 			for t := 0; t < T; t++ {
-				s := a[t*8+i]
+				s := a[t*R+i]
 				for b := 0; b < nb; b++ {
 					wb := row[b*bb : b*bb+bb]
 					xb := unsafe.Slice((*byte)(unsafe.Add(x, b*xs+t*xbP)), xbP)
@@ -112,21 +116,38 @@ func qp8Twin(typ DType, T int) qp8Func {
 					}
 					s = fma32(float32(p)*f32at(xb[xbPD:]), F16ToF32(le16(wb)), s)
 				}
-				a[t*8+i] = s
+				a[t*R+i] = s
 			}
 		}
 	}
 }
 
-// matmulP8 runs MatMul with the 8-row kernels (the level's qp8Kern) when
-// they apply: Q8_0 or Q4_0 weights, rows a multiple of 8, at least
-// p8MinTokens tokens. It reports whether it did.
+// matmulP8 runs MatMul with the 8-row (or 16-row) kernels when they
+// apply: Q8_0 or Q4_0 weights, rows a multiple of 8, at least p8MinTokens
+// tokens. It reports whether it did.
 func (m *Matrix) matmulP8(dst, x []float32, n int) bool {
 	if !m.p8Applies(n) {
 		return false
 	}
-	matMulQ8P(qp8Kern(m.Type), qp8Kern16(m.Type), m, dst, x, n)
+	matMulQ8P(m.p8Kernels(), m, dst, x, n)
 	return true
+}
+
+// p8Set is the kernels of one tile height for one weight type.
+type p8Set struct {
+	rows int       // weight rows per tile: 8 or 16
+	ks   []qp8Func // ks[T-1] takes T tokens
+	k16  qp8Func   // 16 tokens (nil: ks in turn)
+}
+
+// p8Kernels returns the kernels that multiply m at the level in use: the
+// 16-row ones (AVX-512 VNNI) when m's rows are a multiple of 16, else the
+// 8-row ones. Both give every row the same value, bit for bit.
+func (m *Matrix) p8Kernels() p8Set {
+	if ks := qp16Kern(m.Type); ks != nil && m.Rows%16 == 0 {
+		return p8Set{16, ks, qp16Kern16(m.Type)}
+	}
+	return p8Set{8, qp8Kern(m.Type), qp8Kern16(m.Type)}
 }
 
 // p8Applies reports whether the 8-row kernels multiply m by n tokens.
@@ -153,39 +174,39 @@ func qp8Twins(t DType) []qp8Func {
 	return ks
 }
 
-// matMulQ8P multiplies the Q8_0 or Q4_0 matrix m (rows a multiple of 8) by
-// the n rows of x into dst [n][rows] with the kernels ks[T-1] (T =
-// 1..len(ks) tokens) and k16 (16 tokens; nil if none), the matrix in row
-// tiles of 8 over threads.
-func matMulQ8P(ks []qp8Func, k16 qp8Func, m *Matrix, dst, x []float32, n int) {
+// matMulQ8P multiplies the Q8_0 or Q4_0 matrix m (rows a multiple of
+// ks.rows) by the n rows of x into dst [n][rows] with the kernels ks, the
+// matrix in row tiles of ks.rows over threads.
+func matMulQ8P(ks p8Set, m *Matrix, dst, x []float32, n int) {
 	ab := getBytes(m.Cols / 32 * n * xbP) // pooled: no garbage per call
 	act := *ab
 	quantizeActsP(m.Type, act, x, m.Cols, n)
-	Parallel(m.Rows/8, 1, func(lo, hi int) {
-		m.p8Tiles(ks, k16, dst, act, n, lo, hi)
+	Parallel(m.Rows/ks.rows, 1, func(lo, hi int) {
+		m.p8Tiles(ks, dst, act, n, lo, hi)
 	})
 	byteBufs.Put(ab)
 }
 
-// p8Tiles computes the row tiles [lo, hi) (rows 8·lo .. 8·hi-1) of
-// dst [n][rows] from the activations act (quantizeActsP, for m.Type), each
-// tile's weights read once and kept in L1 for every token tile. Several
-// matrices' tiles can share a parallel region (MatMulMany).
-func (m *Matrix) p8Tiles(ks []qp8Func, k16 qp8Func, dst []float32, act []byte, n, lo, hi int) {
+// p8Tiles computes the row tiles [lo, hi) (rows R·lo .. R·hi-1, R =
+// ks.rows) of dst [n][rows] from the activations act (quantizeActsP, for
+// m.Type), each tile's weights read once and kept in L1 for every token
+// tile. Several matrices' tiles can share a parallel region (MatMulMany).
+func (m *Matrix) p8Tiles(ks p8Set, dst []float32, act []byte, n, lo, hi int) {
 	nb := m.Cols / 32
 	ldw := nb * m.Type.BlockBytes()
-	var acc [128]float32
+	R := ks.rows
+	var acc [256]float32
 	for rt := lo; rt < hi; rt++ {
-		w := unsafe.Pointer(&m.Data[rt*8*ldw])
+		w := unsafe.Pointer(&m.Data[rt*R*ldw])
 		for t0 := 0; t0 < n; {
-			T := min(len(ks), n-t0)
-			k := ks[T-1]
-			if k16 != nil && n-t0 >= 16 {
-				T, k = 16, k16
+			T := min(len(ks.ks), n-t0)
+			k := ks.ks[T-1]
+			if ks.k16 != nil && n-t0 >= 16 {
+				T, k = 16, ks.k16
 			}
 			k(w, ldw, unsafe.Pointer(&act[t0*xbP]), n*xbP, nb, &acc[0], 0)
 			for t := 0; t < T; t++ {
-				copy(dst[(t0+t)*m.Rows+rt*8:][:8], acc[t*8:t*8+8])
+				copy(dst[(t0+t)*m.Rows+rt*R:][:R], acc[t*R:t*R+R])
 			}
 			t0 += T
 		}

@@ -12,7 +12,14 @@ var (
 	// qp8V16: the AVX-512 VNNI kernels for 16 tokens (two groups of 8,
 	// each block's weights transposed once for both).
 	qp8V16 = map[DType]qp8Func{Q8_0: qQ8_0Vp8t16, Q4_0: qQ4_0Vp8t16}
-	qp8A   = map[DType][]qp8Func{
+	// qp16V and qp16V16: the 16-row AVX-512 VNNI kernels (ZMM lanes) for
+	// 1..8 and 16 tokens.
+	qp16V = map[DType][]qp8Func{
+		Q8_0: {qQ8_0Vp16t1, qQ8_0Vp16t2, qQ8_0Vp16t3, qQ8_0Vp16t4, qQ8_0Vp16t5, qQ8_0Vp16t6, qQ8_0Vp16t7, qQ8_0Vp16t8},
+		Q4_0: {qQ4_0Vp16t1, qQ4_0Vp16t2, qQ4_0Vp16t3, qQ4_0Vp16t4, qQ4_0Vp16t5, qQ4_0Vp16t6, qQ4_0Vp16t7, qQ4_0Vp16t8},
+	}
+	qp16V16 = map[DType]qp8Func{Q8_0: qQ8_0Vp16t16, Q4_0: qQ4_0Vp16t16}
+	qp8A    = map[DType][]qp8Func{
 		Q8_0: {qQ8_0Ap8t1, qQ8_0Ap8t2, qQ8_0Ap8t3, qQ8_0Ap8t4},
 		Q4_0: {qQ4_0Ap8t1, qQ4_0Ap8t2, qQ4_0Ap8t3, qQ4_0Ap8t4},
 	}
@@ -35,6 +42,23 @@ func qp8Kern(t DType) []qp8Func {
 func qp8Kern16(t DType) qp8Func {
 	if level == levelAVX512 && cpuVNNI {
 		return qp8V16[t]
+	}
+	return nil
+}
+
+// qp16Kern returns the 16-row kernels for weights of type t at the level
+// in use (1..8 tokens), or nil where there are none.
+func qp16Kern(t DType) []qp8Func {
+	if level == levelAVX512 && cpuVNNI {
+		return qp16V[t]
+	}
+	return nil
+}
+
+// qp16Kern16 returns the 16-row 16-token kernel (with qp16Kern).
+func qp16Kern16(t DType) qp8Func {
+	if level == levelAVX512 && cpuVNNI {
+		return qp16V16[t]
 	}
 	return nil
 }

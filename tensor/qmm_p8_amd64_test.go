@@ -22,7 +22,7 @@ func TestQ8PKernels(t *testing.T) {
 	}
 	r := rand.New(rand.NewPCG(11, 12))
 	for name, set := range sets {
-		testQ8PKernels(t, r, name, set)
+		testQ8PKernels(t, r, name, 8, set)
 	}
 	if cpuVNNI && cpuLevel >= levelAVX512 {
 		set16 := map[DType][]qp8Func{}
@@ -30,17 +30,24 @@ func TestQ8PKernels(t *testing.T) {
 			set16[typ] = make([]qp8Func, 16)
 			set16[typ][15] = k
 		}
-		testQ8PKernels(t, r, "avx512 16", set16)
+		testQ8PKernels(t, r, "avx512 16", 8, set16)
+		testQ8PKernels(t, r, "avx512 16-row", 16, qp16V)
+		set16 = map[DType][]qp8Func{}
+		for typ, k := range qp16V16 {
+			set16[typ] = make([]qp8Func, 16)
+			set16[typ][15] = k
+		}
+		testQ8PKernels(t, r, "avx512 16-row 16", 16, set16)
 	}
 }
 
-func testQ8PKernels(t *testing.T, r *rand.Rand, name string, set map[DType][]qp8Func) {
+func testQ8PKernels(t *testing.T, r *rand.Rand, name string, R int, set map[DType][]qp8Func) {
 	for _, c := range []struct {
 		typ DType
 		nb  int
 	}{{Q8_0, 0}, {Q8_0, 1}, {Q8_0, 2}, {Q8_0, 3}, {Q8_0, 7}, {Q8_0, 64}, {Q4_0, 0}, {Q4_0, 1}, {Q4_0, 5}, {Q4_0, 64}} {
 		typ, nb := c.typ, c.nb
-		m := randMatrix(t, r, typ, 8, max(nb, 1)*32)
+		m := randMatrix(t, r, typ, R, max(nb, 1)*32)
 		for T := 1; T <= len(set[typ]); T++ {
 			if set[typ][T-1] == nil {
 				continue
@@ -51,18 +58,18 @@ func testQ8PKernels(t *testing.T, r *rand.Rand, name string, set map[DType][]qp8
 			act := make([]byte, max(nb, 1)*n*xbP)
 			quantizeActsP(typ, act, x, m.Cols, n)
 			for load := 0; load < 2; load++ {
-				want := make([]float32, 8*T)
-				got := make([]float32, 8*T)
+				want := make([]float32, R*T)
+				got := make([]float32, R*T)
 				for i := range want {
 					want[i] = float32(r.NormFloat64())
 					got[i] = want[i]
 				}
 				ldw := m.Cols / 32 * typ.BlockBytes()
-				qp8Twin(typ, T)(unsafe.Pointer(&m.Data[0]), ldw, unsafe.Pointer(&act[0]), n*xbP, nb, &want[0], load)
+				qpTwin(typ, R, T)(unsafe.Pointer(&m.Data[0]), ldw, unsafe.Pointer(&act[0]), n*xbP, nb, &want[0], load)
 				set[typ][T-1](unsafe.Pointer(&m.Data[0]), ldw, unsafe.Pointer(&act[0]), n*xbP, nb, &got[0], load)
-				for i := 0; i < 8*T; i++ {
+				for i := 0; i < R*T; i++ {
 					if got[i] != want[i] {
-						t.Fatalf("%s %s nb %d T %d load %d: acc[%d] = %g, want %g", name, typ, nb, T, load, i, got[i], want[i])
+						t.Fatalf("%s %s R %d nb %d T %d load %d: acc[%d] = %g, want %g", name, typ, R, nb, T, load, i, got[i], want[i])
 					}
 				}
 			}
@@ -105,7 +112,7 @@ func benchQ8P(b *testing.B, r *rand.Rand, typ DType) {
 				level = l
 				defer func() { level = cpuLevel }()
 				for b.Loop() {
-					matMulQ8P(qp8Kern(typ), qp8Kern16(typ), m, dst, x, n)
+					matMulQ8P(m.p8Kernels(), m, dst, x, n)
 				}
 				gmac(b)
 			})

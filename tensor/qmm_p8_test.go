@@ -27,7 +27,7 @@ func TestQ8PAccuracy(t *testing.T) {
 			return math.Sqrt(e / s)
 		}
 		got := make([]float32, n*rows)
-		matMulQ8P(qp8Go[typ], nil, m, got, x, n)
+		matMulQ8P(p8Set{8, qp8Go[typ], nil}, m, got, x, n)
 		rel := rms(got)
 		m.MatMul(got, x, n)
 		t.Logf("%s: relative RMS error %.3g (MatMul %.3g)", typ, rel, rms(got))
@@ -43,22 +43,24 @@ func TestQ8PAccuracy(t *testing.T) {
 func TestQ8PTokenCounts(t *testing.T) {
 	r := rand.New(rand.NewPCG(13, 14))
 	for _, typ := range []DType{Q8_0, Q4_0} {
-		m := randMatrix(t, r, typ, 24, 3*32)
-		for _, n := range []int{15, 16, 17, 24, 35} {
-			x := randF32(r, n*m.Cols)
-			want := make([]float32, n*m.Rows)
-			level = levelGo
-			m.MatMul(want, x, n)
-			level = cpuLevel
-			forEachLevel(t, func(t *testing.T) {
-				got := make([]float32, n*m.Rows)
-				m.MatMul(got, x, n)
-				for i := range got {
-					if !sameBits(got[i], want[i]) {
-						t.Fatalf("%s n=%d: [%d] = %g, want %g", typ, n, i, got[i], want[i])
+		for _, rows := range []int{24, 48} { // 8-row tiles; 16-row tiles (AVX-512 VNNI)
+			m := randMatrix(t, r, typ, rows, 3*32)
+			for _, n := range []int{2, 7, 15, 16, 17, 24, 35} {
+				x := randF32(r, n*m.Cols)
+				want := make([]float32, n*m.Rows)
+				level = levelGo
+				m.MatMul(want, x, n)
+				level = cpuLevel
+				forEachLevel(t, func(t *testing.T) {
+					got := make([]float32, n*m.Rows)
+					m.MatMul(got, x, n)
+					for i := range got {
+						if !sameBits(got[i], want[i]) {
+							t.Fatalf("%s rows=%d n=%d: [%d] = %g, want %g", typ, rows, n, i, got[i], want[i])
+						}
 					}
-				}
-			})
+				})
+			}
 		}
 	}
 }

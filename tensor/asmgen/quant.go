@@ -82,6 +82,10 @@ func genQuantKernels(e *emitter) {
 			genQ8P(e, typ, t, 1)
 		}
 		genQ8P(e, typ, 8, 2)
+		for t := 1; t <= 8; t++ {
+			genQ16P(e, typ, t)
+		}
+		genQ16P(e, typ, 16)
 		for t := 1; t <= 4; t++ {
 			genQ8PA(e, typ, t)
 		}
