@@ -45,12 +45,31 @@ type benchJSON struct {
 	// bytes a decode step reads (weight matrices and the KV cache at the
 	// mean decode context), the decode speed that bandwidth allows and the
 	// fraction of it reached.
-	BandwidthGBs       float64 `json:"bandwidth_gb_s,omitempty"`
-	BandwidthScalarGBs float64 `json:"bandwidth_scalar_gb_s,omitempty"`
-	BytesPerToken      int64   `json:"bytes_per_token"`
-	CeilingTokS        float64 `json:"ceiling_tok_s,omitempty"`
-	CeilingFraction    float64 `json:"ceiling_fraction,omitempty"`
+	//
+	// On a shared machine both decode speed and bandwidth drift with the
+	// neighbours' load, so the ceiling is measured in pairs: each of
+	// CeilingRounds decodes ceilingTokens tokens (one sequence after the
+	// prompt) and then measures the bandwidth (best of 3 reads); a round's
+	// fraction is its decode speed over the ceiling of its own bandwidth.
+	// BandwidthGBs and CeilingTokS are the rounds' medians, CeilingFraction
+	// the median of their fractions.
+	BandwidthGBs       float64        `json:"bandwidth_gb_s,omitempty"`
+	BandwidthScalarGBs float64        `json:"bandwidth_scalar_gb_s,omitempty"`
+	BytesPerToken      int64          `json:"bytes_per_token"`
+	CeilingTokS        float64        `json:"ceiling_tok_s,omitempty"`
+	CeilingFraction    float64        `json:"ceiling_fraction,omitempty"`
+	CeilingRounds      []benchCeiling `json:"ceiling_rounds,omitempty"`
 }
+
+// benchCeiling is one round of the paired ceiling measurement.
+type benchCeiling struct {
+	DecodeTokS   float64 `json:"decode_tok_s"`
+	BandwidthGBs float64 `json:"bandwidth_gb_s"`
+	Fraction     float64 `json:"fraction"`
+}
+
+// ceilingTokens is the decode tokens of one ceiling round.
+const ceilingTokens = 32
 
 type benchDecodeAt struct {
 	Context int     `json:"context"`
@@ -254,12 +273,62 @@ func runBench(mf *modelFlags, f *benchFlags, m *model.Model, contexts, batches [
 
 	res.BytesPerToken = decodeBytes(m) + m.KVBytesPerToken()*int64(f.promptN+f.genN/2)
 	if f.bandwidthMiB > 0 {
-		bw, scalar := measureBandwidth(f.bandwidthMiB)
-		res.BandwidthGBs, res.BandwidthScalarGBs = bw/1e9, scalar/1e9
-		res.CeilingTokS = bw / float64(res.BytesPerToken)
-		res.CeilingFraction = res.DecodeTokS / res.CeilingTokS
+		if err := benchCeilingRounds(mf, m, f, prompt, &res); err != nil {
+			return res, err
+		}
 	}
 	return res, nil
+}
+
+// benchCeilingRounds measures the decode ceiling in max(3, reps) paired
+// rounds (see benchJSON): one sequence after the prompt, each round
+// decoding ceilingTokens tokens then reading the bandwidth buffer.
+func benchCeilingRounds(mf *modelFlags, m *model.Model, f *benchFlags, prompt []int, res *benchJSON) error {
+	rounds := max(3, f.reps)
+	seq, err := mf.sequence(m)
+	if err != nil {
+		return err
+	}
+	defer seq.Close()
+	if len(prompt)+rounds*ceilingTokens > m.CtxLen {
+		prompt = prompt[:max(1, m.CtxLen-rounds*ceilingTokens)]
+	}
+	if len(prompt)+rounds*ceilingTokens > m.CtxLen {
+		return fmt.Errorf("decode ceiling: the context length %d is too short", m.CtxLen)
+	}
+	logits, err := seq.Forward(prompt, false)
+	if err != nil {
+		return err
+	}
+	buf := bandwidthBuffer(f.bandwidthMiB)
+	var bws, fracs []float64
+	for r := 0; r < rounds; r++ {
+		t0 := time.Now()
+		for i := 0; i < ceilingTokens; i++ {
+			if logits, err = seq.Forward([]int{argmaxF(logits)}, false); err != nil {
+				return err
+			}
+		}
+		dec := float64(ceilingTokens) / time.Since(t0).Seconds()
+		cur := tensor.Kernels()
+		tensor.SetKernels("auto") // the machine's bandwidth, whatever --kernels says
+		bw := tensor.MeasureBandwidth(buf, threads(), 3)
+		tensor.SetKernels(cur)
+		frac := dec / (bw / float64(res.BytesPerToken))
+		bws, fracs = append(bws, bw), append(fracs, frac)
+		res.CeilingRounds = append(res.CeilingRounds, benchCeiling{DecodeTokS: dec, BandwidthGBs: bw / 1e9, Fraction: frac})
+	}
+	cur := tensor.Kernels()
+	tensor.SetKernels("go")
+	scalar := tensor.MeasureBandwidth(buf, threads(), 3)
+	tensor.SetKernels(cur)
+	res.BandwidthGBs, res.BandwidthScalarGBs = median(bws)/1e9, scalar/1e9
+	res.CeilingTokS = median(bws) / float64(res.BytesPerToken)
+	res.CeilingFraction = median(fracs)
+	buf = nil
+	runtime.GC()
+	debug.FreeOSMemory()
+	return nil
 }
 
 // decodeBytes is the weight bytes one decode step reads: every matrix
@@ -342,24 +411,14 @@ func benchBatched(mf *modelFlags, m *model.Model, b, steps int) (benchBatch, err
 	return res, nil
 }
 
-// measureBandwidth returns the best read bandwidth (bytes/s) of all
-// threads streaming a buffer of mib MiB, with the SIMD kernels and with
-// plain Go 8-byte reads.
-func measureBandwidth(mib int) (simd, scalar float64) {
+// bandwidthBuffer is the buffer of mib MiB the bandwidth measurement
+// reads, its pages touched.
+func bandwidthBuffer(mib int) []byte {
 	buf := make([]byte, mib<<20)
 	for i := range buf {
 		buf[i] = byte(i)
 	}
-	cur := tensor.Kernels()
-	tensor.SetKernels("auto")
-	simd = tensor.MeasureBandwidth(buf, threads(), 5)
-	tensor.SetKernels("go")
-	scalar = tensor.MeasureBandwidth(buf, threads(), 3)
-	tensor.SetKernels(cur)
-	buf = nil
-	runtime.GC()
-	debug.FreeOSMemory()
-	return simd, scalar
+	return buf
 }
 
 func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
@@ -382,9 +441,13 @@ func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
 	}
 	fmt.Fprintf(w, "peak RSS         %s\n", human(res.PeakRSSBytes))
 	if res.BandwidthGBs > 0 {
-		fmt.Fprintf(w, "bandwidth        %.1f GB/s read (%.1f GB/s with scalar reads)\n", res.BandwidthGBs, res.BandwidthScalarGBs)
-		fmt.Fprintf(w, "decode ceiling   %.1f tok/s (%s read per token); reached %.0f%%\n",
+		fmt.Fprintf(w, "bandwidth        %.1f GB/s read (median of %d rounds; %.1f GB/s with scalar reads)\n", res.BandwidthGBs, len(res.CeilingRounds), res.BandwidthScalarGBs)
+		fmt.Fprintf(w, "decode ceiling   %.1f tok/s (%s read per token); reached %.0f%% (median of the rounds'",
 			res.CeilingTokS, human(res.BytesPerToken), 100*res.CeilingFraction)
+		for _, c := range res.CeilingRounds {
+			fmt.Fprintf(w, " %.1f tok/s at %.1f GB/s,", c.DecodeTokS, c.BandwidthGBs)
+		}
+		fmt.Fprintf(w, " each decode then its bandwidth)\n")
 	}
 }
 

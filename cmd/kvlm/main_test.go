@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -143,6 +144,22 @@ func TestBenchAndInspect(t *testing.T) {
 	}
 	if b.PrefillTokS <= 0 || b.DecodeTokS <= 0 || b.PeakRSSBytes <= 0 || b.KVBytesPerToken != 1280 || b.WeightsBytes < 1000000 {
 		t.Fatalf("bench result %+v", b)
+	}
+	// the paired ceiling rounds: each fraction is its decode speed over the
+	// ceiling of its bandwidth; the reported fraction is their median
+	if len(b.CeilingRounds) != 3 || b.CeilingFraction <= 0 || b.BandwidthGBs <= 0 {
+		t.Fatalf("bench ceiling %+v", b)
+	}
+	var fr []float64
+	for _, c := range b.CeilingRounds {
+		want := c.DecodeTokS * float64(b.BytesPerToken) / (c.BandwidthGBs * 1e9)
+		if math.Abs(c.Fraction-want) > 1e-9*want {
+			t.Fatalf("ceiling round %+v: fraction, want %g", c, want)
+		}
+		fr = append(fr, c.Fraction)
+	}
+	if slices.Sort(fr); b.CeilingFraction != fr[1] {
+		t.Fatalf("ceiling fraction %g, want the median of %v", b.CeilingFraction, fr)
 	}
 	for _, path := range []string{s.gguf, s.bin} {
 		out, errOut, code = kvlm(t, "inspect", path, "--json")
