@@ -78,11 +78,14 @@ type benchDecodeAt struct {
 
 // benchBatch is decode throughput with Batch sequences decoding together,
 // one model.DecodeBatch call per step (each weight matrix read once per
-// step for all of them): DecodeTokS counts every sequence's tokens;
-// VsBatch1 is DecodeTokS over batch 1's (when --batch includes 1).
+// step for all of them), measured in Rounds rounds (--reps) that run every
+// batch size in turn: DecodeTokS counts every sequence's tokens (median of
+// the rounds); VsBatch1 is the median of the rounds' ratios to batch 1's
+// speed in the same round (when --batch includes 1).
 type benchBatch struct {
 	Batch      int     `json:"batch"`
 	Steps      int     `json:"steps"`
+	Rounds     int     `json:"rounds"`
 	DecodeTokS float64 `json:"decode_tok_s"`
 	VsBatch1   float64 `json:"vs_batch1,omitempty"`
 }
@@ -254,20 +257,36 @@ func runBench(mf *modelFlags, f *benchFlags, m *model.Model, contexts, batches [
 		seq.Close()
 	}
 
-	var one float64
-	for _, b := range batches {
-		bb, err := benchBatched(mf, m, b, f.ctxGen)
-		if err != nil {
-			return res, err
+	// Batched decode in --reps rounds, every batch size once per round, so
+	// that each round's ratios to batch 1 compare runs seconds apart.
+	if len(batches) > 0 {
+		toks := make([][]float64, len(batches))
+		ratios := make([][]float64, len(batches))
+		steps := make([]int, len(batches))
+		for r := 0; r < max(1, f.reps); r++ {
+			one := 0.0
+			for i, b := range batches {
+				bb, err := benchBatched(mf, m, b, f.ctxGen)
+				if err != nil {
+					return res, err
+				}
+				toks[i], steps[i] = append(toks[i], bb.DecodeTokS), bb.Steps
+				if b == 1 {
+					one = bb.DecodeTokS
+				}
+			}
+			if one > 0 {
+				for i := range batches {
+					ratios[i] = append(ratios[i], toks[i][r]/one)
+				}
+			}
 		}
-		if b == 1 {
-			one = bb.DecodeTokS
-		}
-		res.Batch = append(res.Batch, bb)
-	}
-	if one > 0 {
-		for i := range res.Batch {
-			res.Batch[i].VsBatch1 = res.Batch[i].DecodeTokS / one
+		for i, b := range batches {
+			bb := benchBatch{Batch: b, Steps: steps[i], Rounds: len(toks[i]), DecodeTokS: median(toks[i])}
+			if len(ratios[i]) > 0 {
+				bb.VsBatch1 = median(ratios[i])
+			}
+			res.Batch = append(res.Batch, bb)
 		}
 	}
 
@@ -435,9 +454,9 @@ func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
 	for _, b := range res.Batch {
 		ratio := ""
 		if b.VsBatch1 > 0 {
-			ratio = fmt.Sprintf("; %.2f× batch 1", b.VsBatch1)
+			ratio = fmt.Sprintf("; %.2f× batch 1 in the same round", b.VsBatch1)
 		}
-		fmt.Fprintf(w, "batch %-4d       %.1f tok/s  (%d steps of model.DecodeBatch%s)\n", b.Batch, b.DecodeTokS, b.Steps, ratio)
+		fmt.Fprintf(w, "batch %-4d       %.1f tok/s  (%d steps of model.DecodeBatch, median of %d rounds%s)\n", b.Batch, b.DecodeTokS, b.Steps, b.Rounds, ratio)
 	}
 	fmt.Fprintf(w, "peak RSS         %s\n", human(res.PeakRSSBytes))
 	if res.BandwidthGBs > 0 {
