@@ -7,13 +7,13 @@ import (
 )
 
 // BenchmarkMatMul: TinyLlama-shaped matrices (ffn_up: 5632×2048) at decode
-// (n=1) and prefill (n=64) sizes, per kernel set. Bytes/s is weight bytes
-// read per second.
+// (n=1), batched decode (n=16) and prefill (n=64) sizes, per kernel set.
+// Bytes/s is weight bytes read per second.
 func BenchmarkMatMul(b *testing.B) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, typ := range []DType{F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K} {
 		var m *Matrix // made on first use: quantizing K-quants takes seconds
-		for _, n := range []int{1, 64} {
+		for _, n := range []int{1, 16, 64} {
 			for l := levelGo; l <= cpuLevel; l++ {
 				if n > 1 && l == levelGo && testing.Short() {
 					continue

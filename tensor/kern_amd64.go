@@ -562,3 +562,102 @@ func qQ4_0Ap8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc
 
 //go:noescape
 func actQPZ(x *float32, dst *byte, nb, stride int, negCorr int32) uint32
+
+//go:noescape
+func qQ4_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KVk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KVk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KVk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KVk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KVk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KVk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KVk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KVk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KVk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KVk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KVk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KVk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KVk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KVk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpuQ6_K(w unsafe.Pointer, ldw int, nb int, u unsafe.Pointer)
+
+//go:noescape
+func kpcQ6_Kt1(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt2(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt3(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt4(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt5(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt6(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt7(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt8(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt9(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt10(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt11(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt12(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt13(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt14(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt15(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func kpcQ6_Kt16(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)

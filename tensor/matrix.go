@@ -98,7 +98,7 @@ func (m *Matrix) MatMul(dst, x []float32, n int) {
 			return
 		}
 	case Q8_0, Q4_0, Q4_K, Q6_K:
-		if m.matmulP8(dst, x, n) {
+		if m.matmulP8(dst, x, n) || m.matmulKP(dst, x, n) {
 			return
 		}
 		m.matmulQuant(quantKern(m.Type), dst, x, n)

@@ -11,7 +11,8 @@ import (
 // less work. The quantized matrices (Q8_0, Q4_0, Q4_K, Q6_K) quantize x
 // once per activation format (Q4_K and Q6_K share one) instead of once per
 // matrix, and their products run in one parallel region (two when some go
-// through the 8-row kernels of qmm_p8.go, which have their own); float
+// through the 8-row kernels of qmm_p8.go or the 16-row K-quant kernels of
+// qmm_kp.go, which share one of their own); float
 // matrices (F32, F16, BF16), which have nothing to share, run their own
 // MatMul. Every matrix must have the same Cols; dsts[i] is [n][ws[i].Rows].
 func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
@@ -33,6 +34,18 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 		_ = dsts[i][n*w.Rows-1]
 		switch w.Type {
 		case Q8_0, Q4_0, Q4_K, Q6_K:
+			if w.kpApplies(n) {
+				// 16-row K-quant kernels: one set of activations for Q4_K
+				// and Q6_K (quantizeActsK), tiles in the 8-row region.
+				if mj.kpact == nil {
+					mj.kpact = getBytes(cols / QK_K * n * xbK)
+					quantizeActsK(*mj.kpact, x, cols, n)
+				}
+				tiles := w.Rows / kpRows
+				mj.p8parts = append(mj.p8parts, multiPart{m: w, dst: dsts[i], act: -1, lo: mj.p8tiles, hi: mj.p8tiles + tiles})
+				mj.p8tiles += tiles
+				continue
+			}
 			if w.p8Applies(n) {
 				// 8-row kernels: activations quantized once per type
 				// (quantizeActsP), tiles of 8 rows in a region of their own.
@@ -89,6 +102,9 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 	for _, ab := range mj.p8acts {
 		byteBufs.Put(ab)
 	}
+	if mj.kpact != nil {
+		byteBufs.Put(mj.kpact)
+	}
 	mj.reset()
 }
 
@@ -106,6 +122,9 @@ type multiJob struct {
 	p8parts []multiPart
 	p8tiles int
 	n       int
+	// the activations of the 16-row K-quant kernels (qmm_kp.go), whose
+	// tiles are p8parts with act -1
+	kpact *[]byte
 }
 
 // multiPart is one quantized matrix's tiles [lo, hi) of the job's range.
@@ -127,15 +146,20 @@ func (mj *multiJob) reset() {
 	clear(mj.p8acts)
 	clear(mj.p8parts)
 	mj.p8types, mj.p8acts, mj.p8parts, mj.p8tiles = mj.p8types[:0], mj.p8acts[:0], mj.p8parts[:0], 0
+	mj.kpact = nil
 }
 
 // runP8 computes the tiles [lo, hi) of the job's range of 8- and 16-row
-// tiles.
+// tiles (qmm_p8.go) and 16-row K-quant tiles (qmm_kp.go).
 func (mj *multiJob) runP8(lo, hi int) {
 	for i := range mj.p8parts {
 		p := &mj.p8parts[i]
 		a, b := max(lo, p.lo), min(hi, p.hi)
 		if a >= b {
+			continue
+		}
+		if p.act < 0 {
+			p.m.kpTiles(kpKern(p.m.Type), p.dst, *mj.kpact, mj.n, a-p.lo, b-p.lo)
 			continue
 		}
 		p.m.p8Tiles(p.p8, p.dst, *mj.p8acts[p.act], mj.n, a-p.lo, b-p.lo)

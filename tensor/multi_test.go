@@ -18,7 +18,7 @@ func TestMatMulMany(t *testing.T) {
 	all := []DType{F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K}
 	mats := map[DType][]*Matrix{}
 	for _, typ := range all {
-		for _, rows := range []int{37, 8, 130} {
+		for _, rows := range []int{37, 8, 130, 48} { // 48: the 16-row K-quant kernels
 			mats[typ] = append(mats[typ], randMatrix(t, r, typ, rows, cols))
 		}
 	}
@@ -27,6 +27,7 @@ func TestMatMulMany(t *testing.T) {
 		sets[typ.String()] = mats[typ]
 	}
 	sets["Q4_K_M"] = []*Matrix{mats[Q4_K][0], mats[Q4_K][1], mats[Q6_K][2]}
+	sets["Q4_K_M 16-row"] = []*Matrix{mats[Q4_K][3], mats[Q6_K][3], mats[Q4_K][0], mats[Q6_K][1]}
 	sets["Q6_K+Q4_K"] = []*Matrix{mats[Q6_K][0], mats[Q4_K][2]}
 	sets["Q8_0+Q4_0"] = []*Matrix{mats[Q8_0][2], mats[Q4_0][0], mats[Q8_0][1]}
 	sets["every type"] = []*Matrix{mats[Q4_0][0], mats[F16][1], mats[Q4_K][2], mats[Q8_0][0], mats[F32][1], mats[Q6_K][0], mats[BF16][2]}
