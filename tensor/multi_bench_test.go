@@ -12,7 +12,7 @@ import (
 // seconds.)
 func BenchmarkMatMulBatch(b *testing.B) {
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, typ := range []DType{Q8_0, F16, Q4_K, Q6_K} {
+	for _, typ := range []DType{Q8_0, Q4_0, F16, Q4_K, Q6_K} {
 		var ms []*Matrix
 		for _, n := range []int{1, 2, 4, 8, 16, 32} {
 			b.Run(fmt.Sprintf("%s/n=%d", typ, n), func(b *testing.B) {
