@@ -96,8 +96,6 @@ func genKQuantP(e *emitter) {
 	}
 }
 
-const kpSig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)"
-
 // kpRow is the address of byte off of row r (0..15): rows 0, 4, 8, 12 at
 // SI, R9, R11, R12, then BX (ldw) and R8 (3·ldw) apart.
 func kpRow(r, off int) string {
@@ -157,16 +155,8 @@ func genKP(e *emitter, typ string, T int) {
 		bb, frame = 210, 320
 	}
 	e.frame = frame
-	e.text(fmt.Sprintf("q%sVk16t%d", typ, T), kpSig, 56)
-	e.in("MOVQ w+0(FP), SI")
-	e.in("MOVQ ldw+8(FP), BX")
-	e.in("MOVQ x+16(FP), DI")
-	e.in("MOVQ xs+24(FP), R10")
-	e.in("MOVQ nb+32(FP), CX")
-	e.in("MOVQ acc+40(FP), DX")
-	e.in("MOVQ load+48(FP), AX")
-	e.in("LEAQ (BX)(BX*2), R8")
-	e.in("LEAQ (SI)(BX*4), R9")
+	e.text(fmt.Sprintf("q%sVk16t%d", typ, T), rowTileSig, 56)
+	rowTileArgs(e)
 	e.in("LEAQ (R9)(BX*4), R11")
 	e.in("LEAQ (R11)(BX*4), R12")
 	if kpPrefetch != "" {

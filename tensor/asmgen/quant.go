@@ -764,21 +764,12 @@ func genQ32Rows(e *emitter, typ, isa string) {
 // accumulators stay in acc, read and written back block by block (the
 // same operations on each, in the same order).
 func genQ8P(e *emitter, typ string, T, groups int) {
-	const sig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)"
-	e.text(fmt.Sprintf("q%sVp8t%d", typ, T*groups), sig, 56)
+	e.text(fmt.Sprintf("q%sVp8t%d", typ, T*groups), rowTileSig, 56)
 	bb := 34
 	if typ == "Q4_0" {
 		bb = 18
 	}
-	e.in("MOVQ w+0(FP), SI")
-	e.in("MOVQ ldw+8(FP), BX")
-	e.in("MOVQ x+16(FP), DI")
-	e.in("MOVQ xs+24(FP), R10")
-	e.in("MOVQ nb+32(FP), CX")
-	e.in("MOVQ acc+40(FP), DX")
-	e.in("MOVQ load+48(FP), AX")
-	e.in("LEAQ (BX)(BX*2), R8")
-	e.in("LEAQ (SI)(BX*4), R9")
+	rowTileArgs(e)
 	// Y0..Y7 acc[t], Y8..Y15 weight groups, Y16..Y23 integer sums (and
 	// transposition temporaries), Y24 dw, Y25 0x80 bytes (Q8_0) or the
 	// mask 0x0F (Q4_0), Y26 a temporary.
@@ -872,77 +863,10 @@ func genQ8P(e *emitter, typ string, T, groups int) {
 		e.in("VSHUFI32X4 $0, Y%d, Y%d, Y%d", P(4+j), P(j), G(j))
 		e.in("VSHUFI32X4 $3, Y%d, Y%d, Y%d", P(4+j), P(j), G(4+j))
 	}
-	// Integer sums: with few tokens, each in C chains (registers P(t +
-	// T·c)) added up at the end (exact), so that the VPDPBUSD latency is
-	// hidden.
-	C := 1
-	switch {
-	case T == 1:
-		C = 4
-	case T <= 3:
-		C = 2
-	}
 	if groups > 1 {
-		// All T·groups tokens at once, one chain each; the accumulators
-		// stay in memory: acc[t] = fma(float32(P)·dx, dw, acc[t]) by
-		// VFMADD213PS from memory (the same single rounding), stored back.
-		// P(t) in Y16..Y23, then Y0..Y7 (free: no accumulator registers).
-		TT := T * groups
-		PW := func(t int) int {
-			if t < 8 {
-				return 16 + t
-			}
-			return t - 8
-		}
-		for t := 0; t < TT; t++ {
-			e.in("VPBROADCASTD %d(DI), Y%d", 40*t+32, PW(t))
-		}
-		for g := 0; g < 8; g++ {
-			for t := 0; t < TT; t++ {
-				e.in("VPDPBUSD.BCST %d(DI), Y%d, Y%d", 40*t+4*g, G(g), PW(t))
-			}
-		}
-		for t := 0; t < TT; t++ {
-			e.in("VCVTDQ2PS Y%d, Y%d", PW(t), PW(t))
-		}
-		for t := 0; t < TT; t++ {
-			e.in("VMULPS.BCST %d(DI), Y%d, Y%d", 40*t+36, PW(t), PW(t)) // float32(P)·dx
-		}
-		for t := 0; t < TT; t++ {
-			e.in("VFMADD213PS %d(DX), Y24, Y%d", 32*t, PW(t)) // that·dw + acc, fused
-			e.in("VMOVUPS Y%d, %d(DX)", PW(t), 32*t)
-		}
+		qpSums(e, "Y", T*groups, true, 32)
 	} else {
-		for t := 0; t < T; t++ {
-			e.in("VPBROADCASTD %d(DI), Y%d", 40*t+32, P(t))
-			for c := 1; c < C; c++ {
-				e.in("VPXORD Y%d, Y%d, Y%d", P(t+T*c), P(t+T*c), P(t+T*c))
-			}
-		}
-		for g := 0; g < 8; g++ {
-			for t := 0; t < T; t++ {
-				e.in("VPDPBUSD.BCST %d(DI), Y%d, Y%d", 40*t+4*g, G(g), P(t+T*(g%C)))
-			}
-		}
-		for t := 0; t < T; t++ {
-			switch C {
-			case 4:
-				e.in("VPADDD Y%d, Y%d, Y%d", P(t+T), P(t), P(t))
-				e.in("VPADDD Y%d, Y%d, Y%d", P(t+3*T), P(t+2*T), P(t+2*T))
-				e.in("VPADDD Y%d, Y%d, Y%d", P(t+2*T), P(t), P(t))
-			case 2:
-				e.in("VPADDD Y%d, Y%d, Y%d", P(t+T), P(t), P(t))
-			}
-		}
-		for t := 0; t < T; t++ {
-			e.in("VCVTDQ2PS Y%d, Y%d", P(t), P(t))
-		}
-		for t := 0; t < T; t++ {
-			e.in("VMULPS.BCST %d(DI), Y%d, Y%d", 40*t+36, P(t), P(t)) // float32(P)·dx
-		}
-		for t := 0; t < T; t++ {
-			e.in("VFMADD231PS Y24, Y%d, Y%d", P(t), acc(t)) // acc += that·dw, fused
-		}
+		qpSums(e, "Y", T, false, 32)
 	}
 	e.in("ADDQ $%d, SI", bb)
 	e.in("ADDQ $%d, R9", bb)
@@ -1040,23 +964,14 @@ const p8Prefetch = "PREFETCHT1"
 // VPMADDUBSW, VPMADDWD: pairs stay within int16), Q4_0 the nibbles by qx
 // from the token's correction on; then the same float steps as genQ8P.
 func genQ8PA(e *emitter, typ string, T int) {
-	const sig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)"
 	e.frame = 384
-	e.text(fmt.Sprintf("q%sAp8t%d", typ, T), sig, 56)
+	e.text(fmt.Sprintf("q%sAp8t%d", typ, T), rowTileSig, 56)
 	e.frame = 0
 	bb := 34
 	if typ == "Q4_0" {
 		bb = 18
 	}
-	e.in("MOVQ w+0(FP), SI")
-	e.in("MOVQ ldw+8(FP), BX")
-	e.in("MOVQ x+16(FP), DI")
-	e.in("MOVQ xs+24(FP), R10")
-	e.in("MOVQ nb+32(FP), CX")
-	e.in("MOVQ acc+40(FP), DX")
-	e.in("MOVQ load+48(FP), AX")
-	e.in("LEAQ (BX)(BX*2), R8")
-	e.in("LEAQ (SI)(BX*4), R9")
+	rowTileArgs(e)
 	// Y0..Y3 acc[t], Y4..Y7 integer sums, Y8 a weight group, Y9..Y12
 	// temporaries, Y13 dw, Y14 dx; Y4..Y11 transpose.
 	A := func(t int) int { return t }
@@ -1172,4 +1087,103 @@ func genQ8PA(e *emitter, typ string, T int) {
 	}
 	e.in("VZEROUPPER")
 	e.in("RET")
+}
+
+// qpSums emits the per-block tail of genQ8P and genQ16P for T tokens, in
+// registers of kind v ("Y": 8 rows, "Z": 16 rows): with the weight groups
+// in v8..v15 and the rows' dw in v24, each token's integer sum P starts at
+// its correction and takes the block's eight VPDPBUSD, then one
+// conversion, one multiply by dx and one fused multiply-add by dw. With
+// few tokens (not inMem) the sums run in C chains (registers P(t + T·c))
+// added up at the end (exact), so that the VPDPBUSD latency is hidden,
+// and the accumulators stay in v0..v(T-1). With inMem all T tokens run at
+// once, one chain each (P(t) in v16..v23, then v0..v7, free of
+// accumulators), and the accumulators stay in acc, accBytes apart:
+// acc[t] = fma(float32(P)·dx, dw, acc[t]) by VFMADD213PS from memory (the
+// same single rounding), stored back.
+func qpSums(e *emitter, v string, T int, inMem bool, accBytes int) {
+	P := func(t int) int { return 16 + t }
+	G := func(g int) int { return 8 + g }
+	if inMem {
+		PW := func(t int) int {
+			if t < 8 {
+				return 16 + t
+			}
+			return t - 8
+		}
+		for t := 0; t < T; t++ {
+			e.in("VPBROADCASTD %d(DI), %s%d", 40*t+32, v, PW(t))
+		}
+		for g := 0; g < 8; g++ {
+			for t := 0; t < T; t++ {
+				e.in("VPDPBUSD.BCST %d(DI), %s%d, %s%d", 40*t+4*g, v, G(g), v, PW(t))
+			}
+		}
+		for t := 0; t < T; t++ {
+			e.in("VCVTDQ2PS %s%d, %s%d", v, PW(t), v, PW(t))
+		}
+		for t := 0; t < T; t++ {
+			e.in("VMULPS.BCST %d(DI), %s%d, %s%d", 40*t+36, v, PW(t), v, PW(t)) // float32(P)·dx
+		}
+		for t := 0; t < T; t++ {
+			e.in("VFMADD213PS %d(DX), %s24, %s%d", accBytes*t, v, v, PW(t)) // that·dw + acc, fused
+			e.in("VMOVUPS %s%d, %d(DX)", v, PW(t), accBytes*t)
+		}
+		return
+	}
+	C := 1
+	switch {
+	case T == 1:
+		C = 4
+	case T <= 3:
+		C = 2
+	}
+	for t := 0; t < T; t++ {
+		e.in("VPBROADCASTD %d(DI), %s%d", 40*t+32, v, P(t))
+		for c := 1; c < C; c++ {
+			e.in("VPXORD %s%d, %s%d, %s%d", v, P(t+T*c), v, P(t+T*c), v, P(t+T*c))
+		}
+	}
+	for g := 0; g < 8; g++ {
+		for t := 0; t < T; t++ {
+			e.in("VPDPBUSD.BCST %d(DI), %s%d, %s%d", 40*t+4*g, v, G(g), v, P(t+T*(g%C)))
+		}
+	}
+	for t := 0; t < T; t++ {
+		switch C {
+		case 4:
+			e.in("VPADDD %s%d, %s%d, %s%d", v, P(t+T), v, P(t), v, P(t))
+			e.in("VPADDD %s%d, %s%d, %s%d", v, P(t+3*T), v, P(t+2*T), v, P(t+2*T))
+			e.in("VPADDD %s%d, %s%d, %s%d", v, P(t+2*T), v, P(t), v, P(t))
+		case 2:
+			e.in("VPADDD %s%d, %s%d, %s%d", v, P(t+T), v, P(t), v, P(t))
+		}
+	}
+	for t := 0; t < T; t++ {
+		e.in("VCVTDQ2PS %s%d, %s%d", v, P(t), v, P(t))
+	}
+	for t := 0; t < T; t++ {
+		e.in("VMULPS.BCST %d(DI), %s%d, %s%d", 40*t+36, v, P(t), v, P(t)) // float32(P)·dx
+	}
+	for t := 0; t < T; t++ {
+		e.in("VFMADD231PS %s24, %s%d, %s%d", v, v, P(t), v, t) // acc += that·dw, fused
+	}
+}
+
+// rowTileSig is the signature of the row-tile kernels (genQ8P, genQ8PA,
+// genQ16P, kquantp.go's).
+const rowTileSig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)"
+
+// rowTileArgs loads a row-tile kernel's arguments: SI w, BX ldw, DI x, R10
+// xs, CX nb, DX acc, AX load; and R8 = 3·ldw, R9 = w + 4·ldw (row 4).
+func rowTileArgs(e *emitter) {
+	e.in("MOVQ w+0(FP), SI")
+	e.in("MOVQ ldw+8(FP), BX")
+	e.in("MOVQ x+16(FP), DI")
+	e.in("MOVQ xs+24(FP), R10")
+	e.in("MOVQ nb+32(FP), CX")
+	e.in("MOVQ acc+40(FP), DX")
+	e.in("MOVQ load+48(FP), AX")
+	e.in("LEAQ (BX)(BX*2), R8")
+	e.in("LEAQ (SI)(BX*4), R9")
 }

@@ -26,22 +26,13 @@ import "fmt"
 // While it reads a tile's blocks it prefetches the next tile's (rows
 // 16..31 from w) block by block.
 func genQ16P(e *emitter, typ string, T int) {
-	const sig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)"
-	e.text(fmt.Sprintf("q%sVp16t%d", typ, T), sig, 56)
+	e.text(fmt.Sprintf("q%sVp16t%d", typ, T), rowTileSig, 56)
 	bb := 34
 	if typ == "Q4_0" {
 		bb = 18
 	}
 	inMem := T > 8
-	e.in("MOVQ w+0(FP), SI")
-	e.in("MOVQ ldw+8(FP), BX")
-	e.in("MOVQ x+16(FP), DI")
-	e.in("MOVQ xs+24(FP), R10")
-	e.in("MOVQ nb+32(FP), CX")
-	e.in("MOVQ acc+40(FP), DX")
-	e.in("MOVQ load+48(FP), AX")
-	e.in("LEAQ (BX)(BX*2), R8")   // 3·ldw
-	e.in("LEAQ (SI)(BX*4), R9")   // row 4
+	rowTileArgs(e)
 	e.in("LEAQ (R9)(BX*4), R13")  // row 8
 	e.in("LEAQ (R13)(BX*4), R14") // row 12
 	// Z0..Z7 acc[t] (T ≤ 8), Z8..Z15 weight groups, Z16..Z23 integer sums
@@ -162,70 +153,7 @@ func genQ16P(e *emitter, typ string, T int) {
 		e.in("VSHUFI32X4 $0x88, Z%d, Z%d, Z%d", P(4+j), P(j), G(j))
 		e.in("VSHUFI32X4 $0xDD, Z%d, Z%d, Z%d", P(4+j), P(j), G(4+j))
 	}
-	if inMem {
-		PW := func(t int) int {
-			if t < 8 {
-				return 16 + t
-			}
-			return t - 8
-		}
-		for t := 0; t < T; t++ {
-			e.in("VPBROADCASTD %d(DI), Z%d", 40*t+32, PW(t))
-		}
-		for g := 0; g < 8; g++ {
-			for t := 0; t < T; t++ {
-				e.in("VPDPBUSD.BCST %d(DI), Z%d, Z%d", 40*t+4*g, G(g), PW(t))
-			}
-		}
-		for t := 0; t < T; t++ {
-			e.in("VCVTDQ2PS Z%d, Z%d", PW(t), PW(t))
-		}
-		for t := 0; t < T; t++ {
-			e.in("VMULPS.BCST %d(DI), Z%d, Z%d", 40*t+36, PW(t), PW(t))
-		}
-		for t := 0; t < T; t++ {
-			e.in("VFMADD213PS %d(DX), Z24, Z%d", 64*t, PW(t))
-			e.in("VMOVUPS Z%d, %d(DX)", PW(t), 64*t)
-		}
-	} else {
-		C := 1
-		switch {
-		case T == 1:
-			C = 4
-		case T <= 3:
-			C = 2
-		}
-		for t := 0; t < T; t++ {
-			e.in("VPBROADCASTD %d(DI), Z%d", 40*t+32, P(t))
-			for c := 1; c < C; c++ {
-				e.in("VPXORD Z%d, Z%d, Z%d", P(t+T*c), P(t+T*c), P(t+T*c))
-			}
-		}
-		for g := 0; g < 8; g++ {
-			for t := 0; t < T; t++ {
-				e.in("VPDPBUSD.BCST %d(DI), Z%d, Z%d", 40*t+4*g, G(g), P(t+T*(g%C)))
-			}
-		}
-		for t := 0; t < T; t++ {
-			switch C {
-			case 4:
-				e.in("VPADDD Z%d, Z%d, Z%d", P(t+T), P(t), P(t))
-				e.in("VPADDD Z%d, Z%d, Z%d", P(t+3*T), P(t+2*T), P(t+2*T))
-				e.in("VPADDD Z%d, Z%d, Z%d", P(t+2*T), P(t), P(t))
-			case 2:
-				e.in("VPADDD Z%d, Z%d, Z%d", P(t+T), P(t), P(t))
-			}
-		}
-		for t := 0; t < T; t++ {
-			e.in("VCVTDQ2PS Z%d, Z%d", P(t), P(t))
-		}
-		for t := 0; t < T; t++ {
-			e.in("VMULPS.BCST %d(DI), Z%d, Z%d", 40*t+36, P(t), P(t))
-		}
-		for t := 0; t < T; t++ {
-			e.in("VFMADD231PS Z24, Z%d, Z%d", P(t), t)
-		}
-	}
+	qpSums(e, "Z", T, inMem, 64)
 	for _, r := range []string{"SI", "R9", "R13", "R14", "AX", "R11", "R12"} {
 		e.in("ADDQ $%d, %s", bb, r)
 	}
