@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -75,18 +76,8 @@ func TestKPTokenCounts(t *testing.T) {
 				}
 				want := make([]float32, n*m.Rows)
 				kpMatMulGo(m, want, x, n)
-				forEachLevel(t, func(t *testing.T) {
-					got := make([]float32, n*m.Rows)
-					m.MatMul(got, x, n)
-					if !m.kpApplies(n) {
-						return // the 4-row tiles (TestQuantMatMulExact)
-					}
-					for i := range got {
-						if !sameBits(got[i], want[i]) {
-							t.Fatalf("%s nb %d n=%d: [%d] = %g, want %g", typ, nb, n, i, got[i], want[i])
-						}
-					}
-				})
+				// where kpApplies is false, the 4-row tiles run (TestQuantMatMulExact)
+				matMulEachLevel(t, fmt.Sprintf("%s nb %d", typ, nb), m, x, n, want, func() bool { return !m.kpApplies(n) })
 			}
 		}
 	}

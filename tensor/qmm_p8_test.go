@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -51,15 +52,7 @@ func TestQ8PTokenCounts(t *testing.T) {
 				level = levelGo
 				m.MatMul(want, x, n)
 				level = cpuLevel
-				forEachLevel(t, func(t *testing.T) {
-					got := make([]float32, n*m.Rows)
-					m.MatMul(got, x, n)
-					for i := range got {
-						if !sameBits(got[i], want[i]) {
-							t.Fatalf("%s rows=%d n=%d: [%d] = %g, want %g", typ, rows, n, i, got[i], want[i])
-						}
-					}
-				})
+				matMulEachLevel(t, fmt.Sprintf("%s rows=%d", typ, rows), m, x, n, want, nil)
 			}
 		}
 	}
