@@ -52,6 +52,17 @@ func sameBits(a, b float32) bool {
 	return math.Float32bits(a) == math.Float32bits(b) || a != a && b != b
 }
 
+// relRMS is the relative RMS error of got against want.
+func relRMS(got, want []float32) float64 {
+	var e, s float64
+	for i := range got {
+		d := float64(got[i] - want[i])
+		e += d * d
+		s += float64(want[i]) * float64(want[i])
+	}
+	return math.Sqrt(e / s)
+}
+
 // matMulEachLevel checks that m.MatMul of the n rows of x gives want bit
 // for bit at every level (skip: a level where the path under test does
 // not run).

@@ -18,15 +18,7 @@ func TestQ8PAccuracy(t *testing.T) {
 		x := randF32(r, n*cols)
 		want := make([]float32, n*rows)
 		m.matmulRef(want, x, n)
-		rms := func(got []float32) float64 {
-			var e, s float64
-			for i := range got {
-				d := float64(got[i] - want[i])
-				e += d * d
-				s += float64(want[i]) * float64(want[i])
-			}
-			return math.Sqrt(e / s)
-		}
+		rms := func(got []float32) float64 { return relRMS(got, want) }
 		got := make([]float32, n*rows)
 		matMulQ8P(p8Set{8, qp8Go[typ], nil}, m, got, x, n)
 		rel := rms(got)

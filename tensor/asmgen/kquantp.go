@@ -337,18 +337,7 @@ func kpQ6KBlock(e *emitter, T int) {
 						e.in("VPSRLW $4, Z%d, Z%d", src+g, w)
 						e.in("VPANDD.BCST kp0F<>(SB), Z%d, Z%d", w, w)
 					}
-					hb := 24 + g // qh bits 2i, 2i+1 to bits 4, 5
-					switch i {
-					case 0:
-						e.in("VPSLLW $4, Z%d, Z31", hb)
-						hb = 31
-					case 1:
-						e.in("VPSLLW $2, Z%d, Z31", hb)
-						hb = 31
-					case 3:
-						e.in("VPSRLW $2, Z%d, Z31", hb)
-						hb = 31
-					}
+					hb := kpQ6High(e, i, g)
 					e.in("VPTERNLOGD.BCST $0xF8, kp30<>(SB), Z%d, Z%d", hb, w) // w |= hb & 0x30
 					for t := 0; t < T; t++ {
 						e.in("VPDPBUSD.BCST %d(DI), Z%d, Z%d", t*xbK+128*n+32*i+16*h+4*g, w, 8+t)
@@ -458,18 +447,7 @@ func kpuQ6K(e *emitter) {
 						e.in("VPSRLW $4, Z%d, Z30", src+g)
 						e.in("VPANDD Z28, Z30, Z30")
 					}
-					hb := 24 + g // qh bits 2i, 2i+1 to bits 4, 5
-					switch i {
-					case 0:
-						e.in("VPSLLW $4, Z%d, Z31", hb)
-						hb = 31
-					case 1:
-						e.in("VPSLLW $2, Z%d, Z31", hb)
-						hb = 31
-					case 3:
-						e.in("VPSRLW $2, Z%d, Z31", hb)
-						hb = 31
-					}
+					hb := kpQ6High(e, i, g)
 					e.in("VPTERNLOGD $0xF8, Z29, Z%d, Z30", hb) // Z30 |= hb & 0x30
 					e.in("VMOVDQU32 Z30, %d(DI)", kuQ(8*n+2*i+h, g))
 				}
@@ -570,4 +548,23 @@ func genKPCompute(e *emitter, T int) {
 	e.label("done")
 	e.in("VZEROUPPER")
 	e.in("RET")
+}
+
+// kpQ6High moves the Q6_K high bits 2i, 2i+1 of group g (in Z(24+g)) to
+// bits 4 and 5, into Z31 where a shift is needed, and returns the
+// register that holds them.
+func kpQ6High(e *emitter, i, g int) int {
+	hb := 24 + g
+	switch i {
+	case 0:
+		e.in("VPSLLW $4, Z%d, Z31", hb)
+		hb = 31
+	case 1:
+		e.in("VPSLLW $2, Z%d, Z31", hb)
+		hb = 31
+	case 3:
+		e.in("VPSRLW $2, Z%d, Z31", hb)
+		hb = 31
+	}
+	return hb
 }
