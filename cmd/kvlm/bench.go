@@ -68,7 +68,8 @@ type benchCeiling struct {
 	Fraction     float64 `json:"fraction"`
 }
 
-// ceilingTokens is the decode tokens of one ceiling round.
+// ceilingTokens is the decode tokens of one ceiling round (fewer where the
+// model's context has no room for max(3, reps) of them after a token).
 const ceilingTokens = 32
 
 type benchDecodeAt struct {
@@ -304,17 +305,17 @@ func runBench(mf *modelFlags, f *benchFlags, m *model.Model, contexts, batches [
 // decoding ceilingTokens tokens then reading the bandwidth buffer.
 func benchCeilingRounds(mf *modelFlags, m *model.Model, f *benchFlags, prompt []int, res *benchJSON) error {
 	rounds := max(3, f.reps)
+	// tokens per round: ceilingTokens, fewer where the context is short
+	n := min(ceilingTokens, (m.CtxLen-1)/rounds)
+	if n < 1 {
+		return nil // no room: no ceiling
+	}
+	prompt = prompt[:max(1, min(len(prompt), m.CtxLen-rounds*n))]
 	seq, err := mf.sequence(m)
 	if err != nil {
 		return err
 	}
 	defer seq.Close()
-	if len(prompt)+rounds*ceilingTokens > m.CtxLen {
-		prompt = prompt[:max(1, m.CtxLen-rounds*ceilingTokens)]
-	}
-	if len(prompt)+rounds*ceilingTokens > m.CtxLen {
-		return fmt.Errorf("decode ceiling: the context length %d is too short", m.CtxLen)
-	}
 	logits, err := seq.Forward(prompt, false)
 	if err != nil {
 		return err
@@ -323,12 +324,12 @@ func benchCeilingRounds(mf *modelFlags, m *model.Model, f *benchFlags, prompt []
 	var bws, fracs []float64
 	for r := 0; r < rounds; r++ {
 		t0 := time.Now()
-		for i := 0; i < ceilingTokens; i++ {
+		for i := 0; i < n; i++ {
 			if logits, err = seq.Forward([]int{argmaxF(logits)}, false); err != nil {
 				return err
 			}
 		}
-		dec := float64(ceilingTokens) / time.Since(t0).Seconds()
+		dec := float64(n) / time.Since(t0).Seconds()
 		cur := tensor.Kernels()
 		tensor.SetKernels("auto") // the machine's bandwidth, whatever --kernels says
 		bw := tensor.MeasureBandwidth(buf, threads(), 3)
