@@ -11,8 +11,8 @@ import (
 // less work. The quantized matrices (Q8_0, Q4_0, Q4_K, Q6_K) quantize x
 // once per activation format (Q4_K and Q6_K share one) instead of once per
 // matrix, and their products run in one parallel region (two when some go
-// through the 8-row kernels of qmm_p8.go or the 16-row K-quant kernels of
-// qmm_kp.go, which share one of their own); float
+// through the row-tile kernels of qmm_p8.go (8 or 16 rows) or qmm_kp.go
+// (16 rows), which share one of their own); float
 // matrices (F32, F16, BF16), which have nothing to share, run their own
 // MatMul. Every matrix must have the same Cols; dsts[i] is [n][ws[i].Rows].
 func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
@@ -36,7 +36,7 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 		case Q8_0, Q4_0, Q4_K, Q6_K:
 			if w.kpApplies(n) {
 				// 16-row K-quant kernels: one set of activations for Q4_K
-				// and Q6_K (quantizeActsK), tiles in the 8-row region.
+				// and Q6_K (quantizeActsK), tiles in the row-tile region.
 				if mj.kpact == nil {
 					mj.kpact = getBytes(cols / QK_K * n * xbK)
 					quantizeActsK(*mj.kpact, x, cols, n)
@@ -47,8 +47,8 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 				continue
 			}
 			if w.p8Applies(n) {
-				// 8-row kernels: activations quantized once per type
-				// (quantizeActsP), tiles of 8 rows in a region of their own.
+				// 8- or 16-row kernels: activations quantized once per type
+				// (quantizeActsP), tiles in the row-tile region.
 				a := -1
 				for j, t := range mj.p8types {
 					if t == w.Type {
