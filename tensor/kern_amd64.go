@@ -661,3 +661,51 @@ func kpcQ6_Kt15(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32
 
 //go:noescape
 func kpcQ6_Kt16(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KAk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KAk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KAk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KAk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KAk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KAk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KAk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_KAk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KAk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KAk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KAk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KAk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KAk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KAk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KAk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ6_KAk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)

@@ -2,16 +2,22 @@ package tensor
 
 import "unsafe"
 
-// Q4_K and Q6_K kernels for several tokens (prefill, batched decode):
-// sixteen weight rows in the sixteen lanes of a vector (transposed in
-// registers), VPDPBUSD integer dot products of four values. On amd64 with
-// AVX-512 VNNI, the kernels unpack each super-block in registers for up
-// to 8 tokens per call (kpKernels.direct); beyond 8 tokens Q6_K, costlier
-// to unpack, runs in two steps: each tile of sixteen rows unpacked once
-// (kpUnpackFunc) for all n tokens, which compute kernels (kpCompFunc) then
-// multiply, up to 16 per call (kpTiles). matmulKP is the entry point,
-// for MatMul and MatMulMany to call for n ≥ 2; its results are those of
-// the Go twins (kpTwin) at every level.
+// Q4_K and Q6_K kernels for several tokens (prefill, batched decode),
+// sixteen weight rows per call. On amd64 with AVX-512 VNNI, at the
+// AVX-512 level: the sixteen rows in the sixteen lanes of a vector
+// (transposed in registers), VPDPBUSD integer dot products of four
+// values; the kernels unpack each super-block in registers for up to 8
+// tokens per call (kpKernels.direct); beyond 8 tokens Q6_K, costlier to
+// unpack, runs in two steps: each tile of sixteen rows unpacked once
+// (kpUnpackFunc) for all n tokens, which compute kernels (kpCompFunc)
+// then multiply, up to 16 per call (kpTiles). On amd64 at the AVX2 level
+// (and at the AVX-512 level without VNNI): AVX2 kernels, one row at a
+// time with its values in the lanes (VPMADDUBSW, VPMADDWD by the scales,
+// horizontal sums), up to 8 tokens per call, direct only
+// (asmgen/kquanta.go). At the go level and elsewhere: the Go twins
+// (kpTwin). matmulKP is the entry point, for MatMul and MatMulMany to
+// call for n ≥ 2; its results are those of the Go twins at every level
+// of every machine.
 //
 // Activations: act.go's Q8_K-style blocks (xbK bytes: qx[256], bs[16], d,
 // quantActK), all n tokens in one group: block b of token t at
@@ -47,6 +53,9 @@ type kpKernels struct {
 	direct []kpFunc
 	unpack kpUnpackFunc
 	comp   []kpCompFunc
+	// noStream: the direct kernels read every tile from memory with their
+	// own prefetching, at every token count (kpStreamTokens).
+	noStream bool
 }
 
 // kpUnpackFunc unpacks a tile of 16 rows (rows at w + i·ldw, nb
@@ -139,9 +148,9 @@ func kpTwins(t DType) []kpFunc {
 
 // kpApplies reports whether the K-quant kernels multiply m by n tokens:
 // Q4_K or Q6_K, rows a multiple of 16, at least 2 tokens (decode keeps
-// the rows kernels of quantmm.go), and kernels for this machine (kpKern).
+// the rows kernels of quantmm.go). (Every level has them: kpKern.)
 func (m *Matrix) kpApplies(n int) bool {
-	return n >= 2 && (m.Type == Q4_K || m.Type == Q6_K) && m.Rows%kpRows == 0 && m.Cols != 0 && kpKern(m.Type) != nil
+	return n >= 2 && (m.Type == Q4_K || m.Type == Q6_K) && m.Rows%kpRows == 0 && m.Cols != 0
 }
 
 // matmulKP runs MatMul with the K-quant kernels when they apply and
@@ -184,13 +193,13 @@ func quantizeActsK(act []byte, x []float32, cols, n int) {
 // tile's rows read from memory once. Up to len(ks.direct) tokens, or
 // where there are no unpacking kernels, the direct kernels run on the
 // packed rows, which come from memory (for the first group: the kernels
-// prefetch the next tile) or, up to kpStreamTokens tokens, from a
-// streaming read of quantBlockBytes of tiles ahead (memRead). Otherwise
-// the tiles, also read ahead, are unpacked kpChunk super-blocks at a time
-// (in the L1 cache), each chunk multiplied by every group, the
-// accumulators carried from chunk to chunk (the same operations in the
-// same order as over the whole row). Several matrices' tiles can share a
-// parallel region (MatMulMany).
+// prefetch the next tile) or, up to kpStreamTokens tokens and unless
+// ks.noStream, from a streaming read of quantBlockBytes of tiles ahead
+// (memRead). Otherwise the tiles, also read ahead, are unpacked kpChunk
+// super-blocks at a time (in the L1 cache), each chunk multiplied by
+// every group, the accumulators carried from chunk to chunk (the same
+// operations in the same order as over the whole row). Several
+// matrices' tiles can share a parallel region (MatMulMany).
 func (m *Matrix) kpTiles(ks *kpKernels, dst []float32, act []byte, n, lo, hi int) {
 	nb := m.Cols / QK_K
 	ldw := m.rowBytes
@@ -198,7 +207,7 @@ func (m *Matrix) kpTiles(ks *kpKernels, dst []float32, act []byte, n, lo, hi int
 	if ks.unpack == nil || n <= len(ks.direct) {
 		var acc [kpMaxT * kpRows]float32
 		for rt := lo; rt < hi; rt++ {
-			if n <= kpStreamTokens && (rt-lo)%step == 0 {
+			if n <= kpStreamTokens && !ks.noStream && (rt-lo)%step == 0 {
 				memRead(m.Data[rt*kpRows*ldw : min(rt+step, hi)*kpRows*ldw])
 			}
 			w := unsafe.Pointer(&m.Data[rt*kpRows*ldw])
@@ -242,9 +251,10 @@ func (m *Matrix) kpTiles(ks *kpKernels, dst []float32, act []byte, n, lo, hi int
 // kpChunk is the super-blocks of a tile unpacked at a time.
 const kpChunk = 4
 
-// kpStreamTokens: up to this many tokens the direct kernels read tiles
-// that a streaming read brought to the cache, beyond it they prefetch
-// for themselves. (BenchmarkMatMulBatch, weights from memory: streaming
+// kpStreamTokens: up to this many tokens the direct kernels (but for
+// noStream ones: the AVX2 kernels) read tiles that a streaming read
+// brought to the cache, beyond it they prefetch for themselves.
+// (BenchmarkMatMulBatch, weights from memory, AVX-512 kernels: streaming
 // ran Q6_K 1.6× faster at 2 to 8 tokens, Q4_K 15% faster at 2, 7% slower
 // at 32. The unpacking kernels always stream: 1.2–1.3× faster than
 // prefetching the next tile from the compute kernels at 16 to 64 tokens.)

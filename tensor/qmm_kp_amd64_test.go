@@ -10,13 +10,27 @@ import (
 )
 
 // TestKPKernels: the AVX-512 VNNI K-quant kernels (direct; Q6_K's tile
-// unpacked, then multiplied) against their Go twins, bit for bit, for
-// every token count, super-block counts from 0, random raw blocks (every
-// scale, min and quant) and quantized ones, accumulating or not.
+// unpacked, then multiplied) and the AVX2 ones against their Go twins,
+// bit for bit, for every token count, super-block counts from 0, random
+// raw blocks (every scale, min and quant) and quantized ones,
+// accumulating or not.
 func TestKPKernels(t *testing.T) {
-	if !cpuVNNI || cpuLevel < levelAVX512 {
-		t.Skip("no AVX-512 VNNI")
+	sets := map[string]map[DType]*kpKernels{}
+	if cpuLevel >= levelAVX2 {
+		sets["avx2"] = kpA
 	}
+	if cpuVNNI && cpuLevel >= levelAVX512 {
+		sets["avx512"] = kpV
+	}
+	if len(sets) == 0 {
+		t.Skip("no AVX2")
+	}
+	for name, set := range sets {
+		t.Run(name, func(t *testing.T) { testKPKernels(t, set) })
+	}
+}
+
+func testKPKernels(t *testing.T, set map[DType]*kpKernels) {
 	r := rand.New(rand.NewPCG(21, 22))
 	for _, typ := range []DType{Q4_K, Q6_K} {
 		for _, nb := range []int{0, 1, 2, 3, 9} {
@@ -27,7 +41,7 @@ func TestKPKernels(t *testing.T) {
 				} else {
 					m = randMatrix(t, r, typ, kpRows, max(nb, 1)*QK_K)
 				}
-				ks := kpV[typ]
+				ks := set[typ]
 				for k := 0; k < len(ks.direct)+len(ks.comp); k++ {
 					T, direct := k+1, k < len(ks.direct)
 					if !direct {
@@ -66,12 +80,21 @@ func TestKPKernels(t *testing.T) {
 	}
 }
 
-// BenchmarkKPTile: the AVX-512 K-quant kernels alone on a 64×2048 panel
-// in L2, one thread, per token count (as BenchmarkQ8P's tile8x8); beyond
-// the direct kernels, Q6_K's tiles each unpacked, then multiplied once.
+// BenchmarkKPTile: the K-quant kernels alone (AVX2; AVX-512 VNNI) on a
+// 64×2048 panel in L2, one thread, per token count (as BenchmarkQ8P's
+// tile8x8); beyond the direct kernels, Q6_K's tiles each unpacked, then
+// multiplied once.
 func BenchmarkKPTile(b *testing.B) {
-	if !cpuVNNI || cpuLevel < levelAVX512 {
-		b.Skip("no AVX-512 VNNI")
+	sets := []map[DType]*kpKernels{}
+	names := []string{}
+	if cpuLevel >= levelAVX2 {
+		sets, names = append(sets, kpA), append(names, "avx2")
+	}
+	if cpuVNNI && cpuLevel >= levelAVX512 {
+		sets, names = append(sets, kpV), append(names, "avx512")
+	}
+	if len(sets) == 0 {
+		b.Skip("no AVX2")
 	}
 	r := rand.New(rand.NewPCG(3, 4))
 	const rows, cols = 64, 2048
@@ -82,25 +105,27 @@ func BenchmarkKPTile(b *testing.B) {
 		quantizeActsK(act, x, cols, kpMaxT)
 		u := make([]byte, cols/QK_K*kuBytes)
 		var acc [kpMaxT * kpRows]float32
-		ks := kpV[typ]
-		for _, T := range []int{1, 2, 4, 8, 16} {
-			if T > max(len(ks.direct), len(ks.comp)) {
-				continue
-			}
-			b.Run(fmt.Sprintf("%s/T=%d", typ, T), func(b *testing.B) {
-				for b.Loop() {
-					for i := 0; i < rows; i += kpRows {
-						w := ptr(m.Data[i*m.rowBytes:])
-						if T <= len(ks.direct) {
-							ks.direct[T-1](w, m.rowBytes, ptr(act), kpMaxT*xbK, cols/QK_K, &acc[0], 0)
-							continue
-						}
-						ks.unpack(w, m.rowBytes, cols/QK_K, ptr(u))
-						ks.comp[T-1](ptr(u), ptr(act), kpMaxT*xbK, cols/QK_K, &acc[0], 0)
-					}
+		for si, set := range sets {
+			ks := set[typ]
+			for _, T := range []int{1, 2, 4, 8, 16} {
+				if T > max(len(ks.direct), len(ks.comp)) {
+					continue
 				}
-				b.ReportMetric(float64(b.N)*float64(T*rows*cols)/b.Elapsed().Seconds()/1e9, "GMAC/s")
-			})
+				b.Run(fmt.Sprintf("%s/%s/T=%d", names[si], typ, T), func(b *testing.B) {
+					for b.Loop() {
+						for i := 0; i < rows; i += kpRows {
+							w := ptr(m.Data[i*m.rowBytes:])
+							if T <= len(ks.direct) {
+								ks.direct[T-1](w, m.rowBytes, ptr(act), kpMaxT*xbK, cols/QK_K, &acc[0], 0)
+								continue
+							}
+							ks.unpack(w, m.rowBytes, cols/QK_K, ptr(u))
+							ks.comp[T-1](ptr(u), ptr(act), kpMaxT*xbK, cols/QK_K, &acc[0], 0)
+						}
+					}
+					b.ReportMetric(float64(b.N)*float64(T*rows*cols)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+				})
+			}
 		}
 	}
 }

@@ -80,6 +80,7 @@ func main() {
 	genPrefetch(e)
 	genQuantKernels(e)
 	genKQuantP(e)
+	genKQuantA(e)
 	e.b.WriteString("\n")
 	e.b.Write(e.data_.Bytes())
 	if err := os.WriteFile("kern_amd64.s", e.b.Bytes(), 0o644); err != nil {
