@@ -145,7 +145,7 @@ func newBench() *cobra.Command {
 	mf.register(c)
 	c.Flags().IntVar(&f.promptN, "prompt", 128, "prompt tokens")
 	c.Flags().IntVar(&f.genN, "gen", 64, "generated tokens")
-	c.Flags().IntVar(&f.reps, "reps", 3, "repetitions (the median is reported)")
+	c.Flags().IntVar(&f.reps, "reps", 3, "repetitions of prefill and decode, and rounds of batched decode (medians are reported)")
 	c.Flags().BoolVar(&f.asJSON, "json", false, "print one JSON object")
 	c.Flags().StringVar(&f.contexts, "contexts", "128,512,1024", "context lengths to time decode at (those that fit the model's context)")
 	c.Flags().IntVar(&f.ctxGen, "ctx-gen", 16, "tokens decoded at each of --contexts, and steps of each batched-decode measurement")
