@@ -18,7 +18,10 @@ import (
 // 3 such operations per 32 products in the 4×4 tiles (they ran at ~95% of
 // that), 10 per 256 here. matmulP8 is the entry point, for MatMul and
 // MatMulMany to call first (n ≥ p8MinTokens); its results are those of
-// the Go twins (qp8Twin) at every level.
+// the Go twins (qp8Twin) at every level. The AVX2 kernels (asmgen's
+// genQ8PA, for 1..8, 16 and 32 tokens) get each block's exact integer
+// sums from VPMADDUBSW and VPMADDWD instead, then take the same float
+// steps.
 //
 // Activations (xbP bytes per block of 32 values): qx[32] int8, corr int32
 // = -c·Σ qx (c = 128 for Q8_0, 8 for Q4_0: the kernels offset the weights
@@ -136,8 +139,9 @@ func (m *Matrix) matmulP8(dst, x []float32, n int) bool {
 // p8Set is the kernels of one tile height for one weight type.
 type p8Set struct {
 	rows int       // weight rows per tile: 8 or 16
-	ks   []qp8Func // ks[T-1] takes T tokens
+	ks   []qp8Func // ks[T-1] takes T tokens (1..8)
 	k16  qp8Func   // 16 tokens (nil: ks in turn)
+	k32  qp8Func   // 32 tokens (nil: k16 or ks in turn; AVX2 only)
 }
 
 // p8Kernels returns the kernels that multiply m at the level in use: the
@@ -145,9 +149,9 @@ type p8Set struct {
 // 8-row ones. Both give every row the same value, bit for bit.
 func (m *Matrix) p8Kernels() p8Set {
 	if ks := qp16Kern(m.Type); ks != nil && m.Rows%16 == 0 {
-		return p8Set{16, ks, qp16Kern16(m.Type)}
+		return p8Set{16, ks, qp16Kern16(m.Type), nil}
 	}
-	return p8Set{8, qp8Kern(m.Type), qp8Kern16(m.Type)}
+	return p8Set{8, qp8Kern(m.Type), qp8Kern16(m.Type), qp8Kern32(m.Type)}
 }
 
 // p8Applies reports whether the 8-row kernels multiply m by n tokens.
@@ -190,7 +194,11 @@ func matMulQ8P(ks p8Set, m *Matrix, dst, x []float32, n int) {
 // p8Tiles computes the row tiles [lo, hi) (rows R·lo .. R·hi-1, R =
 // ks.rows) of dst [n][rows] from the activations act (quantizeActsP, for
 // m.Type), each tile's weights read once and kept in L1 for every token
-// tile. Several matrices' tiles can share a parallel region (MatMulMany).
+// tile: 32 tokens at a time where there is a 32-token kernel, then 16,
+// then up to 8. Several matrices' tiles can share a parallel region
+// (MatMulMany). The kernels prefetch the next tile themselves; a
+// streaming read ahead (memRead, as kpTiles) made the AVX2 ones 1.3–1.9×
+// slower at 2 to 8 tokens.
 func (m *Matrix) p8Tiles(ks p8Set, dst []float32, act []byte, n, lo, hi int) {
 	nb := m.Cols / 32
 	ldw := nb * m.Type.BlockBytes()
@@ -201,7 +209,9 @@ func (m *Matrix) p8Tiles(ks p8Set, dst []float32, act []byte, n, lo, hi int) {
 		for t0 := 0; t0 < n; {
 			T := min(len(ks.ks), n-t0)
 			k := ks.ks[T-1]
-			if ks.k16 != nil && n-t0 >= 16 {
+			if ks.k32 != nil && n-t0 >= 32 {
+				T, k = 32, ks.k32
+			} else if ks.k16 != nil && n-t0 >= 16 {
 				T, k = 16, ks.k16
 			}
 			k(w, ldw, unsafe.Pointer(&act[t0*xbP]), n*xbP, nb, &acc[0], 0)

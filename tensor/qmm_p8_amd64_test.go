@@ -10,8 +10,8 @@ import (
 )
 
 // TestQ8PKernels: the AVX-512 and AVX2 kernels against their Go twins,
-// bit for bit, for every tile size, block counts from 0, accumulating or
-// not.
+// bit for bit, for every tile size (AVX2: 1..8, 16 and 32 tokens), block
+// counts from 0, accumulating or not.
 func TestQ8PKernels(t *testing.T) {
 	sets := map[string]map[DType][]qp8Func{"avx2": qp8A}
 	if cpuVNNI && cpuLevel >= levelAVX512 {
@@ -24,8 +24,20 @@ func TestQ8PKernels(t *testing.T) {
 	for name, set := range sets {
 		testQ8PKernels(t, r, name, 8, set)
 	}
+	set16 := map[DType][]qp8Func{}
+	for typ, k := range qp8A16 {
+		set16[typ] = make([]qp8Func, 16)
+		set16[typ][15] = k
+	}
+	testQ8PKernels(t, r, "avx2 16", 8, set16)
+	set32 := map[DType][]qp8Func{}
+	for typ, k := range qp8A32 {
+		set32[typ] = make([]qp8Func, 32)
+		set32[typ][31] = k
+	}
+	testQ8PKernels(t, r, "avx2 32", 8, set32)
 	if cpuVNNI && cpuLevel >= levelAVX512 {
-		set16 := map[DType][]qp8Func{}
+		set16 = map[DType][]qp8Func{}
 		for typ, k := range qp8V16 {
 			set16[typ] = make([]qp8Func, 16)
 			set16[typ][15] = k
@@ -45,7 +57,7 @@ func testQ8PKernels(t *testing.T, r *rand.Rand, name string, R int, set map[DTyp
 	for _, c := range []struct {
 		typ DType
 		nb  int
-	}{{Q8_0, 0}, {Q8_0, 1}, {Q8_0, 2}, {Q8_0, 3}, {Q8_0, 7}, {Q8_0, 64}, {Q4_0, 0}, {Q4_0, 1}, {Q4_0, 5}, {Q4_0, 64}} {
+	}{{Q8_0, 0}, {Q8_0, 1}, {Q8_0, 2}, {Q8_0, 3}, {Q8_0, 7}, {Q8_0, 64}, {Q4_0, 0}, {Q4_0, 1}, {Q4_0, 2}, {Q4_0, 3}, {Q4_0, 5}, {Q4_0, 7}, {Q4_0, 64}} {
 		typ, nb := c.typ, c.nb
 		m := randMatrix(t, r, typ, R, max(nb, 1)*32)
 		for T := 1; T <= len(set[typ]); T++ {

@@ -10,6 +10,9 @@ func qp8Kern(t DType) []qp8Func { return qp8Go[t] }
 // twins of qp8Kern in turn, with the same results).
 func qp8Kern16(t DType) qp8Func { return nil }
 
+// qp8Kern32: nor a 32-token one.
+func qp8Kern32(t DType) qp8Func { return nil }
+
 // qp16Kern, qp16Kern16: no 16-row kernels in the plain Go build.
 func qp16Kern(t DType) []qp8Func { return nil }
 func qp16Kern16(t DType) qp8Func { return nil }

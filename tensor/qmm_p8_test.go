@@ -20,7 +20,7 @@ func TestQ8PAccuracy(t *testing.T) {
 		m.matmulRef(want, x, n)
 		rms := func(got []float32) float64 { return relRMS(got, want) }
 		got := make([]float32, n*rows)
-		matMulQ8P(p8Set{8, qp8Go[typ], nil}, m, got, x, n)
+		matMulQ8P(p8Set{8, qp8Go[typ], nil, nil}, m, got, x, n)
 		rel := rms(got)
 		m.MatMul(got, x, n)
 		t.Logf("%s: relative RMS error %.3g (MatMul %.3g)", typ, rel, rms(got))
@@ -31,14 +31,14 @@ func TestQ8PAccuracy(t *testing.T) {
 }
 
 // TestQ8PTokenCounts: MatMul through the 8-row kernels at token counts
-// that mix the 16-token kernel with the smaller ones, at every level,
-// bit for bit against the Go twins.
+// that mix the 32- and 16-token kernels with the smaller ones, at every
+// level, bit for bit against the Go twins.
 func TestQ8PTokenCounts(t *testing.T) {
 	r := rand.New(rand.NewPCG(13, 14))
 	for _, typ := range []DType{Q8_0, Q4_0} {
 		for _, rows := range []int{24, 48} { // 8-row tiles; 16-row tiles (AVX-512 VNNI)
 			m := randMatrix(t, r, typ, rows, 3*32)
-			for _, n := range []int{2, 7, 15, 16, 17, 24, 35} {
+			for _, n := range []int{2, 7, 15, 16, 17, 24, 35, 50} {
 				x := randF32(r, n*m.Cols)
 				want := make([]float32, n*m.Rows)
 				level = levelGo
