@@ -778,26 +778,11 @@ func genQ8P(e *emitter, typ string, T, groups int) {
 	acc := func(t int) int { return t }
 	G := func(g int) int { return 8 + g }
 	P := func(t int) int { return 16 + t }
-	e.in("TESTQ AX, AX")
 	if groups > 1 {
-		// acc stays in memory: cleared unless loaded
-		e.in("JNZ start")
-		e.in("VXORPS Y0, Y0, Y0")
-		for t := 0; t < T*groups; t++ {
-			e.in("VMOVUPS Y0, %d(DX)", 32*t)
-		}
+		accPrologue(e, "Y", T*groups, true, 32) // acc stays in memory
 	} else {
-		e.in("JZ zero")
-		for t := 0; t < T; t++ {
-			e.in("VMOVUPS %d(DX), Y%d", 32*t, acc(t))
-		}
-		e.in("JMP start")
-		e.label("zero")
-		for t := 0; t < T; t++ {
-			e.in("VXORPS Y%d, Y%d, Y%d", acc(t), acc(t), acc(t))
-		}
+		accPrologue(e, "Y", T, false, 32)
 	}
-	e.label("start")
 	if typ == "Q4_0" {
 		e.in("VMOVDQU32 qmask0F<>(SB), Y25")
 	} else {
@@ -996,25 +981,7 @@ func genQ8PA(e *emitter, typ string, T int) {
 	// tokens with the sums in Y0..Y7 and the signed group (Q8_0) in Y11.
 	inMem := T > 8
 	A := func(t int) int { return t }
-	e.in("TESTQ AX, AX")
-	if inMem {
-		e.in("JNZ start")
-		e.in("VXORPS Y0, Y0, Y0")
-		for t := 0; t < T; t++ {
-			e.in("VMOVUPS Y0, %d(DX)", 32*t)
-		}
-	} else {
-		e.in("JZ zero")
-		for t := 0; t < T; t++ {
-			e.in("VMOVUPS %d(DX), Y%d", 32*t, A(t))
-		}
-		e.in("JMP start")
-		e.label("zero")
-		for t := 0; t < T; t++ {
-			e.in("VXORPS Y%d, Y%d, Y%d", A(t), A(t), A(t))
-		}
-	}
-	e.label("start")
+	accPrologue(e, "Y", T, inMem, 32)
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
 	// AX and R12: the next tile's rows 0 and 4 (w + 8·ldw, w + 12·ldw)
@@ -1273,4 +1240,30 @@ func rowTileArgs(e *emitter) {
 	e.in("MOVQ load+48(FP), AX")
 	e.in("LEAQ (BX)(BX*2), R8")
 	e.in("LEAQ (SI)(BX*4), R9")
+}
+
+// accPrologue emits a row-tile kernel's start: with inMem the T
+// accumulators at acc (DX, accBytes apart) are cleared unless load (AX)
+// is set; else they are loaded into registers v0..v(T-1), or cleared
+// there. It ends at the label start.
+func accPrologue(e *emitter, v string, T int, inMem bool, accBytes int) {
+	e.in("TESTQ AX, AX")
+	if inMem {
+		e.in("JNZ start")
+		e.in("VXORPS %s0, %s0, %s0", v, v, v)
+		for t := 0; t < T; t++ {
+			e.in("VMOVUPS %s0, %d(DX)", v, accBytes*t)
+		}
+	} else {
+		e.in("JZ zero")
+		for t := 0; t < T; t++ {
+			e.in("VMOVUPS %d(DX), %s%d", accBytes*t, v, t)
+		}
+		e.in("JMP start")
+		e.label("zero")
+		for t := 0; t < T; t++ {
+			e.in("VXORPS %s%d, %s%d, %s%d", v, t, v, t, v, t)
+		}
+	}
+	e.label("start")
 }

@@ -40,25 +40,7 @@ func genQ16P(e *emitter, typ string, T int) {
 	// dw, Z25 0x80 bytes (Q8_0) or the mask 0x0F (Q4_0), Z26 a temporary.
 	G := func(g int) int { return 8 + g }
 	P := func(t int) int { return 16 + t }
-	e.in("TESTQ AX, AX")
-	if inMem {
-		e.in("JNZ start")
-		e.in("VXORPS Z0, Z0, Z0")
-		for t := 0; t < T; t++ {
-			e.in("VMOVUPS Z0, %d(DX)", 64*t)
-		}
-	} else {
-		e.in("JZ zero")
-		for t := 0; t < T; t++ {
-			e.in("VMOVUPS %d(DX), Z%d", 64*t, t)
-		}
-		e.in("JMP start")
-		e.label("zero")
-		for t := 0; t < T; t++ {
-			e.in("VXORPS Z%d, Z%d, Z%d", t, t, t)
-		}
-	}
-	e.label("start")
+	accPrologue(e, "Z", T, inMem, 64)
 	if typ == "Q4_0" {
 		e.in("VPBROADCASTD qmask0F<>(SB), Z25")
 		// K1: the words of 128-bit lanes 1 and 3 (the high nibbles)
