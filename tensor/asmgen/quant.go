@@ -790,30 +790,8 @@ func genQ8P(e *emitter, typ string, T, groups int) {
 	}
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	// AX and R12: the next tile's rows 0 and 4 (w + 8·ldw, w + 12·ldw),
-	// prefetched block by block as this tile's are read (see p8Prefetch).
-	e.in("LEAQ (R9)(BX*4), AX")
-	e.in("LEAQ (AX)(BX*4), R12")
-	rowAt := func(lo, hi string, i, off int) string {
-		base, r := lo, i
-		if i >= 4 {
-			base, r = hi, i-4
-		}
-		switch r {
-		case 0:
-			return fmt.Sprintf("%d(%s)", off, base)
-		case 1:
-			return fmt.Sprintf("%d(%s)(BX*1)", off, base)
-		case 2:
-			return fmt.Sprintf("%d(%s)(BX*2)", off, base)
-		}
-		return fmt.Sprintf("%d(%s)(R8*1)", off, base)
-	}
-	row := func(i, off int) string { return rowAt("SI", "R9", i, off) }
-	e.label("loop")
-	for i := 0; i < 8; i++ {
-		e.in("%s %s", p8Prefetch, rowAt("AX", "R12", i, 0))
-	}
+	p8LoopHead(e)
+	row := func(i, off int) string { return p8RowAt("SI", "R9", i, off) }
 	// the rows' scales: eight f16 into X24, then float32
 	e.in("MOVWLZX %s, R11", row(0, 0))
 	e.in("VMOVD R11, X24")
@@ -984,29 +962,8 @@ func genQ8PA(e *emitter, typ string, T int) {
 	accPrologue(e, "Y", T, inMem, 32)
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	// AX and R12: the next tile's rows 0 and 4 (w + 8·ldw, w + 12·ldw)
-	e.in("LEAQ (R9)(BX*4), AX")
-	e.in("LEAQ (AX)(BX*4), R12")
-	rowAt := func(lo, hi string, i, off int) string {
-		base, r := lo, i
-		if i >= 4 {
-			base, r = hi, i-4
-		}
-		switch r {
-		case 0:
-			return fmt.Sprintf("%d(%s)", off, base)
-		case 1:
-			return fmt.Sprintf("%d(%s)(BX*1)", off, base)
-		case 2:
-			return fmt.Sprintf("%d(%s)(BX*2)", off, base)
-		}
-		return fmt.Sprintf("%d(%s)(R8*1)", off, base)
-	}
-	row := func(i, off int) string { return rowAt("SI", "R9", i, off) }
-	e.label("loop")
-	for i := 0; i < 8; i++ {
-		e.in("%s %s", p8Prefetch, rowAt("AX", "R12", i, 0))
-	}
+	p8LoopHead(e)
+	row := func(i, off int) string { return p8RowAt("SI", "R9", i, off) }
 	for h := 0; h < 2; h++ { // rows 4h..4h+3
 		for k := 0; k < 4; k++ {
 			y := 8 + k
@@ -1266,4 +1223,37 @@ func accPrologue(e *emitter, v string, T int, inMem bool, accBytes int) {
 		}
 	}
 	e.label("start")
+}
+
+// p8RowAt is the address of byte off of row i (0..7) of an 8-row tile
+// whose rows 0 and 4 are at the registers lo and hi (BX = ldw, R8 =
+// 3·ldw).
+func p8RowAt(lo, hi string, i, off int) string {
+	base, r := lo, i
+	if i >= 4 {
+		base, r = hi, i-4
+	}
+	switch r {
+	case 0:
+		return fmt.Sprintf("%d(%s)", off, base)
+	case 1:
+		return fmt.Sprintf("%d(%s)(BX*1)", off, base)
+	case 2:
+		return fmt.Sprintf("%d(%s)(BX*2)", off, base)
+	}
+	return fmt.Sprintf("%d(%s)(R8*1)", off, base)
+}
+
+// p8LoopHead emits the start of the 8-row kernels' block loop: AX and R12
+// at the next tile's rows 0 and 4 (w + 8·ldw, w + 12·ldw; rowTileArgs set
+// R9 = w + 4·ldw), the label loop, and the prefetch of the next tile's
+// eight rows at the current block (see p8Prefetch), so that they stream
+// in block by block as this tile's are read.
+func p8LoopHead(e *emitter) {
+	e.in("LEAQ (R9)(BX*4), AX")
+	e.in("LEAQ (AX)(BX*4), R12")
+	e.label("loop")
+	for i := 0; i < 8; i++ {
+		e.in("%s %s", p8Prefetch, p8RowAt("AX", "R12", i, 0))
+	}
 }
