@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 	"unsafe"
 )
@@ -213,6 +214,9 @@ func (m *Matrix) p8Tiles(ks p8Set, dst []float32, act []byte, n, lo, hi int) {
 				T, k = 32, ks.k32
 			} else if ks.k16 != nil && n-t0 >= 16 {
 				T, k = 16, ks.k16
+			}
+			if T*R > len(acc) { // the kernel writes T·R floats through a pointer
+				panic(fmt.Sprintf("tensor: %d tokens × %d rows overflow p8Tiles' accumulators", T, R))
 			}
 			k(w, ldw, unsafe.Pointer(&act[t0*xbP]), n*xbP, nb, &acc[0], 0)
 			for t := 0; t < T; t++ {
