@@ -301,16 +301,7 @@ func kpQ6KBlock(e *emitter, T int) {
 		e.in("VMOVDQU32 Z%d, %d(SP)", 8+d, 64*d)
 	}
 	// d: sixteen f16 into Y31
-	e.in("MOVWLZX %s, AX", kpRow(0, 208))
-	e.in("VMOVD AX, X31")
-	e.in("MOVWLZX %s, AX", kpRow(8, 208))
-	e.in("VMOVD AX, X30")
-	for i := 1; i < 8; i++ {
-		e.in("VPINSRW $%d, %s, X31, X31", i, kpRow(i, 208))
-		e.in("VPINSRW $%d, %s, X30, X30", i, kpRow(8+i, 208))
-	}
-	e.in("VINSERTI32X4 $1, X30, Y31, Y31")
-	e.in("VCVTPH2PS Y31, Z31")
+	kpQ6D(e, 31, 30)
 	e.in("VMOVUPS Z31, 256(SP)")
 	for t := 0; t < T; t++ {
 		e.in("VPXORD Z%d, Z%d, Z%d", t, t, t)
@@ -422,16 +413,7 @@ func kpuQ6K(e *emitter) {
 		e.in("VMOVDQU32 Z16, %d(DI)", kuM+64*p)
 	}
 	// d: sixteen f16
-	e.in("MOVWLZX %s, AX", kpRow(0, 208))
-	e.in("VMOVD AX, X16")
-	e.in("MOVWLZX %s, AX", kpRow(8, 208))
-	e.in("VMOVD AX, X17")
-	for i := 1; i < 8; i++ {
-		e.in("VPINSRW $%d, %s, X16, X16", i, kpRow(i, 208))
-		e.in("VPINSRW $%d, %s, X17, X17", i, kpRow(8+i, 208))
-	}
-	e.in("VINSERTI32X4 $1, X17, Y16, Y16")
-	e.in("VCVTPH2PS Y16, Z16")
+	kpQ6D(e, 16, 17)
 	e.in("VMOVUPS Z16, %d(DI)", kuD)
 	for n := 0; n < 2; n++ { // values 128n..128n+127
 		for h := 0; h < 2; h++ { // values 16h..16h+15 of each group of 32
@@ -567,4 +549,19 @@ func kpQ6High(e *emitter, i, g int) int {
 		hb = 31
 	}
 	return hb
+}
+
+// kpQ6D loads the sixteen rows' Q6_K super-block scales d (f16 at byte
+// 208) as float32 into Z(a), with X(b) a temporary (AX clobbered).
+func kpQ6D(e *emitter, a, b int) {
+	e.in("MOVWLZX %s, AX", kpRow(0, 208))
+	e.in("VMOVD AX, X%d", a)
+	e.in("MOVWLZX %s, AX", kpRow(8, 208))
+	e.in("VMOVD AX, X%d", b)
+	for i := 1; i < 8; i++ {
+		e.in("VPINSRW $%d, %s, X%d, X%d", i, kpRow(i, 208), a, a)
+		e.in("VPINSRW $%d, %s, X%d, X%d", i, kpRow(8+i, 208), b, b)
+	}
+	e.in("VINSERTI32X4 $1, X%d, Y%d, Y%d", b, a, a)
+	e.in("VCVTPH2PS Y%d, Z%d", a, a)
 }

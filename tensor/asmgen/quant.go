@@ -490,21 +490,7 @@ func genQ4K(e *emitter, isa string, R, T int) {
 				e.in("VADDPS Y%d, Y%d, Y%d", ia, A[t][r], A[t][r])
 			}
 		}
-		if I != nil {
-			ts := make([]int, T)
-			for t := range ts {
-				ts[t] = t
-			}
-			tokenSums(ts, I, nil)
-		} else {
-			var second []int
-			if yi2 >= 0 {
-				second = []int{yi2}
-			}
-			for t := 0; t < T; t++ {
-				tokenSums([]int{t}, []int{yi}, second)
-			}
-		}
+		kTokenSums(T, I, yi, yi2, tokenSums)
 	}
 	qepilogue(e, R, T, A, 144, T*xbK)
 	e.frame = 0
@@ -611,21 +597,7 @@ func genQ6K(e *emitter, isa string, R, T int) {
 				e.in("VADDPS Y%d, Y%d, Y%d", ia, A[t][r], A[t][r])
 			}
 		}
-		if I != nil {
-			ts := make([]int, T)
-			for t := range ts {
-				ts[t] = t
-			}
-			tokenSums(ts, I, nil)
-		} else {
-			var second []int
-			if yi2 >= 0 {
-				second = []int{yi2}
-			}
-			for t := 0; t < T; t++ {
-				tokenSums([]int{t}, []int{yi}, second)
-			}
-		}
+		kTokenSums(T, I, yi, yi2, tokenSums)
 	}
 	qepilogue(e, R, T, A, 210, T*xbK)
 	e.frame = 0
@@ -1255,5 +1227,27 @@ func p8LoopHead(e *emitter) {
 	e.label("loop")
 	for i := 0; i < 8; i++ {
 		e.in("%s %s", p8Prefetch, p8RowAt("AX", "R12", i, 0))
+	}
+}
+
+// kTokenSums runs a K-quant kernel's integer sums (sums: for tokens ts,
+// into accumulators accs and, when given, accs2) for its T tokens: all at
+// once into the registers I when there is one per token, else token by
+// token into yi (and yi2 when not negative).
+func kTokenSums(T int, I []int, yi, yi2 int, sums func(ts, accs, accs2 []int)) {
+	if I != nil {
+		ts := make([]int, T)
+		for t := range ts {
+			ts[t] = t
+		}
+		sums(ts, I, nil)
+		return
+	}
+	var second []int
+	if yi2 >= 0 {
+		second = []int{yi2}
+	}
+	for t := 0; t < T; t++ {
+		sums([]int{t}, []int{yi}, second)
 	}
 }
