@@ -141,14 +141,7 @@ func genActQuant(e *emitter) {
 		quant()
 		e.in("VPMOVDB Z5, %d(DI)", 16*i)
 		// sum of the sixteen → int16 bs[i]
-		e.in("VEXTRACTI64X4 $1, Z5, Y6")
-		e.in("VPADDD Y6, Y5, Y5")
-		e.in("VEXTRACTI32X4 $1, Y5, X6")
-		e.in("VPADDD X6, X5, X5")
-		e.in("VPSHUFD $0x4E, X5, X6")
-		e.in("VPADDD X6, X5, X5")
-		e.in("VPSHUFD $0xB1, X5, X6")
-		e.in("VPADDD X6, X5, X5")
+		hsumZ5(e)
 		e.in("VMOVD X5, AX")
 		e.in("MOVW AX, %d(DI)", 256+2*i)
 	}
@@ -176,4 +169,17 @@ func maxAbsRet(e *emitter) {
 	e.in("MOVL AX, ret+%d(FP)", e.retOff)
 	e.in("VZEROUPPER")
 	e.in("RET")
+}
+
+// hsumZ5 adds up the sixteen int32 of Z5 into X5's first lane (Z6 a
+// temporary).
+func hsumZ5(e *emitter) {
+	e.in("VEXTRACTI64X4 $1, Z5, Y6")
+	e.in("VPADDD Y6, Y5, Y5")
+	e.in("VEXTRACTI32X4 $1, Y5, X6")
+	e.in("VPADDD X6, X5, X5")
+	e.in("VPSHUFD $0x4E, X5, X6")
+	e.in("VPADDD X6, X5, X5")
+	e.in("VPSHUFD $0xB1, X5, X6")
+	e.in("VPADDD X6, X5, X5")
 }

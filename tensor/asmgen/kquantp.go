@@ -162,13 +162,7 @@ func genKP(e *emitter, typ string, T int) {
 	if kpPrefetch != "" {
 		e.in("LEAQ (R12)(BX*4), R13") // the next tile (rows 16..31)
 	}
-	e.in("TESTQ AX, AX")
-	e.in("JNZ start")
-	e.in("VPXORD Z0, Z0, Z0")
-	for t := 0; t < T; t++ {
-		e.in("VMOVUPS Z0, %d(DX)", 64*t)
-	}
-	e.label("start")
+	accPrologue(e, "Z", T, true, 64)
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
 	e.label("loop")
@@ -454,13 +448,7 @@ func genKPCompute(e *emitter, T int) {
 	e.in("MOVQ nb+24(FP), CX")
 	e.in("MOVQ acc+32(FP), DX")
 	e.in("MOVQ load+40(FP), AX")
-	e.in("TESTQ AX, AX")
-	e.in("JNZ start")
-	e.in("VPXORD Z0, Z0, Z0")
-	for t := 0; t < T; t++ {
-		e.in("VMOVUPS Z0, %d(DX)", 64*t)
-	}
-	e.label("start")
+	accPrologue(e, "Z", T, true, 64)
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
 	var waves [][]int // tokens in waves of up to eight

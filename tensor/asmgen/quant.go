@@ -874,14 +874,7 @@ func genActQP(e *emitter) {
 	}
 	// corr = negCorr·Σ qx
 	e.in("VPADDD Z6, Z5, Z5")
-	e.in("VEXTRACTI64X4 $1, Z5, Y6")
-	e.in("VPADDD Y6, Y5, Y5")
-	e.in("VEXTRACTI32X4 $1, Y5, X6")
-	e.in("VPADDD X6, X5, X5")
-	e.in("VPSHUFD $0x4E, X5, X6")
-	e.in("VPADDD X6, X5, X5")
-	e.in("VPSHUFD $0xB1, X5, X6")
-	e.in("VPADDD X6, X5, X5")
+	hsumZ5(e)
 	e.in("VPMULLD X26, X5, X5")
 	e.in("VMOVD X5, 32(DI)")
 	e.in("ADDQ $128, SI")
