@@ -209,25 +209,7 @@ func qepilogue(e *emitter, R, T int, A [][]int, wBytes, xBytes int) {
 	e.in("JNZ loop")
 	e.label("done")
 	if rowsMode {
-		a := A[0][0]
-		e.in("VEXTRACTF128 $1, Y%d, X1", a)
-		e.in("VADDPS X1, X%d, X0", a)
-		e.in("VMOVHLPS X0, X0, X1")
-		e.in("VADDPS X1, X0, X0")
-		e.in("VMOVSHDUP X0, X1")
-		e.in("VADDSS X1, X0, X0")
-		e.in("MOVQ out+32(FP), DX")
-		e.in("VMOVSS X0, (DX)")
-		e.in("ADDQ $4, DX")
-		e.in("MOVQ DX, out+32(FP)")
-		e.in("MOVQ w+0(FP), AX")
-		e.in("ADDQ BX, AX")
-		e.in("MOVQ AX, w+0(FP)")
-		e.in("DECQ rows+40(FP)")
-		e.in("JNZ row")
-		e.label("end")
-		e.in("VZEROUPPER")
-		e.in("RET")
+		rowsEpilogue(e, A[0][0])
 		return
 	}
 	for t := 0; t < T; t++ {
@@ -697,24 +679,7 @@ func genQ32Rows(e *emitter, typ, isa string) {
 	block(0, 0, a0)
 	e.label("reduce")
 	e.in("VADDPS Y%d, Y%d, Y%d", a1, a0, a0)
-	e.in("VEXTRACTF128 $1, Y%d, X1", a0)
-	e.in("VADDPS X1, X%d, X0", a0)
-	e.in("VMOVHLPS X0, X0, X1")
-	e.in("VADDPS X1, X0, X0")
-	e.in("VMOVSHDUP X0, X1")
-	e.in("VADDSS X1, X0, X0")
-	e.in("MOVQ out+32(FP), DX")
-	e.in("VMOVSS X0, (DX)")
-	e.in("ADDQ $4, DX")
-	e.in("MOVQ DX, out+32(FP)")
-	e.in("MOVQ w+0(FP), AX")
-	e.in("ADDQ BX, AX")
-	e.in("MOVQ AX, w+0(FP)")
-	e.in("DECQ rows+40(FP)")
-	e.in("JNZ row")
-	e.label("end")
-	e.in("VZEROUPPER")
-	e.in("RET")
+	rowsEpilogue(e, a0)
 }
 
 // genQ8P: Q8_0 or Q4_0 weights, eight rows in the eight lanes (transposed block
@@ -1243,4 +1208,28 @@ func kTokenSums(T int, I []int, yi, yi2 int, sums func(ts, accs, accs2 []int)) {
 	for t := 0; t < T; t++ {
 		sums([]int{t}, []int{yi}, second)
 	}
+}
+
+// rowsEpilogue ends a rows kernel's row (rowsMode, genQ32Rows): the eight
+// lanes of Y(a) summed by reduceLanes' tree into out[0], out and w moved
+// to the next row, the row loop closed.
+func rowsEpilogue(e *emitter, a int) {
+	e.in("VEXTRACTF128 $1, Y%d, X1", a)
+	e.in("VADDPS X1, X%d, X0", a)
+	e.in("VMOVHLPS X0, X0, X1")
+	e.in("VADDPS X1, X0, X0")
+	e.in("VMOVSHDUP X0, X1")
+	e.in("VADDSS X1, X0, X0")
+	e.in("MOVQ out+32(FP), DX")
+	e.in("VMOVSS X0, (DX)")
+	e.in("ADDQ $4, DX")
+	e.in("MOVQ DX, out+32(FP)")
+	e.in("MOVQ w+0(FP), AX")
+	e.in("ADDQ BX, AX")
+	e.in("MOVQ AX, w+0(FP)")
+	e.in("DECQ rows+40(FP)")
+	e.in("JNZ row")
+	e.label("end")
+	e.in("VZEROUPPER")
+	e.in("RET")
 }
