@@ -63,6 +63,27 @@ func relRMS(got, want []float32) float64 {
 	return math.Sqrt(e / s)
 }
 
+// checkAccuracy multiplies a rows × 4·QK_K matrix of type typ by 11
+// random vectors with path and with other, and requires path's relative
+// RMS error against matmulRef (the float product of the dequantized
+// weights) to stay under 1%; other's (what path replaces) is logged.
+func checkAccuracy(t *testing.T, r *rand.Rand, typ DType, rows int, path, other func(m *Matrix, dst, x []float32, n int), otherName string) {
+	t.Helper()
+	cols, n := 4*QK_K, 11
+	m := randMatrix(t, r, typ, rows, cols)
+	x := randF32(r, n*cols)
+	want := make([]float32, n*rows)
+	m.matmulRef(want, x, n)
+	got := make([]float32, n*rows)
+	path(m, got, x, n)
+	rel := relRMS(got, want)
+	other(m, got, x, n)
+	t.Logf("%s: relative RMS error %.3g (%s %.3g)", typ, rel, otherName, relRMS(got, want))
+	if rel > 0.01 {
+		t.Errorf("%s: relative RMS error %.3g", typ, rel)
+	}
+}
+
 // matMulEachLevel checks that m.MatMul of the n rows of x gives want bit
 // for bit at every level (skip: a level where the path under test does
 // not run).

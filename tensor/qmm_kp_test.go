@@ -25,21 +25,9 @@ func kpMatMulGo(m *Matrix, dst, x []float32, n int) {
 func TestKPAccuracy(t *testing.T) {
 	r := rand.New(rand.NewPCG(23, 24))
 	for _, typ := range []DType{Q4_K, Q6_K} {
-		rows, cols, n := 48, 4*QK_K, 11
-		m := randMatrix(t, r, typ, rows, cols)
-		x := randF32(r, n*cols)
-		want := make([]float32, n*rows)
-		m.matmulRef(want, x, n)
-		rms := func(got []float32) float64 { return relRMS(got, want) }
-		got := make([]float32, n*rows)
-		kpMatMulGo(m, got, x, n)
-		rel := rms(got)
-		qk := quantKern(typ)
-		m.matmulQuant(qk, got, x, n)
-		t.Logf("%s: relative RMS error %.3g (4-row tiles %.3g)", typ, rel, rms(got))
-		if rel > 0.01 {
-			t.Errorf("%s: relative RMS error %.3g", typ, rel)
-		}
+		checkAccuracy(t, r, typ, 48, kpMatMulGo, func(m *Matrix, dst, x []float32, n int) {
+			m.matmulQuant(quantKern(m.Type), dst, x, n)
+		}, "4-row tiles")
 	}
 }
 

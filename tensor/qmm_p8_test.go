@@ -13,20 +13,9 @@ import (
 func TestQ8PAccuracy(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 10))
 	for _, typ := range []DType{Q8_0, Q4_0} {
-		rows, cols, n := 40, 4*QK_K, 11
-		m := randMatrix(t, r, typ, rows, cols)
-		x := randF32(r, n*cols)
-		want := make([]float32, n*rows)
-		m.matmulRef(want, x, n)
-		rms := func(got []float32) float64 { return relRMS(got, want) }
-		got := make([]float32, n*rows)
-		matMulQ8P(p8Set{8, qp8Go[typ], nil, nil}, m, got, x, n)
-		rel := rms(got)
-		m.MatMul(got, x, n)
-		t.Logf("%s: relative RMS error %.3g (MatMul %.3g)", typ, rel, rms(got))
-		if rel > 0.01 {
-			t.Errorf("%s: relative RMS error %.3g", typ, rel)
-		}
+		checkAccuracy(t, r, typ, 40, func(m *Matrix, dst, x []float32, n int) {
+			matMulQ8P(p8Set{8, qp8Go[m.Type], nil, nil}, m, dst, x, n)
+		}, (*Matrix).MatMul, "MatMul")
 	}
 }
 
