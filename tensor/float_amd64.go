@@ -5,9 +5,10 @@ package tensor
 import "unsafe"
 
 var floatKernelsZ = floatKernels{
-	mr: 14,
+	mr: 16,
 	kern: []kernFunc{nil, kernF32Zm1, kernF32Zm2, kernF32Zm3, kernF32Zm4, kernF32Zm5, kernF32Zm6, kernF32Zm7,
-		kernF32Zm8, kernF32Zm9, kernF32Zm10, kernF32Zm11, kernF32Zm12, kernF32Zm13, kernF32Zm14},
+		kernF32Zm8, kernF32Zm9, kernF32Zm10, kernF32Zm11, kernF32Zm12, kernF32Zm13, kernF32Zm14,
+		kernF32Zm15, kernF32Zm16},
 	pack: [3]packFunc{packF32Z, packF16Z, packBF16Z},
 }
 

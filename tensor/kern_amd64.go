@@ -51,6 +51,12 @@ func kernF32Zm13(p, xp *float32, k int, c *float32, load int)
 func kernF32Zm14(p, xp *float32, k int, c *float32, load int)
 
 //go:noescape
+func kernF32Zm15(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32Zm16(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
 func kernF32Ym1(p, xp *float32, k int, c *float32, load int)
 
 //go:noescape

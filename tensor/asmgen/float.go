@@ -15,7 +15,7 @@ const (
 )
 
 func genFloatKernels(e *emitter) {
-	for m := 1; m <= 14; m++ {
+	for m := 1; m <= 16; m++ {
 		genKernZ(e, m)
 	}
 	for m := 1; m <= 6; m++ {
