@@ -83,6 +83,18 @@ func TestLlama2CToGGUF(t *testing.T) {
 			if tok.DecodeAll(ids) != refTok.DecodeAll(ids) {
 				t.Error("GGUF tokenizer decodes differently")
 			}
+			// The engine's two ways in, the file read into memory and
+			// mapped, run to the same logits as the model over f.
+			for name, load := range map[string]func(string, string) (*model.Model, tokenizer.Tokenizer, error){"Load": engine.Load, "LoadMapped": engine.LoadMapped} {
+				em, _, err := load(out, "")
+				if err != nil {
+					t.Fatalf("engine.%s: %v", name, err)
+				}
+				if d := maxLogitDelta(t, m, em, ids[:16]); d != 0 {
+					t.Errorf("engine.%s: logits differ from the model over gguf.Open by %g", name, d)
+				}
+				em.Close()
+			}
 			d := maxLogitDelta(t, ref, m, ids[:32])
 			if d > c.logits {
 				t.Errorf("max |Δlogit| %.3g > %.3g", d, c.logits)

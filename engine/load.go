@@ -11,9 +11,18 @@ import (
 )
 
 // Load opens a model and its tokenizer. path is a GGUF file (whose metadata
-// holds the vocabulary; tokPath may override it) or a llama2.c checkpoint
-// (tokPath, a llama2.c tokenizer.bin, is then required).
+// holds the vocabulary; tokPath may override it), read into memory, or a
+// llama2.c checkpoint (tokPath, a llama2.c tokenizer.bin, is then required).
 func Load(path, tokPath string) (*model.Model, tokenizer.Tokenizer, error) {
+	return load(path, tokPath, model.LoadGGUF)
+}
+
+// LoadMapped is Load with a GGUF file memory-mapped (model.MapGGUF).
+func LoadMapped(path, tokPath string) (*model.Model, tokenizer.Tokenizer, error) {
+	return load(path, tokPath, model.MapGGUF)
+}
+
+func load(path, tokPath string, loadGGUF func(string) (*model.Model, tokenizer.Tokenizer, error)) (*model.Model, tokenizer.Tokenizer, error) {
 	gguf, err := IsGGUF(path)
 	if err != nil {
 		return nil, nil, err
@@ -21,7 +30,7 @@ func Load(path, tokPath string) (*model.Model, tokenizer.Tokenizer, error) {
 	var m *model.Model
 	var tok tokenizer.Tokenizer
 	if gguf {
-		m, tok, err = model.LoadGGUF(path)
+		m, tok, err = loadGGUF(path)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -235,6 +235,14 @@ func TestRoundTrip(t *testing.T) {
 		if !bytes.Equal(onDisk, buf.Bytes()) {
 			t.Error("WriteFile and WriteTo differ")
 		}
+		fl, err := Load(path)
+		if err != nil {
+			t.Fatalf("Load: %v", err)
+		}
+		checkSample(t, fl, kvs, ts, want)
+		if err := fl.Close(); err != nil {
+			t.Fatal(err)
+		}
 		fo, err := Open(path)
 		if err != nil {
 			t.Fatalf("Open: %v", err)
@@ -536,23 +544,30 @@ func TestEveryTruncation(t *testing.T) {
 		if err := os.WriteFile(path, data[:i], 0o644); err != nil {
 			t.Fatal(err)
 		}
-		f, err := Open(path)
-		if err == nil {
-			f.Close()
-			t.Fatalf("Open of the first %d bytes succeeded", i)
-		}
-		checkErrorText(t, err)
-		if !strings.Contains(err.Error(), path) {
-			t.Errorf("Open error does not name the file: %v", err)
+		for name, open := range opens {
+			f, err := open(path)
+			if err == nil {
+				f.Close()
+				t.Fatalf("%s of the first %d bytes succeeded", name, i)
+			}
+			checkErrorText(t, err)
+			if !strings.Contains(err.Error(), path) {
+				t.Errorf("%s error does not name the file: %v", name, err)
+			}
 		}
 	}
-	if _, err := Open(filepath.Join(dir, "missing.gguf")); err == nil {
-		t.Error("Open of a missing file succeeded")
-	}
-	if _, err := Open(dir); err == nil {
-		t.Error("Open of a directory succeeded")
+	for name, open := range opens {
+		if _, err := open(filepath.Join(dir, "missing.gguf")); err == nil {
+			t.Errorf("%s of a missing file succeeded", name)
+		}
+		if _, err := open(dir); err == nil {
+			t.Errorf("%s of a directory succeeded", name)
+		}
 	}
 }
+
+// opens: the two ways to open a file, mapped and read.
+var opens = map[string]func(string) (*File, error){"Open": Open, "Load": Load}
 
 func checkErrorText(t *testing.T, err error) {
 	t.Helper()

@@ -3,6 +3,7 @@
 package gguf
 
 import (
+	"fmt"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -12,7 +13,7 @@ import (
 func mapFile(fh *os.File, size int) ([]byte, func() error, error) {
 	data, err := unix.Mmap(int(fh.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("map: %w", err)
 	}
 	return data, func() error { return unix.Munmap(data) }, nil
 }

@@ -10,10 +10,16 @@ import (
 	"github.com/kvlm/kvlm/tokenizer"
 )
 
-// LoadGGUF loads a model and its tokenizer from a GGUF file, memory-mapped:
-// weights are used in place, in their stored type.
-func LoadGGUF(path string) (*Model, tokenizer.Tokenizer, error) {
-	f, err := gguf.Open(path)
+// LoadGGUF loads a model and its tokenizer from a GGUF file read into
+// memory (gguf.Load): weights are used in place, in their stored type.
+func LoadGGUF(path string) (*Model, tokenizer.Tokenizer, error) { return loadGGUF(path, gguf.Load) }
+
+// MapGGUF is LoadGGUF over a memory mapping of the file (gguf.Open): it
+// starts sooner and shares the page cache, and decodes more slowly.
+func MapGGUF(path string) (*Model, tokenizer.Tokenizer, error) { return loadGGUF(path, gguf.Open) }
+
+func loadGGUF(path string, open func(string) (*gguf.File, error)) (*Model, tokenizer.Tokenizer, error) {
+	f, err := open(path)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -3,8 +3,6 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
-	"runtime"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -320,7 +318,11 @@ func benchCeilingRounds(mf *modelFlags, m *model.Model, f *benchFlags, prompt []
 	if err != nil {
 		return err
 	}
-	buf := bandwidthBuffer(f.bandwidthMiB)
+	buf, free, err := bandwidthBuffer(f.bandwidthMiB)
+	if err != nil {
+		return err
+	}
+	defer free()
 	var bws, fracs []float64
 	for r := 0; r < rounds; r++ {
 		t0 := time.Now()
@@ -345,9 +347,6 @@ func benchCeilingRounds(mf *modelFlags, m *model.Model, f *benchFlags, prompt []
 	res.BandwidthGBs, res.BandwidthScalarGBs = median(bws)/1e9, scalar/1e9
 	res.CeilingTokS = median(bws) / float64(res.BytesPerToken)
 	res.CeilingFraction = median(fracs)
-	buf = nil
-	runtime.GC()
-	debug.FreeOSMemory()
 	return nil
 }
 
@@ -432,13 +431,18 @@ func benchBatched(mf *modelFlags, m *model.Model, b, steps int) (benchBatch, err
 }
 
 // bandwidthBuffer is the buffer of mib MiB the bandwidth measurement
-// reads, its pages touched.
-func bandwidthBuffer(mib int) []byte {
-	buf := make([]byte, mib<<20)
+// reads, its pages touched: memory of the kind the weights are read into
+// (tensor.AllocHuge, as gguf.Load), so that the ceiling is the one the
+// weights could reach.
+func bandwidthBuffer(mib int) ([]byte, func() error, error) {
+	buf, free, err := tensor.AllocHuge(mib << 20)
+	if err != nil {
+		return nil, nil, err
+	}
 	for i := range buf {
 		buf[i] = byte(i)
 	}
-	return buf
+	return buf, free, nil
 }
 
 func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {

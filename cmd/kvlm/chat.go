@@ -69,7 +69,7 @@ first tokens and the last --window (StreamingLLM), never re-encoding history.`,
 			if err != nil {
 				return err
 			}
-			m, tok, err := engine.Load(f.model, f.tokenizer)
+			m, tok, err := loadModel(f.model, f.tokenizer, f.mmap)
 			if err != nil {
 				return err
 			}

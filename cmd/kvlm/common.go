@@ -30,6 +30,7 @@ type modelFlags struct {
 	kvTypeV   string
 	kvMem     string
 	keyShift  bool
+	mmap      bool
 
 	tok      tokenizer.Tokenizer // set by load, for the key means
 	keyMeans [][]float32         // computed once, for q8/q4 keys
@@ -42,6 +43,7 @@ type modelFlags struct {
 func (f *modelFlags) register(c *cobra.Command) {
 	c.Flags().StringVarP(&f.model, "model", "m", "", "model file: GGUF, or a llama2.c checkpoint (then --tokenizer)")
 	c.Flags().StringVar(&f.tokenizer, "tokenizer", "", "llama2.c tokenizer.bin (required for llama2.c checkpoints, overrides a GGUF's)")
+	c.Flags().BoolVar(&f.mmap, "mmap", false, mmapUsage)
 	c.Flags().IntVar(&f.chunk, "chunk", model.DefaultChunk, "prefill chunk: prompt tokens run as one matrix")
 	c.Flags().IntVar(&f.kvBlock, "kv-block", kvcache.DefaultBlockTokens, "KV cache block size in tokens")
 	c.Flags().StringVar(&f.kvType, "kv-type", "f32", "KV storage codec for keys and values: f32 f16 bf16 q8 q4 kivi2 kivi4")
@@ -129,9 +131,20 @@ func (f *modelFlags) load() (*model.Model, tokenizer.Tokenizer, error) {
 	if _, err := f.policyConfig(); err != nil {
 		return nil, nil, err
 	}
-	m, tok, err := engine.Load(f.model, f.tokenizer)
+	m, tok, err := loadModel(f.model, f.tokenizer, f.mmap)
 	f.tok = tok
 	return m, tok, err
+}
+
+const mmapUsage = "memory-map a GGUF model instead of reading it into memory: starts sooner and shares the page cache, decodes 5-12% slower (docs/PERFORMANCE.md)"
+
+// loadModel opens a model: a GGUF file read into memory, or with mmap
+// mapped (--mmap).
+func loadModel(path, tokPath string, mmap bool) (*model.Model, tokenizer.Tokenizer, error) {
+	if mmap {
+		return engine.LoadMapped(path, tokPath)
+	}
+	return engine.Load(path, tokPath)
 }
 
 // withKeyShift adds the model's key means to opt when its key codec

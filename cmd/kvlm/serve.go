@@ -34,12 +34,14 @@ type serveFlags struct {
 	chunk            int
 	template         string
 	keyShift         bool
+	mmap             bool
 }
 
 func (f *serveFlags) register(c *cobra.Command) {
 	fl := c.Flags()
 	fl.StringVarP(&f.model, "model", "m", "", "model file: GGUF, or a llama2.c checkpoint (then --tokenizer)")
 	fl.StringVar(&f.tokenizer, "tokenizer", "", "llama2.c tokenizer.bin (required for llama2.c checkpoints, overrides a GGUF's)")
+	fl.BoolVar(&f.mmap, "mmap", false, mmapUsage)
 	fl.StringVar(&f.kvMem, "kv-mem", "", "KV byte budget of all sequences together, e.g. 256MiB (default: --max-running full contexts, at most 4GiB)")
 	fl.StringVar(&f.kvType, "kv-type", "f32", "default KV codec for keys and values (a request's kv.type_k/type_v may choose others)")
 	fl.StringVar(&f.kvTypeK, "kv-type-k", "", "default codec of the keys (overrides --kv-type)")
@@ -113,7 +115,7 @@ type, type_k, type_v, slot, cache_prompt).`,
 					return fmt.Errorf("--slot-dir %s is not a directory", slotDir)
 				}
 			}
-			m, tok, err := engine.Load(f.model, f.tokenizer)
+			m, tok, err := loadModel(f.model, f.tokenizer, f.mmap)
 			if err != nil {
 				return err
 			}
