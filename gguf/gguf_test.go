@@ -235,27 +235,21 @@ func TestRoundTrip(t *testing.T) {
 		if !bytes.Equal(onDisk, buf.Bytes()) {
 			t.Error("WriteFile and WriteTo differ")
 		}
-		fl, err := Load(path)
-		if err != nil {
-			t.Fatalf("Load: %v", err)
-		}
-		checkSample(t, fl, kvs, ts, want)
-		if err := fl.Close(); err != nil {
-			t.Fatal(err)
-		}
-		fo, err := Open(path)
-		if err != nil {
-			t.Fatalf("Open: %v", err)
-		}
-		checkSample(t, fo, kvs, ts, want)
-		if err := fo.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := fo.Close(); err != nil {
-			t.Fatal("second Close:", err)
-		}
-		if fo.TensorData(&fo.Tensors[0]) != nil {
-			t.Error("TensorData after Close is not nil")
+		for name, open := range opens {
+			fo, err := open(path)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			checkSample(t, fo, kvs, ts, want)
+			if err := fo.Close(); err != nil {
+				t.Fatal(name, err)
+			}
+			if err := fo.Close(); err != nil {
+				t.Fatal(name, "second Close:", err)
+			}
+			if fo.TensorData(&fo.Tensors[0]) != nil {
+				t.Error(name, "TensorData after Close is not nil")
+			}
 		}
 		entries, _ := os.ReadDir(filepath.Dir(path))
 		if len(entries) != 1 {
