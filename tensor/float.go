@@ -194,30 +194,36 @@ func dotHalf(a, b []float32) float32 {
 // in dotHalf's order: the kernel k sums the first 16·⌊Cols/16⌋ values, the
 // rest are added here one by one.
 func (m *Matrix) matvecHalf(k matvecHFunc, dst, x []float32) {
-	cols, rows := m.Cols, m.Rows
+	Parallel(m.Rows, halfGrain(m.Cols), func(lo, hi int) { m.matvecHalfRows(k, dst, x, lo, hi) })
+}
+
+// halfGrain: rows of cols half-floats per parallel chunk, at least.
+func halfGrain(cols int) int { return max(1, 32768/cols) }
+
+// matvecHalfRows computes rows [lo, hi) of matvecHalf.
+func (m *Matrix) matvecHalfRows(k matvecHFunc, dst, x []float32, lo, hi int) {
+	cols := m.Cols
 	n16 := cols &^ 15
-	Parallel(rows, max(1, 32768/cols), func(lo, hi int) {
-		if n16 > 0 {
-			k(unsafe.Pointer(&m.Data[lo*m.rowBytes]), m.rowBytes, &x[0], n16, hi-lo, &dst[lo])
-		} else {
-			clear(dst[lo:hi])
-		}
-		if n16 == cols {
-			return
-		}
-		for r := lo; r < hi; r++ {
-			s := dst[r]
-			row := m.Data[r*m.rowBytes:]
-			for i := n16; i < cols; i++ {
-				var w float32
-				if m.Type == F16 {
-					w = F16ToF32(le16(row[2*i:]))
-				} else {
-					w = BF16ToF32(le16(row[2*i:]))
-				}
-				s += float32(w * x[i])
+	if n16 > 0 {
+		k(unsafe.Pointer(&m.Data[lo*m.rowBytes]), m.rowBytes, &x[0], n16, hi-lo, &dst[lo])
+	} else {
+		clear(dst[lo:hi])
+	}
+	if n16 == cols {
+		return
+	}
+	for r := lo; r < hi; r++ {
+		s := dst[r]
+		row := m.Data[r*m.rowBytes:]
+		for i := n16; i < cols; i++ {
+			var w float32
+			if m.Type == F16 {
+				w = F16ToF32(le16(row[2*i:]))
+			} else {
+				w = BF16ToF32(le16(row[2*i:]))
 			}
-			dst[r] = s
+			s += float32(w * x[i])
 		}
-	})
+		dst[r] = s
+	}
 }

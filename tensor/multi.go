@@ -12,9 +12,9 @@ import (
 // once per activation format (Q4_K and Q6_K share one) instead of once per
 // matrix, and their products run in one parallel region (two when some go
 // through the row-tile kernels of qmm_p8.go (8 or 16 rows) or qmm_kp.go
-// (16 rows), which share one of their own); float
-// matrices (F32, F16, BF16), which have nothing to share, run their own
-// MatMul. Every matrix must have the same Cols; dsts[i] is [n][ws[i].Rows].
+// (16 rows), which share one of their own); half-float matrices (F16,
+// BF16) times one vector share one region of their own; other float
+// products run their own MatMul. Every matrix must have the same Cols; dsts[i] is [n][ws[i].Rows].
 func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 	if len(dsts) != len(ws) {
 		panic(fmt.Sprintf("tensor: MatMulMany given %d outputs for %d matrices", len(dsts), len(ws)))
@@ -84,9 +84,23 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 			tiles := (w.Rows + quantRowTile - 1) / quantRowTile
 			mj.parts = append(mj.parts, multiPart{m: w, qk: qk, dst: dsts[i], act: a, lo: mj.tiles, hi: mj.tiles + tiles})
 			mj.tiles += tiles
+		case F16, BF16:
+			if k := matvecH(w.Type); n == 1 && k != nil {
+				// One vector: the rows of every half-float matrix in one
+				// parallel region (a layer's matrices lie one after
+				// another in the file, so a worker's stream runs on).
+				mj.hparts = append(mj.hparts, multiPart{m: w, hk: k, dst: dsts[i], lo: mj.hrows, hi: mj.hrows + w.Rows})
+				mj.hrows += w.Rows
+				continue
+			}
+			w.MatMul(dsts[i], x, n)
 		default:
 			w.MatMul(dsts[i], x, n)
 		}
+	}
+	if len(mj.hparts) > 0 {
+		mj.x = x
+		Parallel(mj.hrows, halfGrain(cols), mj.runHalf)
 	}
 	if len(mj.p8parts) > 0 {
 		mj.n = n
@@ -125,13 +139,19 @@ type multiJob struct {
 	// the activations of the 16-row K-quant kernels (qmm_kp.go), whose
 	// tiles are p8parts with act -1
 	kpact *[]byte
+	// half-float matrices times one vector x: their rows one after
+	// another
+	hparts []multiPart
+	hrows  int
+	x      []float32
 }
 
 // multiPart is one quantized matrix's tiles [lo, hi) of the job's range.
 type multiPart struct {
 	m      *Matrix
 	qk     *quantKernels
-	p8     p8Set // the 8- or 16-row kernels (p8parts)
+	p8     p8Set       // the 8- or 16-row kernels (p8parts)
+	hk     matvecHFunc // the half-float matrix-vector kernel (hparts)
 	dst    []float32
 	act    int // index into acts
 	lo, hi int
@@ -147,6 +167,18 @@ func (mj *multiJob) reset() {
 	clear(mj.p8parts)
 	mj.p8types, mj.p8acts, mj.p8parts, mj.p8tiles = mj.p8types[:0], mj.p8acts[:0], mj.p8parts[:0], 0
 	mj.kpact = nil
+	clear(mj.hparts)
+	mj.hparts, mj.hrows, mj.x = mj.hparts[:0], 0, nil
+}
+
+// runHalf computes rows [lo, hi) of the job's range of half-float rows.
+func (mj *multiJob) runHalf(lo, hi int) {
+	for i := range mj.hparts {
+		p := &mj.hparts[i]
+		if a, b := max(lo, p.lo), min(hi, p.hi); a < b {
+			p.m.matvecHalfRows(p.hk, p.dst, mj.x, a-p.lo, b-p.lo)
+		}
+	}
 }
 
 // runP8 computes the tiles [lo, hi) of the job's range of 8- and 16-row

@@ -31,6 +31,7 @@ func TestMatMulMany(t *testing.T) {
 	sets["Q6_K+Q4_K"] = []*Matrix{mats[Q6_K][0], mats[Q4_K][2]}
 	sets["Q8_0+Q4_0"] = []*Matrix{mats[Q8_0][2], mats[Q4_0][0], mats[Q8_0][1]}
 	sets["every type"] = []*Matrix{mats[Q4_0][0], mats[F16][1], mats[Q4_K][2], mats[Q8_0][0], mats[F32][1], mats[Q6_K][0], mats[BF16][2]}
+	sets["F16+BF16"] = []*Matrix{mats[F16][0], mats[BF16][1], mats[F16][2]} // one vector: one region, two kernels
 	sets["one"] = []*Matrix{mats[Q8_0][1]}
 	forEachLevel(t, func(t *testing.T) {
 		defer func(th int) { Threads = th }(Threads)
