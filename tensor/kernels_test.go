@@ -250,3 +250,23 @@ func TestDotRows(t *testing.T) {
 		})
 	}
 }
+
+// checkManyVsMatMul: MatMulMany over ws gives each matrix's MatMul, bit
+// for bit.
+func checkManyVsMatMul(t *testing.T, what string, ws []*Matrix, x []float32, n int) {
+	t.Helper()
+	dsts := make([][]float32, len(ws))
+	for i, w := range ws {
+		dsts[i] = make([]float32, n*w.Rows)
+	}
+	MatMulMany(dsts, ws, x, n)
+	for i, w := range ws {
+		want := make([]float32, n*w.Rows)
+		w.MatMul(want, x, n)
+		for j := range want {
+			if !sameBits(dsts[i][j], want[j]) {
+				t.Fatalf("%s matrix %d (%s): [%d] = %g, want %g", what, i, w.Type, j, dsts[i][j], want[j])
+			}
+		}
+	}
+}

@@ -78,20 +78,7 @@ func TestKPMany(t *testing.T) {
 			x := randF32(r, n*cols)
 			for _, th := range []int{1, 3} {
 				Threads = th
-				dsts := make([][]float32, len(ws))
-				for i, w := range ws {
-					dsts[i] = make([]float32, n*w.Rows)
-				}
-				MatMulMany(dsts, ws, x, n)
-				for i, w := range ws {
-					want := make([]float32, n*w.Rows)
-					w.MatMul(want, x, n)
-					for j := range want {
-						if !sameBits(dsts[i][j], want[j]) {
-							t.Fatalf("n=%d threads=%d matrix %d (%s): [%d] = %g, want %g", n, th, i, w.Type, j, dsts[i][j], want[j])
-						}
-					}
-				}
+				checkManyVsMatMul(t, fmt.Sprintf("n=%d threads=%d", n, th), ws, x, n)
 			}
 		}
 	})

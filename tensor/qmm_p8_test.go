@@ -50,20 +50,7 @@ func TestQ8PMany(t *testing.T) {
 	forEachLevel(t, func(t *testing.T) {
 		for _, n := range []int{3, 4, 9, 16, 21} {
 			x := randF32(r, n*cols)
-			dsts := make([][]float32, len(ws))
-			for i, w := range ws {
-				dsts[i] = make([]float32, n*w.Rows)
-			}
-			MatMulMany(dsts, ws, x, n)
-			for i, w := range ws {
-				want := make([]float32, n*w.Rows)
-				w.MatMul(want, x, n)
-				for j := range want {
-					if !sameBits(dsts[i][j], want[j]) {
-						t.Fatalf("n=%d matrix %d (%s): [%d] = %g, want %g", n, i, w.Type, j, dsts[i][j], want[j])
-					}
-				}
-			}
+			checkManyVsMatMul(t, fmt.Sprintf("n=%d", n), ws, x, n)
 		}
 	})
 }
