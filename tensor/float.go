@@ -53,54 +53,67 @@ func getBuf(n int) *[]float32 {
 
 // matmulFloat computes dst[t] = W·x[t] with the packed-panel kernels fk.
 func (m *Matrix) matmulFloat(fk *floatKernels, dst, x []float32, n int) {
+	xp, xbuf := packFor(fk, x, m.Cols, n)
+	Parallel(m.floatBlocks(), floatGrain(m.Cols, n), func(lo, hi int) { m.floatRows(fk, dst, xp, n, lo, hi) })
+	if xbuf != nil {
+		floatBufs.Put(xbuf)
+	}
+}
+
+// packFor returns x [n][cols] as the float kernels read it: x itself for
+// one row, else packed (packActivations) into a pooled buffer, also
+// returned for floatBufs.Put.
+func packFor(fk *floatKernels, x []float32, cols, n int) ([]float32, *[]float32) {
+	if n == 1 {
+		return x[:cols], nil
+	}
+	xbuf := getBuf(n * cols)
+	packActivations(*xbuf, x, n, cols, fk.mr)
+	return *xbuf, xbuf
+}
+
+// floatBlocks is the number of panelRows-row blocks of m; floatGrain the
+// blocks per parallel chunk, at least, for n rows of cols values.
+func (m *Matrix) floatBlocks() int { return (m.Rows + panelRows - 1) / panelRows }
+func floatGrain(cols, n int) int   { return max(1, 65536/(cols*n*panelRows)) }
+
+// floatRows computes the blocks [lo, hi) of panelRows rows of dst[t] =
+// W·x[t], from x packed by packFor.
+func (m *Matrix) floatRows(fk *floatKernels, dst, xp []float32, n, lo, hi int) {
 	cols, rows := m.Cols, m.Rows
 	mr := fk.mr
-	xp := x[:n*cols]
-	var xbuf *[]float32
-	if n > 1 {
-		xbuf = getBuf(n * cols)
-		xp = *xbuf
-		packActivations(xp, x, n, cols, mr)
-	}
 	es := 4
 	if m.Type != F32 {
 		es = 2
 	}
-	blocks := (rows + panelRows - 1) / panelRows
-	grain := max(1, 65536/(cols*n*panelRows))
-	Parallel(blocks, grain, func(lo, hi int) {
-		pb := getBuf(panelK*panelRows + n*panelRows)
-		panel, c := (*pb)[:panelK*panelRows], (*pb)[panelK*panelRows:]
-		for b := lo; b < hi; b++ {
-			r0 := b * panelRows
-			nr := min(panelRows, rows-r0)
-			for k0 := 0; k0 < cols; k0 += panelK {
-				kk := min(panelK, cols-k0)
-				m.packPanel(fk, panel, r0, nr, k0, kk)
-				// Fetch the next panel's weights while this one computes.
-				if nk := k0 + panelK; nk < cols {
-					prefetch(unsafe.Pointer(&m.Data[r0*m.rowBytes+nk*es]), m.rowBytes, nr, min(panelK, cols-nk)*es)
-				} else if nr0 := r0 + panelRows; nr0 < rows && b+1 < hi {
-					prefetch(unsafe.Pointer(&m.Data[nr0*m.rowBytes]), m.rowBytes, min(panelRows, rows-nr0), min(panelK, cols)*es)
-				}
-				load := 0
-				if k0 > 0 {
-					load = 1
-				}
-				for t0 := 0; t0 < n; t0 += mr {
-					g := min(mr, n-t0)
-					fk.kern[g](&panel[0], &xp[t0*cols+k0*g], kk, &c[t0*panelRows], load)
-				}
+	pb := getBuf(panelK*panelRows + n*panelRows)
+	panel, c := (*pb)[:panelK*panelRows], (*pb)[panelK*panelRows:]
+	for b := lo; b < hi; b++ {
+		r0 := b * panelRows
+		nr := min(panelRows, rows-r0)
+		for k0 := 0; k0 < cols; k0 += panelK {
+			kk := min(panelK, cols-k0)
+			m.packPanel(fk, panel, r0, nr, k0, kk)
+			// Fetch the next panel's weights while this one computes.
+			if nk := k0 + panelK; nk < cols {
+				prefetch(unsafe.Pointer(&m.Data[r0*m.rowBytes+nk*es]), m.rowBytes, nr, min(panelK, cols-nk)*es)
+			} else if nr0 := r0 + panelRows; nr0 < rows && b+1 < hi {
+				prefetch(unsafe.Pointer(&m.Data[nr0*m.rowBytes]), m.rowBytes, min(panelRows, rows-nr0), min(panelK, cols)*es)
 			}
-			for t := 0; t < n; t++ {
-				copy(dst[t*rows+r0:t*rows+r0+nr], c[t*panelRows:t*panelRows+nr])
+			load := 0
+			if k0 > 0 {
+				load = 1
+			}
+			for t0 := 0; t0 < n; t0 += mr {
+				g := min(mr, n-t0)
+				fk.kern[g](&panel[0], &xp[t0*cols+k0*g], kk, &c[t0*panelRows], load)
 			}
 		}
-		floatBufs.Put(pb)
-	})
-	if xbuf != nil {
-		floatBufs.Put(xbuf)
+		for t := 0; t < n; t++ {
+			copy(dst[t*rows+r0:t*rows+r0+nr], c[t*panelRows:t*panelRows+nr])
+		}
 	}
+	floatBufs.Put(pb)
 }
 
 // packActivations lays x [n][cols] out in groups of mr rows (the last group

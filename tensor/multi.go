@@ -13,8 +13,8 @@ import (
 // matrix, and their products run in one parallel region (two when some go
 // through the row-tile kernels of qmm_p8.go (8 or 16 rows) or qmm_kp.go
 // (16 rows), which share one of their own); half-float matrices (F16,
-// BF16) times one vector share one region of their own; other float
-// products run their own MatMul. Every matrix must have the same Cols; dsts[i] is [n][ws[i].Rows].
+// BF16) times one vector share one region of their own, and the other
+// float products one more (x packed once for all of them). Every matrix must have the same Cols; dsts[i] is [n][ws[i].Rows].
 func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 	if len(dsts) != len(ws) {
 		panic(fmt.Sprintf("tensor: MatMulMany given %d outputs for %d matrices", len(dsts), len(ws)))
@@ -93,17 +93,34 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 				mj.hrows += w.Rows
 				continue
 			}
-			w.MatMul(dsts[i], x, n)
+			fallthrough
+		case F32: // and half floats times several vectors
+			fk := floatKern()
+			if fk == nil {
+				w.MatMul(dsts[i], x, n)
+				continue
+			}
+			if mj.fk == nil {
+				mj.fk = fk
+				mj.xp, mj.xbuf = packFor(fk, x, cols, n)
+			}
+			blocks := w.floatBlocks()
+			mj.fparts = append(mj.fparts, multiPart{m: w, dst: dsts[i], lo: mj.fblocks, hi: mj.fblocks + blocks})
+			mj.fblocks += blocks
 		default:
 			w.MatMul(dsts[i], x, n)
 		}
 	}
+	mj.n = n
 	if len(mj.hparts) > 0 {
 		mj.x = x
 		Parallel(mj.hrows, halfGrain(cols), mj.runHalf)
 	}
+	if len(mj.fparts) > 0 {
+		// The float matrices' blocks one after another, x packed once.
+		Parallel(mj.fblocks, floatGrain(cols, n), mj.runFloat)
+	}
 	if len(mj.p8parts) > 0 {
-		mj.n = n
 		Parallel(mj.p8tiles, 1, mj.runP8)
 	}
 	if len(mj.parts) > 0 {
@@ -118,6 +135,9 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 	}
 	if mj.kpact != nil {
 		byteBufs.Put(mj.kpact)
+	}
+	if mj.xbuf != nil {
+		floatBufs.Put(mj.xbuf)
 	}
 	mj.reset()
 }
@@ -144,6 +164,14 @@ type multiJob struct {
 	hparts []multiPart
 	hrows  int
 	x      []float32
+	// other float products (F32, half floats times several vectors): the
+	// matrices' blocks of panelRows rows one after another, x packed once
+	// for fk's kernels (xbuf: the pooled buffer of xp, if any)
+	fparts  []multiPart
+	fblocks int
+	fk      *floatKernels
+	xp      []float32
+	xbuf    *[]float32
 }
 
 // multiPart is one quantized matrix's tiles [lo, hi) of the job's range.
@@ -169,6 +197,18 @@ func (mj *multiJob) reset() {
 	mj.kpact = nil
 	clear(mj.hparts)
 	mj.hparts, mj.hrows, mj.x = mj.hparts[:0], 0, nil
+	clear(mj.fparts)
+	mj.fparts, mj.fblocks, mj.fk, mj.xp, mj.xbuf = mj.fparts[:0], 0, nil, nil, nil
+}
+
+// runFloat computes blocks [lo, hi) of the job's range of float blocks.
+func (mj *multiJob) runFloat(lo, hi int) {
+	for i := range mj.fparts {
+		p := &mj.fparts[i]
+		if a, b := max(lo, p.lo), min(hi, p.hi); a < b {
+			p.m.floatRows(mj.fk, p.dst, mj.xp, mj.n, a-p.lo, b-p.lo)
+		}
+	}
 }
 
 // runHalf computes rows [lo, hi) of the job's range of half-float rows.
