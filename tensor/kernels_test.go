@@ -252,12 +252,15 @@ func TestDotRows(t *testing.T) {
 }
 
 // checkManyVsMatMul: MatMulMany over ws gives each matrix's MatMul, bit
-// for bit.
+// for bit, and writes every output (they start as NaN).
 func checkManyVsMatMul(t *testing.T, what string, ws []*Matrix, x []float32, n int) {
 	t.Helper()
 	dsts := make([][]float32, len(ws))
 	for i, w := range ws {
 		dsts[i] = make([]float32, n*w.Rows)
+		for j := range dsts[i] {
+			dsts[i][j] = float32(math.NaN())
+		}
 	}
 	MatMulMany(dsts, ws, x, n)
 	for i, w := range ws {

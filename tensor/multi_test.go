@@ -39,28 +39,9 @@ func TestMatMulMany(t *testing.T) {
 			for _, n := range []int{1, 2, 3, 4, 5, 8, 13, 17} {
 				x := randF32(r, n*cols)
 				x[r.IntN(len(x))] *= 1000 // one large value in a block
-				want := make([][]float32, len(ws))
-				for i, w := range ws {
-					want[i] = make([]float32, n*w.Rows)
-					w.MatMul(want[i], x, n)
-				}
 				for _, th := range []int{1, 2, 3} {
 					Threads = th
-					got := make([][]float32, len(ws))
-					for i, w := range ws {
-						got[i] = make([]float32, n*w.Rows)
-						for j := range got[i] {
-							got[i][j] = float32(math.NaN())
-						}
-					}
-					MatMulMany(got, ws, x, n)
-					for i := range ws {
-						for j := range got[i] {
-							if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
-								t.Fatalf("%s n=%d threads=%d matrix %d (%s) value %d: %v, MatMul %v", name, n, th, i, ws[i].Type, j, got[i][j], want[i][j])
-							}
-						}
-					}
+					checkManyVsMatMul(t, fmt.Sprintf("%s n=%d threads=%d", name, n, th), ws, x, n)
 				}
 			}
 		}
