@@ -16,7 +16,7 @@ func Open(path string) (*File, error) { return open(path, mapFile) }
 
 // Load reads the whole GGUF file at path into anonymous memory (transparent
 // huge pages advised where the system has them) and parses it; Close frees
-// it. Streaming the weights from there, decode ran 5–12% faster than from
+// it. Streaming the weights from there, decode ran 4–12% faster than from
 // a mapping of the file's 4 KiB page-cache pages on this project's test
 // machine (docs/PERFORMANCE.md); llama.cpp as ollama runs it also reads
 // rather than maps. Loading costs one read of the file.
@@ -41,7 +41,7 @@ func open(path string, get func(fh *os.File, size int) ([]byte, func() error, er
 		return nil, fmt.Errorf("gguf: %s: truncated: empty file", path)
 	}
 	if size > math.MaxInt {
-		return nil, fmt.Errorf("gguf: %s: %d bytes is too large to map", path, size)
+		return nil, fmt.Errorf("gguf: %s: %d bytes is too large to address", path, size)
 	}
 	data, unmap, err := get(fh, int(size))
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 // AllocHuge returns n zeroed bytes of private anonymous memory advised for
 // transparent huge pages, and the function that frees them. Weights are
 // read into such memory (gguf.Load): streamed from 2 MiB pages, decode ran
-// 4–10% faster than from 4 KiB ones here; the bandwidth measurement reads
+// 4–12% faster than from 4 KiB ones here; the bandwidth measurement reads
 // the same kind of memory. Where huge pages are off, or the advice fails,
 // the memory keeps small pages: only speed differs.
 func AllocHuge(n int) ([]byte, func() error, error) {

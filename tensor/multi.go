@@ -14,7 +14,8 @@ import (
 // through the row-tile kernels of qmm_p8.go (8 or 16 rows) or qmm_kp.go
 // (16 rows), which share one of their own); half-float matrices (F16,
 // BF16) times one vector share one region of their own, and the other
-// float products one more (x packed once for all of them). Every matrix must have the same Cols; dsts[i] is [n][ws[i].Rows].
+// float products one more (x packed once for all of them). Every matrix
+// must have the same Cols; dsts[i] is [n][ws[i].Rows].
 func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 	if len(dsts) != len(ws) {
 		panic(fmt.Sprintf("tensor: MatMulMany given %d outputs for %d matrices", len(dsts), len(ws)))
@@ -174,7 +175,8 @@ type multiJob struct {
 	xbuf    *[]float32
 }
 
-// multiPart is one quantized matrix's tiles [lo, hi) of the job's range.
+// multiPart is one matrix's share [lo, hi) of its region's range: row
+// tiles (quantized), rows (hparts) or blocks of panelRows rows (fparts).
 type multiPart struct {
 	m      *Matrix
 	qk     *quantKernels
