@@ -90,6 +90,15 @@ func TestLlama2CToGGUF(t *testing.T) {
 				if err != nil {
 					t.Fatalf("engine.%s: %v", name, err)
 				}
+				// Read into memory, half-float weights are rearranged
+				// into 16-row panels (64 rows: 4); mapped, they stay.
+				wantPanels := 0
+				if name == "Load" && (c.typ == tensor.F16 || c.typ == tensor.BF16) {
+					wantPanels = 4
+				}
+				if got := em.Layers[0].Wq.Panels(); got != wantPanels {
+					t.Errorf("engine.%s: Wq in %d panels, want %d", name, got, wantPanels)
+				}
 				if d := maxLogitDelta(t, m, em, ids[:16]); d != 0 {
 					t.Errorf("engine.%s: logits differ from the model over gguf.Open by %g", name, d)
 				}

@@ -34,6 +34,7 @@ import (
 
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/tensor"
 )
 
 // MaxSlots is the number of slot ids (0..MaxSlots-1).
@@ -68,25 +69,30 @@ type slotHeader struct {
 }
 
 // Fingerprint identifies a model's weights: a hash of its shape and of
-// samples of its tensors. A slot file restores only into the same model.
+// samples of its tensors (rows at the start, middle and end of each, as
+// float32, so that the layout the weights were loaded in does not count:
+// tensor.NewPanelMatrix). A slot file restores only into the same model.
 func Fingerprint(m *model.Model) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%+v", m.Config)
-	sampleBytes := func(b []byte) {
-		const n = 1 << 16
-		if len(b) <= 2*n {
-			h.Write(b)
-			return
+	var row []float32
+	var buf []byte
+	sampleRows := func(w *tensor.Matrix) {
+		row = slices.Grow(row[:0], w.Cols)[:w.Cols]
+		for _, i := range []int{0, 1, w.Rows / 2, w.Rows - 2, w.Rows - 1} {
+			w.Row(max(i, 0), row)
+			buf = buf[:0]
+			for _, v := range row {
+				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+			}
+			h.Write(buf)
 		}
-		h.Write(b[:n])
-		h.Write(b[len(b)/2 : len(b)/2+n])
-		h.Write(b[len(b)-n:])
 	}
-	sampleBytes(m.TokEmb.Data)
-	sampleBytes(m.Output.Data)
+	sampleRows(m.TokEmb)
+	sampleRows(m.Output)
 	for _, l := range m.Layers {
-		sampleBytes(l.Wq.Data)
-		sampleBytes(l.WDown.Data)
+		sampleRows(l.Wq)
+		sampleRows(l.WDown)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:32]
 }

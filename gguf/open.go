@@ -20,7 +20,13 @@ func Open(path string) (*File, error) { return open(path, mapFile) }
 // a mapping of the file's 4 KiB page-cache pages on this project's test
 // machine (docs/PERFORMANCE.md); llama.cpp as ollama runs it also reads
 // rather than maps. Loading costs one read of the file.
-func Load(path string) (*File, error) { return open(path, readFile) }
+func Load(path string) (*File, error) {
+	f, err := open(path, readFile)
+	if f != nil {
+		f.writable = true
+	}
+	return f, err
+}
 
 // open parses the file at path, brought into memory by get.
 func open(path string, get func(fh *os.File, size int) ([]byte, func() error, error)) (*File, error) {

@@ -23,6 +23,7 @@ type File struct {
 
 	data        []byte
 	unmap       func() error
+	writable    bool // data is this File's own memory (Load)
 	kvIndex     map[string]int
 	tensorIndex map[string]int
 }
@@ -71,10 +72,15 @@ func (f *File) Tensor(name string) (*TensorInfo, bool) {
 	return &f.Tensors[i], true
 }
 
+// Writable reports whether the tensors' bytes are the File's own memory
+// (Load), which a reader may rearrange in place (tensor.NewPanelMatrix):
+// then each tensor's bytes must be taken over by one reader only.
+func (f *File) Writable() bool { return f.writable }
+
 // TensorData returns the bytes of t (zero copy), or nil if t does not lie
 // within the file (never the case for an entry of f.Tensors) or f is closed.
-// The bytes must not be modified: for a File from Open they are a read-only
-// mapping.
+// The bytes must not be modified unless Writable: for a File from Open they
+// are a read-only mapping.
 func (f *File) TensorData(t *TensorInfo) []byte {
 	if t == nil || f.data == nil {
 		return nil

@@ -40,7 +40,10 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 		return nil, nil, err
 	}
 	m := &Model{Config: cfg, Layers: make([]Layer, cfg.Layers)}
-	if m.TokEmb, err = ggufMatrix(f, "token_embd.weight", -1, cfg.Dim); err != nil {
+	// The embeddings are read a row at a time unless tied to the output
+	// matrix: then they are a matrix product's weights too.
+	_, untied := f.Tensor("output.weight")
+	if m.TokEmb, err = ggufMatrix(f, "token_embd.weight", -1, cfg.Dim, !untied); err != nil {
 		return nil, nil, err
 	}
 	m.Vocab = m.TokEmb.Rows
@@ -48,8 +51,8 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 	if m.OutNorm, err = ggufVector(f, "output_norm.weight", cfg.Dim, false); err != nil {
 		return nil, nil, err
 	}
-	if _, ok := f.Tensor("output.weight"); ok {
-		if m.Output, err = ggufMatrix(f, "output.weight", m.Vocab, cfg.Dim); err != nil {
+	if untied {
+		if m.Output, err = ggufMatrix(f, "output.weight", m.Vocab, cfg.Dim, true); err != nil {
 			return nil, nil, err
 		}
 	} else {
@@ -72,7 +75,7 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 			{&L.WDown, "ffn_down.weight", cfg.Dim, cfg.HiddenDim},
 		}
 		for _, t := range mats {
-			if *t.dst, err = ggufMatrix(f, p+t.name, t.rows, t.cols); err != nil {
+			if *t.dst, err = ggufMatrix(f, p+t.name, t.rows, t.cols, true); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -203,8 +206,10 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 }
 
 // ggufMatrix wraps a 2-D tensor (GGML shape [cols, rows]) as a matrix,
-// checking its shape (rows < 0: any).
-func ggufMatrix(f *gguf.File, name string, rows, cols int) (*tensor.Matrix, error) {
+// checking its shape (rows < 0: any). The weights of matrix products
+// (product) in a file read into memory (gguf.Load) are rearranged into
+// panels where that helps decode (tensor.NewPanelMatrix).
+func ggufMatrix(f *gguf.File, name string, rows, cols int, product bool) (*tensor.Matrix, error) {
 	t, ok := f.Tensor(name)
 	if !ok {
 		return nil, fmt.Errorf("model: missing tensor %s", name)
@@ -219,7 +224,11 @@ func ggufMatrix(f *gguf.File, name string, rows, cols int) (*tensor.Matrix, erro
 	if !t.Type.Supported() {
 		return nil, fmt.Errorf("model: tensor %s has type %s, which is not supported", name, t.Type)
 	}
-	m, err := tensor.NewMatrix(t.Type, int(t.Shape[1]), int(t.Shape[0]), f.TensorData(t))
+	wrap := tensor.NewMatrix
+	if product && f.Writable() {
+		wrap = tensor.NewPanelMatrix
+	}
+	m, err := wrap(t.Type, int(t.Shape[1]), int(t.Shape[0]), f.TensorData(t))
 	if err != nil {
 		return nil, fmt.Errorf("model: tensor %s: %w", name, err)
 	}

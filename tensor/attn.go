@@ -57,7 +57,7 @@ func PackKeys(panel []float32, src []byte, t DType, ld, n, d int) {
 	if n == AttnLanes && d&15 == 0 && d > 0 {
 		_ = src[15*ld+d*es-1]
 		if k := floatKern(); k != nil {
-			k.pack[floatIndex(t)](&panel[0], unsafe.Pointer(&src[0]), ld, d/16)
+			k.pack[floatIndex(t)](&panel[0], unsafe.Pointer(&src[0]), ld, d/16, 16*es)
 			return
 		}
 	}

@@ -21,7 +21,7 @@ const (
 
 type (
 	kernFunc func(p, xp *float32, k int, c *float32, load int)
-	packFunc func(dst *float32, src unsafe.Pointer, ld int, ntiles int)
+	packFunc func(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)
 )
 
 type floatKernels struct {
@@ -96,9 +96,9 @@ func (m *Matrix) floatRows(fk *floatKernels, dst, xp []float32, n, lo, hi int) {
 			m.packPanel(fk, panel, r0, nr, k0, kk)
 			// Fetch the next panel's weights while this one computes.
 			if nk := k0 + panelK; nk < cols {
-				prefetch(unsafe.Pointer(&m.Data[r0*m.rowBytes+nk*es]), m.rowBytes, nr, min(panelK, cols-nk)*es)
+				m.prefetchPanel(r0, nr, nk, min(panelK, cols-nk), es)
 			} else if nr0 := r0 + panelRows; nr0 < rows && b+1 < hi {
-				prefetch(unsafe.Pointer(&m.Data[nr0*m.rowBytes]), m.rowBytes, min(panelRows, rows-nr0), min(panelK, cols)*es)
+				m.prefetchPanel(nr0, min(panelRows, rows-nr0), 0, min(panelK, cols), es)
 			}
 			load := 0
 			if k0 > 0 {
@@ -139,11 +139,17 @@ func (m *Matrix) packPanel(fk *floatKernels, panel []float32, r0, nr, k0, kk int
 	if m.Type != F32 {
 		es = 2
 	}
+	if r0 < panelRows*m.panels {
+		// A panel of a panel matrix: its 16-column tiles lie 512 bytes
+		// apart, each row's 16 values 32 bytes apart (NewPanelMatrix).
+		fk.pack[floatIndex(m.Type)](&panel[0], unsafe.Pointer(&m.Data[m.tileOffset(r0, k0)]), 32, kk/16, 512)
+		return
+	}
 	full := 0
 	if nr == panelRows {
 		full = kk / 16
 		if full > 0 {
-			fk.pack[floatIndex(m.Type)](&panel[0], unsafe.Pointer(&m.Data[r0*m.rowBytes+k0*es]), m.rowBytes, full)
+			fk.pack[floatIndex(m.Type)](&panel[0], unsafe.Pointer(&m.Data[r0*m.rowBytes+k0*es]), m.rowBytes, full, 16*es)
 		}
 	}
 	for k := 16 * full; k < kk; k++ {
@@ -166,66 +172,57 @@ func (m *Matrix) packPanel(fk *floatKernels, panel []float32, r0, nr, k0, kk int
 	}
 }
 
-// dotHalf is the order of F16 and BF16 rows times one vector (decode):
-// the first 16·⌊n/16⌋ products in two sixteen-lane accumulators (16-value
-// chunks alternately, the first taking a last unpaired chunk; in each lane
-// a product then a sum, rounded to float32), added lane by lane, then the
-// tree of Dot, then the remaining products one by one. Two accumulators make
-// two dependency chains: the kernels keep up with memory.
-func dotHalf(a, b []float32) float32 {
-	b = b[:len(a)]
-	var e, o [16]float32
-	n16 := len(a) &^ 15
-	for c := 0; c < n16; c += 16 {
-		l := &e
-		if (c/16)%2 == 1 {
-			l = &o
-		}
-		for j := range l {
-			l[j] += float32(a[c+j] * b[c+j])
-		}
+// prefetchPanel fetches the weights of rows r0..r0+nr-1, columns
+// k0..k0+kk-1 (values of es bytes) while the current panel computes.
+func (m *Matrix) prefetchPanel(r0, nr, k0, kk, es int) {
+	if r0 < panelRows*m.panels {
+		prefetch(unsafe.Pointer(&m.Data[m.tileOffset(r0, k0)]), 512, kk/16, 512)
+		return
 	}
-	for j := range e {
-		e[j] += o[j]
-	}
-	for j := 0; j < 8; j++ {
-		e[j] += e[j+8]
-	}
-	for j := 0; j < 4; j++ {
-		e[j] += e[j+4]
-	}
-	e[0] += e[2]
-	e[1] += e[3]
-	s := e[0] + e[1]
-	for i := n16; i < len(a); i++ {
-		s += float32(a[i] * b[i])
-	}
-	return s
+	prefetch(unsafe.Pointer(&m.Data[r0*m.rowBytes+k0*es]), m.rowBytes, nr, kk*es)
 }
 
-// matvecHalf computes dst = W·x for F16 or BF16 weights, one row at a time
-// in dotHalf's order: the kernel k sums the first 16·⌊Cols/16⌋ values, the
-// rest are added here one by one.
+// matvecHalf computes dst = W·x for F16 or BF16 weights in Dot's order per
+// row: panels of a panel matrix with the panel kernel, other rows one at a
+// time with k (the first 16·⌊Cols/16⌋ values; the rest are added here one
+// by one).
 func (m *Matrix) matvecHalf(k matvecHFunc, dst, x []float32) {
-	Parallel(m.Rows, halfGrain(m.Cols), func(lo, hi int) { m.matvecHalfRows(k, dst, x, lo, hi) })
+	Parallel(m.halfBlocks(), halfGrain(m.Cols), func(lo, hi int) { m.matvecHalfBlocks(k, dst, x, lo, hi) })
 }
 
-// halfGrain: rows of cols half-floats per parallel chunk, at least.
-func halfGrain(cols int) int { return max(1, 32768/cols) }
+// halfBlocks is the number of blocks of 16 rows (the last may be shorter)
+// that decode splits a half-float matrix into; halfGrain the blocks of
+// cols values per parallel chunk, at least.
+func (m *Matrix) halfBlocks() int { return (m.Rows + panelRows - 1) / panelRows }
+func halfGrain(cols int) int      { return max(1, 2048/cols) }
 
-// matvecHalfRows computes rows [lo, hi) of matvecHalf.
-func (m *Matrix) matvecHalfRows(k matvecHFunc, dst, x []float32, lo, hi int) {
+// matvecHalfBlocks computes the rows of blocks [lo, hi) of matvecHalf.
+func (m *Matrix) matvecHalfBlocks(k matvecHFunc, dst, x []float32, lo, hi int) {
 	cols := m.Cols
+	r0, r1 := lo*panelRows, min(hi*panelRows, m.Rows)
+	if p := min(hi, m.panels); lo < p {
+		kp, rows := matvecP(m.Type)
+		for b := lo; b < p; b++ {
+			w := m.Data[b*panelRows*m.rowBytes:]
+			for j := 0; j < panelRows; j += rows {
+				kp(unsafe.Pointer(&w[32*j]), &x[0], cols/16, &dst[b*panelRows+j])
+			}
+		}
+		r0 = p * panelRows
+	}
+	if r0 >= r1 {
+		return
+	}
 	n16 := cols &^ 15
 	if n16 > 0 {
-		k(unsafe.Pointer(&m.Data[lo*m.rowBytes]), m.rowBytes, &x[0], n16, hi-lo, &dst[lo])
+		k(unsafe.Pointer(&m.Data[r0*m.rowBytes]), m.rowBytes, &x[0], n16, r1-r0, &dst[r0])
 	} else {
-		clear(dst[lo:hi])
+		clear(dst[r0:r1])
 	}
 	if n16 == cols {
 		return
 	}
-	for r := lo; r < hi; r++ {
+	for r := r0; r < r1; r++ {
 		s := dst[r]
 		row := m.Data[r*m.rowBytes:]
 		for i := n16; i < cols; i++ {

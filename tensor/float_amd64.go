@@ -21,8 +21,7 @@ var floatKernelsY = floatKernels{
 type matvecHFunc func(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *float32)
 
 // matvecH returns the one-row-at-a-time matrix-vector kernel of the level
-// in use (nil: plain Go): for F32 in Dot's order (DotRows), for F16 and
-// BF16 in dotHalf's.
+// in use (nil: plain Go), in Dot's order (DotRows).
 func matvecH(t DType) matvecHFunc {
 	switch {
 	case level == levelAVX512 && t == F32:
@@ -30,15 +29,33 @@ func matvecH(t DType) matvecHFunc {
 	case level == levelAVX2 && t == F32:
 		return matvecHF32Y
 	case level == levelAVX512 && t == F16:
-		return matvec2HF16Z
+		return matvecHF16Z
 	case level == levelAVX512 && t == BF16:
-		return matvec2HBF16Z
+		return matvecHBF16Z
 	case level == levelAVX2 && t == F16:
-		return matvec2HF16Y
+		return matvecHF16Y
 	case level == levelAVX2 && t == BF16:
-		return matvec2HBF16Y
+		return matvecHBF16Y
 	}
 	return nil
+}
+
+type matvecPFunc func(w unsafe.Pointer, x *float32, nb int, dst *float32)
+
+// matvecP returns the panel kernel of the level in use for F16 or BF16
+// panel matrices (NewPanelMatrix), in Dot's order per row, and the rows
+// of a panel it computes per call (16, or 4 from w + 32·j for AVX2). Only
+// called where matvecH is not nil.
+func matvecP(t DType) (matvecPFunc, int) {
+	switch {
+	case level == levelAVX512 && t == F16:
+		return matvecPF16Z, 16
+	case level == levelAVX512 && t == BF16:
+		return matvecPBF16Z, 16
+	case t == F16:
+		return matvecPF16Y, 4
+	}
+	return matvecPBF16Y, 4
 }
 
 // floatKern returns the float kernels of the level in use (nil: plain Go).

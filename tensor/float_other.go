@@ -10,6 +10,10 @@ type matvecHFunc func(w unsafe.Pointer, ldw int, x *float32, n int, rows int, ds
 
 func matvecH(DType) matvecHFunc { return nil }
 
+type matvecPFunc func(w unsafe.Pointer, x *float32, nb int, dst *float32)
+
+func matvecP(DType) (matvecPFunc, int) { panic("tensor: no panel kernels in this build") }
+
 func dotLanes(a, b []float32, n int) float32 { return dotLanesGo(a[:n], b[:n]) }
 
 func axpyLanes(dst []float32, a float32, x []float32, n int) { axpyGo(dst[:n], a, x[:n]) }

@@ -75,22 +75,22 @@ func kernF32Ym5(p, xp *float32, k int, c *float32, load int)
 func kernF32Ym6(p, xp *float32, k int, c *float32, load int)
 
 //go:noescape
-func packF32Z(dst *float32, src unsafe.Pointer, ld int, ntiles int)
+func packF32Z(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)
 
 //go:noescape
-func packF32Y(dst *float32, src unsafe.Pointer, ld int, ntiles int)
+func packF32Y(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)
 
 //go:noescape
-func packF16Z(dst *float32, src unsafe.Pointer, ld int, ntiles int)
+func packF16Z(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)
 
 //go:noescape
-func packF16Y(dst *float32, src unsafe.Pointer, ld int, ntiles int)
+func packF16Y(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)
 
 //go:noescape
-func packBF16Z(dst *float32, src unsafe.Pointer, ld int, ntiles int)
+func packBF16Z(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)
 
 //go:noescape
-func packBF16Y(dst *float32, src unsafe.Pointer, ld int, ntiles int)
+func packBF16Y(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)
 
 //go:noescape
 func dotZ(a, b *float32, n int) float32
@@ -126,16 +126,16 @@ func matvecHBF16Z(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *f
 func matvecHBF16Y(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *float32)
 
 //go:noescape
-func matvec2HF16Z(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *float32)
+func matvecPF16Z(w unsafe.Pointer, x *float32, nb int, dst *float32)
 
 //go:noescape
-func matvec2HF16Y(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *float32)
+func matvecPF16Y(w unsafe.Pointer, x *float32, nb int, dst *float32)
 
 //go:noescape
-func matvec2HBF16Z(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *float32)
+func matvecPBF16Z(w unsafe.Pointer, x *float32, nb int, dst *float32)
 
 //go:noescape
-func matvec2HBF16Y(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *float32)
+func matvecPBF16Y(w unsafe.Pointer, x *float32, nb int, dst *float32)
 
 //go:noescape
 func swigluZ(dst, gate, up *float32, n int)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -269,6 +270,57 @@ func checkManyVsMatMul(t *testing.T, what string, ws []*Matrix, x []float32, n i
 		for j := range want {
 			if !sameBits(dsts[i][j], want[j]) {
 				t.Fatalf("%s matrix %d (%s): [%d] = %g, want %g", what, i, w.Type, j, dsts[i][j], want[j])
+			}
+		}
+	}
+}
+
+// TestPanelMatrix: a half-float matrix rearranged into 16-row panels
+// (NewPanelMatrix) gives the same rows and, at every kernel level and
+// token count, the same products bit for bit as the row-major matrix's
+// plain Go sums, alone and in MatMulMany beside row-major matrices; shapes
+// with a tail of rows, and columns that are no multiple of 16 (left row by
+// row).
+func TestPanelMatrix(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, typ := range []DType{F16, BF16} {
+		for _, rows := range []int{5, 16, 17, 33, 48, 172} {
+			for _, cols := range []int{16, 48, 256, 600, 1008} {
+				m := randMatrix(t, r, typ, rows, cols)
+				p, err := NewPanelMatrix(typ, rows, cols, append([]byte(nil), m.Data...))
+				if err != nil {
+					t.Fatal(err)
+				}
+				what := fmt.Sprintf("%s %d×%d", typ, rows, cols)
+				wantPanels := 0
+				if cols%16 == 0 {
+					wantPanels = rows / 16
+				}
+				if p.panels != wantPanels {
+					t.Fatalf("%s: %d panels, want %d", what, p.panels, wantPanels)
+				}
+				if wantPanels > 0 && cols > 16 && string(p.Data) == string(m.Data) { // one tile per panel is row-major
+					t.Fatalf("%s: data not rearranged", what)
+				}
+				a, b := make([]float32, cols), make([]float32, cols)
+				for i := 0; i < rows; i++ {
+					m.Row(i, a)
+					p.Row(i, b)
+					if !slices.Equal(a, b) {
+						t.Fatalf("%s: row %d differs", what, i)
+					}
+				}
+				for _, n := range []int{1, 2, 17} {
+					x := randF32(r, n*cols)
+					want := make([]float32, n*rows)
+					level = levelGo
+					m.matmulRef(want, x, n)
+					level = cpuLevel
+					matMulEachLevel(t, what+" panels", p, x, n, want, nil)
+					forEachLevel(t, func(t *testing.T) {
+						checkManyVsMatMul(t, what+" panels", []*Matrix{p, m, p}, x, n)
+					})
+				}
 			}
 		}
 	}

@@ -15,6 +15,9 @@ type Matrix struct {
 
 	rowBytes int
 	f32      []float32 // Data viewed as [Rows][Cols] float32 when Type is F32
+	// panels: rows 0 … 16·panels−1 are stored in panels of 16 rows
+	// (NewPanelMatrix), the rest row by row after them.
+	panels int
 }
 
 // NewMatrix wraps data (not copied) as a Rows × Cols matrix of type t.
@@ -42,6 +45,47 @@ func NewMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
 	return m, nil
 }
 
+// NewPanelMatrix wraps data as NewMatrix does and, for F16 and BF16
+// weights whose Cols is a multiple of 16, rearranges it in place into
+// panels of 16 rows (the last Rows mod 16 rows stay row by row after
+// them): a panel is Cols/16 tiles of 512 bytes, one after another, each
+// holding the 16 rows' next 16 values (row j's at byte 32·j). Decode then
+// reads one stream of memory for 16 rows at a time and each value of x
+// once per 16 rows (docs/PERFORMANCE.md), and prefill packs its panels
+// from tiles that are already contiguous. data must be writable and is
+// owned by the matrix from then on: read it through the matrix (Row,
+// MatMul), not as rows. Other types are wrapped unchanged. Results are
+// the same bits as NewMatrix's.
+func NewPanelMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
+	m, err := NewMatrix(t, rows, cols, data)
+	if err != nil || (t != F16 && t != BF16) || cols%16 != 0 || rows < panelRows {
+		return m, err
+	}
+	g := panelRows * m.rowBytes
+	tmp := make([]byte, g)
+	for p := 0; p < rows/panelRows; p++ {
+		pd := data[p*g : (p+1)*g]
+		copy(tmp, pd)
+		for b := 0; b < cols/16; b++ {
+			for j := 0; j < panelRows; j++ {
+				copy(pd[512*b+32*j:512*b+32*j+32], tmp[j*m.rowBytes+32*b:])
+			}
+		}
+	}
+	m.panels = rows / panelRows
+	return m, nil
+}
+
+// Panels is the number of 16-row panels the matrix's first rows are stored
+// in (NewPanelMatrix; 0: row by row).
+func (m *Matrix) Panels() int { return m.panels }
+
+// tileOffset is the byte offset in Data of row r's values k … k+15 (k a
+// multiple of 16) in a panel matrix, r in one of its panels.
+func (m *Matrix) tileOffset(r, k int) int {
+	return r/panelRows*panelRows*m.rowBytes + k/16*512 + r%panelRows*32
+}
+
 // MatrixF32 wraps float32 data (not copied) as a Rows × Cols F32 matrix.
 func MatrixF32(rows, cols int, data []float32) *Matrix {
 	if len(data) != rows*cols {
@@ -60,6 +104,15 @@ func (m *Matrix) Row(i int, dst []float32) {
 		copy(dst[:m.Cols], m.f32[i*m.Cols:(i+1)*m.Cols])
 		return
 	}
+	if i < panelRows*m.panels {
+		for k := 0; k < m.Cols; k += 16 {
+			o := m.tileOffset(i, k)
+			if err := Dequantize(m.Type, m.Data[o:o+32], dst[k:k+16]); err != nil {
+				panic(err)
+			}
+		}
+		return
+	}
 	if err := Dequantize(m.Type, m.Data[i*m.rowBytes:(i+1)*m.rowBytes], dst[:m.Cols]); err != nil {
 		panic(err) // shapes were checked by NewMatrix
 	}
@@ -73,8 +126,9 @@ func (m *Matrix) MatVec(dst, x []float32) { m.MatMul(dst, x, 1) }
 //
 // Float weights (F32, F16, BF16) give exactly the in-order sums of
 // llama2.c's run.c over the rows converted to float32, whatever the kernel
-// set; except that F16 and BF16 rows times a single vector (n = 1, decode)
-// are summed in dotHalf's order, which reads one row at a time. Quantized weights
+// set and layout (NewMatrix, NewPanelMatrix); except that F16 and BF16 rows
+// times a single vector (n = 1, decode) are summed in Dot's order (sixteen
+// lanes, then a tree), which lets decode read weights as one stream. Quantized weights
 // (Q8_0, Q4_0, Q4_K, Q6_K) multiply activations quantized to 8 bits with
 // integer dot products (act.go, qdot.go), with the same result bit for bit
 // on every kernel set.
@@ -108,13 +162,13 @@ func (m *Matrix) MatMul(dst, x []float32, n int) {
 }
 
 // matmulRef is the plain Go MatMul: each row converted to float32, then
-// summed in order (dotSeq), or in dotHalf's order for F16 and BF16 rows
-// times one vector.
+// summed in order (dotSeq), or in Dot's order for F16 and BF16 rows times
+// one vector.
 func (m *Matrix) matmulRef(dst, x []float32, n int) {
 	cols, rows := m.Cols, m.Rows
 	dot := dotSeq
 	if n == 1 && (m.Type == F16 || m.Type == BF16) {
-		dot = dotHalf
+		dot = Dot
 	}
 	grain := max(1, 16384/(cols*n))
 	Parallel(rows, grain, func(lo, hi int) {

@@ -90,8 +90,9 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 				// One vector: the rows of every half-float matrix in one
 				// parallel region (a layer's matrices lie one after
 				// another in the file, so a worker's stream runs on).
-				mj.hparts = append(mj.hparts, multiPart{m: w, hk: k, dst: dsts[i], lo: mj.hrows, hi: mj.hrows + w.Rows})
-				mj.hrows += w.Rows
+				blocks := w.halfBlocks()
+				mj.hparts = append(mj.hparts, multiPart{m: w, hk: k, dst: dsts[i], lo: mj.hblocks, hi: mj.hblocks + blocks})
+				mj.hblocks += blocks
 				continue
 			}
 			fallthrough
@@ -115,7 +116,7 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 	mj.n = n
 	if len(mj.hparts) > 0 {
 		mj.x = x
-		Parallel(mj.hrows, halfGrain(cols), mj.runHalf)
+		Parallel(mj.hblocks, halfGrain(cols), mj.runHalf)
 	}
 	if len(mj.fparts) > 0 {
 		// The float matrices' blocks one after another, x packed once.
@@ -160,11 +161,11 @@ type multiJob struct {
 	// the activations of the 16-row K-quant kernels (qmm_kp.go), whose
 	// tiles are p8parts with act -1
 	kpact *[]byte
-	// half-float matrices times one vector x: their rows one after
-	// another
-	hparts []multiPart
-	hrows  int
-	x      []float32
+	// half-float matrices times one vector x: their blocks of 16 rows
+	// (halfBlocks) one after another
+	hparts  []multiPart
+	hblocks int
+	x       []float32
 	// other float products (F32, half floats times several vectors): the
 	// matrices' blocks of panelRows rows one after another, x packed once
 	// for fk's kernels (xbuf: the pooled buffer of xp, if any)
@@ -198,7 +199,7 @@ func (mj *multiJob) reset() {
 	mj.p8types, mj.p8acts, mj.p8parts, mj.p8tiles = mj.p8types[:0], mj.p8acts[:0], mj.p8parts[:0], 0
 	mj.kpact = nil
 	clear(mj.hparts)
-	mj.hparts, mj.hrows, mj.x = mj.hparts[:0], 0, nil
+	mj.hparts, mj.hblocks, mj.x = mj.hparts[:0], 0, nil
 	clear(mj.fparts)
 	mj.fparts, mj.fblocks, mj.fk, mj.xp, mj.xbuf = mj.fparts[:0], 0, nil, nil, nil
 }
@@ -213,12 +214,13 @@ func (mj *multiJob) runFloat(lo, hi int) {
 	}
 }
 
-// runHalf computes rows [lo, hi) of the job's range of half-float rows.
+// runHalf computes blocks [lo, hi) of the job's range of half-float
+// blocks of 16 rows.
 func (mj *multiJob) runHalf(lo, hi int) {
 	for i := range mj.hparts {
 		p := &mj.hparts[i]
 		if a, b := max(lo, p.lo), min(hi, p.hi); a < b {
-			p.m.matvecHalfRows(p.hk, p.dst, mj.x, a-p.lo, b-p.lo)
+			p.m.matvecHalfBlocks(p.hk, p.dst, mj.x, a-p.lo, b-p.lo)
 		}
 	}
 }

@@ -11,7 +11,7 @@ import "fmt"
 
 const (
 	kernSig = "(p, xp *float32, k int, c *float32, load int)"
-	packSig = "(dst *float32, src unsafe.Pointer, ld int, ntiles int)"
+	packSig = "(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)"
 )
 
 func genFloatKernels(e *emitter) {
@@ -89,15 +89,17 @@ func genKernY(e *emitter, m int) {
 	e.in("RET")
 }
 
-// pack<src>Z(dst *float32, src unsafe.Pointer, ld int, ntiles int): for
-// each tile of 16 rows × 16 columns (row stride ld bytes), write its
-// transpose as float32 to dst[16][16]; tiles follow each other along k.
+// pack<src>Z(dst *float32, src unsafe.Pointer, ld int, ntiles int,
+// tstride int): for each tile of 16 rows × 16 columns (row stride ld
+// bytes, tiles tstride bytes apart), write its transpose as float32 to
+// dst[16][16]; tiles follow each other along k.
 func genPackZ(e *emitter, src string) {
-	e.text("pack"+src+"Z", packSig, 32)
+	e.text("pack"+src+"Z", packSig, 40)
 	e.in("MOVQ dst+0(FP), DI")
 	e.in("MOVQ src+8(FP), SI")
 	e.in("MOVQ ld+16(FP), BX")
 	e.in("MOVQ ntiles+24(FP), CX")
+	e.in("MOVQ tstride+32(FP), R9")
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
 	e.label("loop")
@@ -121,11 +123,7 @@ func genPackZ(e *emitter, src string) {
 		e.in("VMOVUPS Z%d, %d(DI)", c, 64*c)
 	}
 	e.in("ADDQ $1024, DI")
-	if src == "F32" {
-		e.in("ADDQ $64, SI")
-	} else {
-		e.in("ADDQ $32, SI")
-	}
+	e.in("ADDQ R9, SI")
 	e.in("DECQ CX")
 	e.in("JNZ loop")
 	e.label("done")
@@ -168,11 +166,12 @@ func transpose16(e *emitter) {
 // pack<src>Y: the AVX2 twin of pack<src>Z (same output), as four 8×8
 // transposes per tile.
 func genPackY(e *emitter, src string) {
-	e.text("pack"+src+"Y", packSig, 32)
+	e.text("pack"+src+"Y", packSig, 40)
 	e.in("MOVQ dst+0(FP), DI")
 	e.in("MOVQ src+8(FP), SI")
 	e.in("MOVQ ld+16(FP), BX")
 	e.in("MOVQ ntiles+24(FP), CX")
+	e.in("MOVQ tstride+32(FP), R9")
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
 	elem := 4
@@ -209,7 +208,7 @@ func genPackY(e *emitter, src string) {
 		}
 	}
 	e.in("ADDQ $1024, DI")
-	e.in("ADDQ $%d, SI", 16*elem)
+	e.in("ADDQ R9, SI")
 	e.in("DECQ CX")
 	e.in("JNZ loop")
 	e.label("done")
@@ -483,104 +482,123 @@ func genPrefetch(e *emitter) {
 	e.in("RET")
 }
 
-// matvec2H<src><isa>: as matvecH for F16 and BF16, with two sixteen-lane
-// accumulators (16-value chunks alternately: even chunks in the first, odd
-// in the second, the first taking a last unpaired chunk), added lane by
-// lane before the tree: two dependency chains instead of one, for decode.
-func genMatVec2H(e *emitter) {
+// matvecP<src><isa>(w unsafe.Pointer, x *float32, nb int, dst *float32):
+// the rows of one panel of a 16-row panel matrix (tensor.NewPanelMatrix:
+// nb tiles of 16 rows × 16 values, each tile 512 bytes, row j's values at
+// 32·j) times x, in Dot's order per row (one sixteen-lane accumulator, a
+// product then a sum, then matvecH's tree). Z: the 16 rows of the panel
+// into dst[0..15]; Y: 4 rows (w pointing at the panel's row 4p, dst at
+// its output 4p). One stream from memory, x read once for all the rows.
+func genMatVecP(e *emitter) {
 	for _, src := range []string{"F16", "BF16"} {
-		for _, isa := range []string{"Z", "Y"} {
-			genMatVec2H1(e, src, isa)
-		}
+		genMatVecPZ(e, src)
+		genMatVecPY(e, src)
 	}
 }
 
-func genMatVec2H1(e *emitter, src, isa string) {
-	e.text("matvec2H"+src+isa, "(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *float32)", 48)
-	e.in("MOVQ w+0(FP), R8")
-	e.in("MOVQ ldw+8(FP), BX")
-	e.in("MOVQ n+24(FP), R9")
-	e.in("SHRQ $4, R9") // 16-value chunks
-	e.in("MOVQ rows+32(FP), R10")
-	e.in("MOVQ dst+40(FP), DX")
-	e.in("TESTQ R10, R10")
-	e.in("JZ done")
-	e.label("row")
-	e.in("MOVQ R8, SI")
-	e.in("MOVQ x+16(FP), DI")
-	e.in("MOVQ R9, CX")
-	e.in("SHRQ $1, CX")
-	if isa == "Z" {
-		e.in("VXORPS Z0, Z0, Z0")
-		e.in("VXORPS Z4, Z4, Z4")
-	} else {
-		for _, r := range []int{0, 1, 4, 5} {
-			e.in("VXORPS Y%d, Y%d, Y%d", r, r, r)
-		}
+// matvecPLoad converts 16 (Z) or 8 (Y) values of type src at off(SI) to
+// float32 in reg.
+func matvecPLoad(e *emitter, src string, off int, reg string) {
+	if src == "F16" {
+		e.in("VCVTPH2PS %d(SI), %s", off, reg)
+		return
 	}
-	// chunk(off, acc): one 16-value chunk at SI+2·off... into acc
-	chunk := func(wOff, xOff, acc int) {
-		if isa == "Z" {
-			if src == "F16" {
-				e.in("VCVTPH2PS %d(SI), Z2", wOff)
-			} else {
-				e.in("VPMOVZXWD %d(SI), Z2", wOff)
-				e.in("VPSLLD $16, Z2, Z2")
-			}
-			e.in("VMULPS %d(DI), Z2, Z2", xOff)
-			e.in("VADDPS Z2, Z%d, Z%d", acc, acc)
-			return
-		}
-		if src == "F16" {
-			e.in("VCVTPH2PS %d(SI), Y2", wOff)
-			e.in("VCVTPH2PS %d(SI), Y3", wOff+16)
-		} else {
-			e.in("VPMOVZXWD %d(SI), Y2", wOff)
-			e.in("VPMOVZXWD %d(SI), Y3", wOff+16)
-			e.in("VPSLLD $16, Y2, Y2")
-			e.in("VPSLLD $16, Y3, Y3")
-		}
-		e.in("VMULPS %d(DI), Y2, Y2", xOff)
-		e.in("VMULPS %d(DI), Y3, Y3", xOff+32)
-		e.in("VADDPS Y2, Y%d, Y%d", acc, acc)
-		e.in("VADDPS Y3, Y%d, Y%d", acc+1, acc+1)
+	e.in("VPMOVZXWD %d(SI), %s", off, reg)
+	e.in("VPSLLD $16, %s, %s", reg, reg)
+}
+
+// matvecPReduce adds the lanes of Y<a> (8 lanes, the two halves of the
+// sixteen already added) in matvecH's tree into X<a>[0] and stores it at
+// off(DX), with X<t> as temporary.
+func matvecPReduce(e *emitter, a, t, off int) {
+	e.in("VEXTRACTF32X4 $1, Y%d, X%d", a, t)
+	e.in("VADDPS X%d, X%d, X%d", t, a, a)
+	e.in("VMOVHLPS X%d, X%d, X%d", a, a, t)
+	e.in("VADDPS X%d, X%d, X%d", t, a, a)
+	e.in("VMOVSHDUP X%d, X%d", a, t)
+	e.in("VADDSS X%d, X%d, X%d", t, a, a)
+	e.in("VMOVSS X%d, %d(DX)", a, off)
+}
+
+func genMatVecPZ(e *emitter, src string) {
+	e.text("matvecP"+src+"Z", "(w unsafe.Pointer, x *float32, nb int, dst *float32)", 32)
+	e.in("MOVQ w+0(FP), SI")
+	e.in("MOVQ x+8(FP), DI")
+	e.in("MOVQ nb+16(FP), CX")
+	e.in("MOVQ dst+24(FP), DX")
+	for r := 0; r < 16; r++ {
+		e.in("VXORPS Z%d, Z%d, Z%d", r, r, r)
 	}
 	e.in("TESTQ CX, CX")
-	e.in("JZ tail")
+	e.in("JZ reduce")
 	e.label("loop")
-	chunk(0, 0, 0)
-	chunk(32, 64, 4)
-	e.in("ADDQ $64, SI")
-	e.in("ADDQ $128, DI")
+	e.in("VMOVUPS (DI), Z16")
+	for r := 0; r < 16; r++ {
+		t := fmt.Sprintf("Z%d", 17+r%4)
+		matvecPLoad(e, src, 32*r, t)
+		e.in("VMULPS Z16, %s, %s", t, t)
+		e.in("VADDPS %s, Z%d, Z%d", t, r, r)
+	}
+	e.in("ADDQ $512, SI")
+	e.in("ADDQ $64, DI")
 	e.in("DECQ CX")
 	e.in("JNZ loop")
-	e.label("tail")
-	e.in("TESTQ $1, R9")
-	e.in("JZ reduce")
-	chunk(0, 0, 0)
 	e.label("reduce")
-	if isa == "Z" {
-		e.in("VADDPS Z4, Z0, Z0")
-		e.in("VEXTRACTF32X8 $1, Z0, Y1")
-	} else {
-		e.in("VADDPS Y4, Y0, Y0")
-		e.in("VADDPS Y5, Y1, Y1")
+	for r := 0; r < 16; r++ {
+		e.in("VEXTRACTF32X8 $1, Z%d, Y16", r)
+		e.in("VADDPS Y16, Y%d, Y%d", r, r)
+		matvecPReduce(e, r, 16, 4*r)
 	}
-	e.in("VADDPS Y1, Y0, Y0")
-	e.in("VEXTRACTF128 $1, Y0, X1")
-	e.in("VADDPS X1, X0, X0")
-	e.in("VMOVHLPS X0, X0, X1")
-	e.in("VADDPS X1, X0, X0")
-	e.in("VMOVSHDUP X0, X1")
-	e.in("VADDSS X1, X0, X0")
-	e.in("VMOVSS X0, (DX)")
-	e.in("ADDQ $4, DX")
-	e.in("ADDQ BX, R8")
-	e.in("DECQ R10")
-	e.in("JNZ row")
-	e.label("done")
 	e.in("VZEROUPPER")
 	e.in("RET")
+}
+
+// genMatVecPY: 4 rows, each in two eight-lane accumulators (lanes 0-7 in
+// Y<2r>, 8-15 in Y<2r+1>), added before the tree as the Z kernel's halves.
+func genMatVecPY(e *emitter, src string) {
+	e.text("matvecP"+src+"Y", "(w unsafe.Pointer, x *float32, nb int, dst *float32)", 32)
+	e.in("MOVQ w+0(FP), SI")
+	e.in("MOVQ x+8(FP), DI")
+	e.in("MOVQ nb+16(FP), CX")
+	e.in("MOVQ dst+24(FP), DX")
+	for r := 0; r < 8; r++ {
+		e.in("VXORPS Y%d, Y%d, Y%d", r, r, r)
+	}
+	e.in("TESTQ CX, CX")
+	e.in("JZ reduce")
+	e.label("loop")
+	e.in("VMOVUPS (DI), Y8")
+	e.in("VMOVUPS 32(DI), Y9")
+	for r := 0; r < 4; r++ {
+		for h := 0; h < 2; h++ {
+			t := fmt.Sprintf("Y%d", 10+(2*r+h)%4)
+			matvecPLoad(e, src, 32*r+16*h, t)
+			e.in("VMULPS Y%d, %s, %s", 8+h, t, t)
+			e.in("VADDPS %s, Y%d, Y%d", t, 2*r+h, 2*r+h)
+		}
+	}
+	e.in("ADDQ $512, SI")
+	e.in("ADDQ $64, DI")
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("reduce")
+	for r := 0; r < 4; r++ {
+		e.in("VADDPS Y%d, Y%d, Y%d", 2*r+1, 2*r, 2*r)
+		matvecPReduceY(e, 2*r, 14, 4*r)
+	}
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// matvecPReduceY is matvecPReduce in VEX encoding (AVX2 machines).
+func matvecPReduceY(e *emitter, a, t, off int) {
+	e.in("VEXTRACTF128 $1, Y%d, X%d", a, t)
+	e.in("VADDPS X%d, X%d, X%d", t, a, a)
+	e.in("VMOVHLPS X%d, X%d, X%d", a, a, t)
+	e.in("VADDPS X%d, X%d, X%d", t, a, a)
+	e.in("VMOVSHDUP X%d, X%d", a, t)
+	e.in("VADDSS X%d, X%d, X%d", t, a, a)
+	e.in("VMOVSS X%d, %d(DX)", a, off)
 }
 
 // Attention kernels (package tensor's attn.go has their plain Go twins).

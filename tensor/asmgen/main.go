@@ -72,7 +72,7 @@ func main() {
 	genDot(e)
 	genMemRead(e)
 	genMatVecH(e)
-	genMatVec2H(e)
+	genMatVecP(e)
 	genSwiGLU(e)
 	genAttnExp(e)
 	genAttn(e)
