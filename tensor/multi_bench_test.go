@@ -9,18 +9,27 @@ import (
 // BenchmarkMatMulBatch: decode-batch sizes over four 5632×2048 matrices
 // used in turn (more than the L3 cache for quantized types too), the
 // kernel set in use. (K-quants: random blocks, as quantizing takes
-// seconds.)
+// seconds; F16p: F16 in 16-row panels, NewPanelMatrix.)
 func BenchmarkMatMulBatch(b *testing.B) {
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, typ := range []DType{Q8_0, Q4_0, F16, Q4_K, Q6_K} {
+	for _, name := range []string{"Q8_0", "Q4_0", "F16", "F16p", "Q4_K", "Q6_K"} {
+		typ, _ := ParseDType(name)
 		var ms []*Matrix
 		for _, n := range []int{1, 2, 4, 8, 16, 32} {
-			b.Run(fmt.Sprintf("%s/n=%d", typ, n), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/n=%d", name, n), func(b *testing.B) {
 				if ms == nil {
 					for range 4 {
-						if typ == Q4_K || typ == Q6_K {
+						switch name {
+						case "Q4_K", "Q6_K":
 							ms = append(ms, randRawMatrix(r, typ, 5632, 2048))
-						} else {
+						case "F16p":
+							m := randMatrix(b, r, F16, 5632, 2048)
+							p, err := NewPanelMatrix(F16, 5632, 2048, m.Data)
+							if err != nil {
+								b.Fatal(err)
+							}
+							ms = append(ms, p)
+						default:
 							ms = append(ms, randMatrix(b, r, typ, 5632, 2048))
 						}
 					}
