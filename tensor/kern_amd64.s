@@ -9639,7 +9639,7 @@ TEXT ·prefetchRows(SB), NOSPLIT, $0-32
 row:
 	XORQ AX, AX
 line:
-	PREFETCHT0 (SI)(AX*1)
+	PREFETCHT1 (SI)(AX*1)
 	ADDQ $64, AX
 	CMPQ AX, DX
 	JLT line
