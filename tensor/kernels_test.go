@@ -287,7 +287,7 @@ func TestPanelMatrix(t *testing.T) {
 		for _, rows := range []int{5, 16, 17, 33, 48, 172} {
 			for _, cols := range []int{16, 48, 256, 600, 1008} {
 				m := randMatrix(t, r, typ, rows, cols)
-				p, err := NewPanelMatrix(typ, rows, cols, append([]byte(nil), m.Data...))
+				p, err := newPanelMatrix(typ, rows, cols, append([]byte(nil), m.Data...))
 				if err != nil {
 					t.Fatal(err)
 				}

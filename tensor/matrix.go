@@ -46,17 +46,33 @@ func NewMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
 }
 
 // NewPanelMatrix wraps data as NewMatrix does and, for F16 and BF16
-// weights whose Cols is a multiple of 16, rearranges it in place into
-// panels of 16 rows (the last Rows mod 16 rows stay row by row after
-// them): a panel is Cols/16 tiles of 512 bytes, one after another, each
-// holding the 16 rows' next 16 values (row j's at byte 32·j). Decode then
-// reads one stream of memory for 16 rows at a time and each value of x
-// once per 16 rows (docs/PERFORMANCE.md), and prefill packs its panels
-// from tiles that are already contiguous. data must be writable and is
-// owned by the matrix from then on: read it through the matrix (Row,
-// MatMul), not as rows. Other types are wrapped unchanged. Results are
-// the same bits as NewMatrix's.
+// weights whose Cols is a multiple of 16 on a CPU with AVX-512 (see
+// PanelMatrices), rearranges it in place into panels of 16 rows (the last
+// Rows mod 16 rows stay row by row after them): a panel is Cols/16 tiles
+// of 512 bytes, one after another, each holding the 16 rows' next 16
+// values (row j's at byte 32·j). Decode then reads one stream of memory
+// for 16 rows at a time and each value of x once per 16 rows
+// (docs/PERFORMANCE.md), and prefill packs its panels from tiles that are
+// already contiguous. data must be writable and is owned by the matrix
+// from then on: read it through the matrix (Row, MatMul), not as rows.
+// Other types and machines get the row layout. Results are the same bits
+// as NewMatrix's.
 func NewPanelMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
+	if !PanelMatrices() {
+		return NewMatrix(t, rows, cols, data)
+	}
+	return newPanelMatrix(t, rows, cols, data)
+}
+
+// PanelMatrices reports whether NewPanelMatrix rearranges half-float
+// weights on this machine: where the CPU (and build) has the AVX-512
+// panel kernel. The AVX2 one, which reads a panel in four passes of 4
+// rows, decodes slower than rows do, and the plain Go path reads a panel
+// 16 values at a time: there rows stay.
+func PanelMatrices() bool { return cpuLevel >= levelAVX512 }
+
+// newPanelMatrix is NewPanelMatrix on any machine.
+func newPanelMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
 	m, err := NewMatrix(t, rows, cols, data)
 	if err != nil || (t != F16 && t != BF16) || cols%16 != 0 || rows < panelRows {
 		return m, err

@@ -9,7 +9,7 @@ import (
 // BenchmarkMatMulBatch: decode-batch sizes over four 5632×2048 matrices
 // used in turn (more than the L3 cache for quantized types too), the
 // kernel set in use. (K-quants: random blocks, as quantizing takes
-// seconds; F16p: F16 in 16-row panels, NewPanelMatrix.)
+// seconds; F16p: F16 in 16-row panels, as NewPanelMatrix lays them out.)
 func BenchmarkMatMulBatch(b *testing.B) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, name := range []string{"Q8_0", "Q4_0", "F16", "F16p", "Q4_K", "Q6_K"} {
@@ -24,7 +24,7 @@ func BenchmarkMatMulBatch(b *testing.B) {
 							ms = append(ms, randRawMatrix(r, typ, 5632, 2048))
 						case "F16p":
 							m := randMatrix(b, r, F16, 5632, 2048)
-							p, err := NewPanelMatrix(F16, 5632, 2048, m.Data)
+							p, err := newPanelMatrix(F16, 5632, 2048, m.Data)
 							if err != nil {
 								b.Fatal(err)
 							}
