@@ -511,9 +511,14 @@ func matvecPLoad(e *emitter, src string, off int, reg string) {
 
 // matvecPReduce adds the lanes of Y<a> (8 lanes, the two halves of the
 // sixteen already added) in matvecH's tree into X<a>[0] and stores it at
-// off(DX), with X<t> as temporary.
-func matvecPReduce(e *emitter, a, t, off int) {
-	e.in("VEXTRACTF32X4 $1, Y%d, X%d", a, t)
+// off(DX), with X<t> as temporary; in EVEX encoding for the Z kernel (its
+// registers reach past 15), VEX for the Y one (AVX2 machines).
+func matvecPReduce(e *emitter, evex bool, a, t, off int) {
+	if evex {
+		e.in("VEXTRACTF32X4 $1, Y%d, X%d", a, t)
+	} else {
+		e.in("VEXTRACTF128 $1, Y%d, X%d", a, t)
+	}
 	e.in("VADDPS X%d, X%d, X%d", t, a, a)
 	e.in("VMOVHLPS X%d, X%d, X%d", a, a, t)
 	e.in("VADDPS X%d, X%d, X%d", t, a, a)
@@ -522,18 +527,33 @@ func matvecPReduce(e *emitter, a, t, off int) {
 	e.in("VMOVSS X%d, %d(DX)", a, off)
 }
 
-func genMatVecPZ(e *emitter, src string) {
-	e.text("matvecP"+src+"Z", "(w unsafe.Pointer, x *float32, nb int, dst *float32)", 32)
+// matvecPHead writes a panel kernel's head: its arguments in SI, DI, CX
+// and DX, and acc zeroed accumulators <reg>0 … (Z or Y).
+func matvecPHead(e *emitter, name, reg string, acc int) {
+	e.text(name, "(w unsafe.Pointer, x *float32, nb int, dst *float32)", 32)
 	e.in("MOVQ w+0(FP), SI")
 	e.in("MOVQ x+8(FP), DI")
 	e.in("MOVQ nb+16(FP), CX")
 	e.in("MOVQ dst+24(FP), DX")
-	for r := 0; r < 16; r++ {
-		e.in("VXORPS Z%d, Z%d, Z%d", r, r, r)
+	for r := 0; r < acc; r++ {
+		e.in("VXORPS %s%d, %s%d, %s%d", reg, r, reg, r, reg, r)
 	}
 	e.in("TESTQ CX, CX")
 	e.in("JZ reduce")
 	e.label("loop")
+}
+
+// matvecPNext ends a panel kernel's loop: the next tile and 16 values of x.
+func matvecPNext(e *emitter) {
+	e.in("ADDQ $512, SI")
+	e.in("ADDQ $64, DI")
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("reduce")
+}
+
+func genMatVecPZ(e *emitter, src string) {
+	matvecPHead(e, "matvecP"+src+"Z", "Z", 16)
 	e.in("VMOVUPS (DI), Z16")
 	for r := 0; r < 16; r++ {
 		t := fmt.Sprintf("Z%d", 17+r%4)
@@ -541,15 +561,11 @@ func genMatVecPZ(e *emitter, src string) {
 		e.in("VMULPS Z16, %s, %s", t, t)
 		e.in("VADDPS %s, Z%d, Z%d", t, r, r)
 	}
-	e.in("ADDQ $512, SI")
-	e.in("ADDQ $64, DI")
-	e.in("DECQ CX")
-	e.in("JNZ loop")
-	e.label("reduce")
+	matvecPNext(e)
 	for r := 0; r < 16; r++ {
 		e.in("VEXTRACTF32X8 $1, Z%d, Y16", r)
 		e.in("VADDPS Y16, Y%d, Y%d", r, r)
-		matvecPReduce(e, r, 16, 4*r)
+		matvecPReduce(e, true, r, 16, 4*r)
 	}
 	e.in("VZEROUPPER")
 	e.in("RET")
@@ -558,17 +574,7 @@ func genMatVecPZ(e *emitter, src string) {
 // genMatVecPY: 4 rows, each in two eight-lane accumulators (lanes 0-7 in
 // Y<2r>, 8-15 in Y<2r+1>), added before the tree as the Z kernel's halves.
 func genMatVecPY(e *emitter, src string) {
-	e.text("matvecP"+src+"Y", "(w unsafe.Pointer, x *float32, nb int, dst *float32)", 32)
-	e.in("MOVQ w+0(FP), SI")
-	e.in("MOVQ x+8(FP), DI")
-	e.in("MOVQ nb+16(FP), CX")
-	e.in("MOVQ dst+24(FP), DX")
-	for r := 0; r < 8; r++ {
-		e.in("VXORPS Y%d, Y%d, Y%d", r, r, r)
-	}
-	e.in("TESTQ CX, CX")
-	e.in("JZ reduce")
-	e.label("loop")
+	matvecPHead(e, "matvecP"+src+"Y", "Y", 8)
 	e.in("VMOVUPS (DI), Y8")
 	e.in("VMOVUPS 32(DI), Y9")
 	for r := 0; r < 4; r++ {
@@ -579,28 +585,13 @@ func genMatVecPY(e *emitter, src string) {
 			e.in("VADDPS %s, Y%d, Y%d", t, 2*r+h, 2*r+h)
 		}
 	}
-	e.in("ADDQ $512, SI")
-	e.in("ADDQ $64, DI")
-	e.in("DECQ CX")
-	e.in("JNZ loop")
-	e.label("reduce")
+	matvecPNext(e)
 	for r := 0; r < 4; r++ {
 		e.in("VADDPS Y%d, Y%d, Y%d", 2*r+1, 2*r, 2*r)
-		matvecPReduceY(e, 2*r, 14, 4*r)
+		matvecPReduce(e, false, 2*r, 14, 4*r)
 	}
 	e.in("VZEROUPPER")
 	e.in("RET")
-}
-
-// matvecPReduceY is matvecPReduce in VEX encoding (AVX2 machines).
-func matvecPReduceY(e *emitter, a, t, off int) {
-	e.in("VEXTRACTF128 $1, Y%d, X%d", a, t)
-	e.in("VADDPS X%d, X%d, X%d", t, a, a)
-	e.in("VMOVHLPS X%d, X%d, X%d", a, a, t)
-	e.in("VADDPS X%d, X%d, X%d", t, a, a)
-	e.in("VMOVSHDUP X%d, X%d", a, t)
-	e.in("VADDSS X%d, X%d, X%d", t, a, a)
-	e.in("VMOVSS X%d, %d(DX)", a, off)
 }
 
 // Attention kernels (package tensor's attn.go has their plain Go twins).
