@@ -278,12 +278,7 @@ func genDot(e *emitter) {
 			e.in("VEXTRACTF32X8 $1, Z0, Y1")
 		}
 		e.in("VADDPS Y1, Y0, Y0")
-		e.in("VEXTRACTF128 $1, Y0, X1")
-		e.in("VADDPS X1, X0, X0")
-		e.in("VMOVHLPS X0, X0, X1")
-		e.in("VADDPS X1, X0, X0")
-		e.in("VMOVSHDUP X0, X1")
-		e.in("VADDSS X1, X0, X0")
+		sumTree(e, false, 0, 1)
 		e.in("VMOVSS X0, ret+24(FP)")
 		e.in("VZEROUPPER")
 		e.in("RET")
@@ -437,12 +432,7 @@ func genMatVecH(e *emitter) {
 				e.in("VEXTRACTF32X8 $1, Z0, Y1")
 			}
 			e.in("VADDPS Y1, Y0, Y0")
-			e.in("VEXTRACTF128 $1, Y0, X1")
-			e.in("VADDPS X1, X0, X0")
-			e.in("VMOVHLPS X0, X0, X1")
-			e.in("VADDPS X1, X0, X0")
-			e.in("VMOVSHDUP X0, X1")
-			e.in("VADDSS X1, X0, X0")
+			sumTree(e, false, 0, 1)
 			e.in("VMOVSS X0, (DX)")
 			e.in("ADDQ $4, DX")
 			e.in("ADDQ BX, R8")
@@ -509,11 +499,11 @@ func matvecPLoad(e *emitter, src string, off int, reg string) {
 	e.in("VPSLLD $16, %s, %s", reg, reg)
 }
 
-// matvecPReduce adds the lanes of Y<a> (8 lanes, the two halves of the
-// sixteen already added) in matvecH's tree into X<a>[0] and stores it at
-// off(DX), with X<t> as temporary; in EVEX encoding for the Z kernel (its
-// registers reach past 15), VEX for the Y one (AVX2 machines).
-func matvecPReduce(e *emitter, evex bool, a, t, off int) {
+// sumTree adds the 8 lanes of Y<a> into X<a>[0] by Dot's tree (upper
+// half onto lower, then pairs 0+2 and 1+3, then the two), with X<t> as
+// temporary; in EVEX encoding where the registers reach past 15 (the panel
+// kernels' Z form), else VEX (runs on AVX2 machines too).
+func sumTree(e *emitter, evex bool, a, t int) {
 	if evex {
 		e.in("VEXTRACTF32X4 $1, Y%d, X%d", a, t)
 	} else {
@@ -524,6 +514,12 @@ func matvecPReduce(e *emitter, evex bool, a, t, off int) {
 	e.in("VADDPS X%d, X%d, X%d", t, a, a)
 	e.in("VMOVSHDUP X%d, X%d", a, t)
 	e.in("VADDSS X%d, X%d, X%d", t, a, a)
+}
+
+// matvecPReduce sums Y<a> (the two halves of the sixteen lanes already
+// added) by sumTree and stores it at off(DX).
+func matvecPReduce(e *emitter, evex bool, a, t, off int) {
+	sumTree(e, evex, a, t)
 	e.in("VMOVSS X%d, %d(DX)", a, off)
 }
 
