@@ -94,7 +94,7 @@ func TestLlama2CToGGUF(t *testing.T) {
 				// into 16-row panels (64 rows: 4) where the CPU has the
 				// kernel for them; mapped, they stay.
 				wantPanels := 0
-				if name == "Load" && (c.typ == tensor.F16 || c.typ == tensor.BF16) && tensor.PanelMatrices() {
+				if name == "Load" && (c.typ == tensor.F16 || c.typ == tensor.BF16) && tensor.PanelMatrices(c.typ) {
 					wantPanels = 4
 				}
 				if got := em.Layers[0].Wq.Panels(); got != wantPanels {

@@ -435,226 +435,226 @@ func qQ4_KVr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float3
 func qQ6_KVr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
-func qQ8_0Vp8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Vp16t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Vp16t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Ap8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Ap8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Ap8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Ap8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Ap8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Ap8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Ap8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Ap8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Ap8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Ap8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Ap8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Ap8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Ap8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Ap8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Ap8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Ap8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ8_0Ap8t32(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ8_0Ap8t32(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Vp16t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Vp16t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Ap8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Ap8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Ap8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Ap8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Ap8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Ap8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Ap8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Ap8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Ap8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Ap8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Ap8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Ap8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Ap8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Ap8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Ap8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Ap8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_0Ap8t32(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_0Ap8t32(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
 func actQPZ(x *float32, dst *byte, nb, stride int, negCorr int32) uint32
 
 //go:noescape
-func qQ4_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KVk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KVk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KVk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KVk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KVk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KVk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KVk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KVk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KVk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KVk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KVk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KVk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KVk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KVk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KVk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KVk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KVk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KVk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KVk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KVk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KVk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KVk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KVk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KVk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KVk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KVk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KVk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KVk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func kpuQ6_K(w unsafe.Pointer, ldw int, nb int, u unsafe.Pointer)
+func kpuQ6_K(w unsafe.Pointer, ldw int, nb int, u unsafe.Pointer, bs int)
 
 //go:noescape
 func kpcQ6_Kt1(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
@@ -705,49 +705,49 @@ func kpcQ6_Kt15(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32
 func kpcQ6_Kt16(u unsafe.Pointer, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
 
 //go:noescape
-func qQ4_KAk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KAk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KAk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KAk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KAk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KAk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KAk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KAk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KAk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KAk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KAk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KAk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KAk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KAk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ4_KAk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ4_KAk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KAk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KAk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KAk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KAk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KAk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KAk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KAk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KAk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KAk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KAk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KAk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KAk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KAk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KAk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape
-func qQ6_KAk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
+func qQ6_KAk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)

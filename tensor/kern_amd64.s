@@ -14546,8 +14546,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp8t1(SB), NOSPLIT, $0-56
+// func qQ8_0Vp8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp8t1(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -14555,6 +14555,7 @@ TEXT ·qQ8_0Vp8t1(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -14638,10 +14639,10 @@ loop:
 	VCVTDQ2PS Y16, Y16
 	VMULPS.BCST 36(DI), Y16, Y16
 	VFMADD231PS Y24, Y16, Y0
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -14650,8 +14651,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp8t2(SB), NOSPLIT, $0-56
+// func qQ8_0Vp8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp8t2(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -14659,6 +14660,7 @@ TEXT ·qQ8_0Vp8t2(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -14754,10 +14756,10 @@ loop:
 	VMULPS.BCST 76(DI), Y17, Y17
 	VFMADD231PS Y24, Y16, Y0
 	VFMADD231PS Y24, Y17, Y1
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -14767,8 +14769,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp8t3(SB), NOSPLIT, $0-56
+// func qQ8_0Vp8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp8t3(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -14776,6 +14778,7 @@ TEXT ·qQ8_0Vp8t3(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -14887,10 +14890,10 @@ loop:
 	VFMADD231PS Y24, Y16, Y0
 	VFMADD231PS Y24, Y17, Y1
 	VFMADD231PS Y24, Y18, Y2
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -14901,8 +14904,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp8t4(SB), NOSPLIT, $0-56
+// func qQ8_0Vp8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp8t4(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -14910,6 +14913,7 @@ TEXT ·qQ8_0Vp8t4(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -15029,10 +15033,10 @@ loop:
 	VFMADD231PS Y24, Y17, Y1
 	VFMADD231PS Y24, Y18, Y2
 	VFMADD231PS Y24, Y19, Y3
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -15044,8 +15048,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp8t5(SB), NOSPLIT, $0-56
+// func qQ8_0Vp8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp8t5(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -15053,6 +15057,7 @@ TEXT ·qQ8_0Vp8t5(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -15186,10 +15191,10 @@ loop:
 	VFMADD231PS Y24, Y18, Y2
 	VFMADD231PS Y24, Y19, Y3
 	VFMADD231PS Y24, Y20, Y4
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -15202,8 +15207,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp8t6(SB), NOSPLIT, $0-56
+// func qQ8_0Vp8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp8t6(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -15211,6 +15216,7 @@ TEXT ·qQ8_0Vp8t6(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -15358,10 +15364,10 @@ loop:
 	VFMADD231PS Y24, Y19, Y3
 	VFMADD231PS Y24, Y20, Y4
 	VFMADD231PS Y24, Y21, Y5
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -15375,8 +15381,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp8t7(SB), NOSPLIT, $0-56
+// func qQ8_0Vp8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp8t7(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -15384,6 +15390,7 @@ TEXT ·qQ8_0Vp8t7(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -15545,10 +15552,10 @@ loop:
 	VFMADD231PS Y24, Y20, Y4
 	VFMADD231PS Y24, Y21, Y5
 	VFMADD231PS Y24, Y22, Y6
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -15563,8 +15570,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp8t8(SB), NOSPLIT, $0-56
+// func qQ8_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp8t8(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -15572,6 +15579,7 @@ TEXT ·qQ8_0Vp8t8(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -15747,10 +15755,10 @@ loop:
 	VFMADD231PS Y24, Y21, Y5
 	VFMADD231PS Y24, Y22, Y6
 	VFMADD231PS Y24, Y23, Y7
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -15766,8 +15774,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp8t16(SB), NOSPLIT, $0-56
+// func qQ8_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp8t16(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -15775,6 +15783,7 @@ TEXT ·qQ8_0Vp8t16(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -16061,10 +16070,10 @@ loop:
 	VMOVUPS Y6, 448(DX)
 	VFMADD213PS 480(DX), Y24, Y7
 	VMOVUPS Y7, 480(DX)
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -16072,8 +16081,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp16t1(SB), NOSPLIT, $0-56
+// func qQ8_0Vp16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp16t1(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -16081,6 +16090,7 @@ TEXT ·qQ8_0Vp16t1(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -16201,13 +16211,13 @@ loop:
 	VCVTDQ2PS Z16, Z16
 	VMULPS.BCST 36(DI), Z16, Z16
 	VFMADD231PS Z24, Z16, Z0
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, R13
-	ADDQ $34, R14
-	ADDQ $34, AX
-	ADDQ $34, R11
-	ADDQ $34, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -16216,8 +16226,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp16t2(SB), NOSPLIT, $0-56
+// func qQ8_0Vp16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp16t2(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -16225,6 +16235,7 @@ TEXT ·qQ8_0Vp16t2(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -16357,13 +16368,13 @@ loop:
 	VMULPS.BCST 76(DI), Z17, Z17
 	VFMADD231PS Z24, Z16, Z0
 	VFMADD231PS Z24, Z17, Z1
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, R13
-	ADDQ $34, R14
-	ADDQ $34, AX
-	ADDQ $34, R11
-	ADDQ $34, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -16373,8 +16384,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp16t3(SB), NOSPLIT, $0-56
+// func qQ8_0Vp16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp16t3(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -16382,6 +16393,7 @@ TEXT ·qQ8_0Vp16t3(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -16530,13 +16542,13 @@ loop:
 	VFMADD231PS Z24, Z16, Z0
 	VFMADD231PS Z24, Z17, Z1
 	VFMADD231PS Z24, Z18, Z2
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, R13
-	ADDQ $34, R14
-	ADDQ $34, AX
-	ADDQ $34, R11
-	ADDQ $34, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -16547,8 +16559,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp16t4(SB), NOSPLIT, $0-56
+// func qQ8_0Vp16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp16t4(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -16556,6 +16568,7 @@ TEXT ·qQ8_0Vp16t4(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -16712,13 +16725,13 @@ loop:
 	VFMADD231PS Z24, Z17, Z1
 	VFMADD231PS Z24, Z18, Z2
 	VFMADD231PS Z24, Z19, Z3
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, R13
-	ADDQ $34, R14
-	ADDQ $34, AX
-	ADDQ $34, R11
-	ADDQ $34, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -16730,8 +16743,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp16t5(SB), NOSPLIT, $0-56
+// func qQ8_0Vp16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp16t5(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -16739,6 +16752,7 @@ TEXT ·qQ8_0Vp16t5(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -16909,13 +16923,13 @@ loop:
 	VFMADD231PS Z24, Z18, Z2
 	VFMADD231PS Z24, Z19, Z3
 	VFMADD231PS Z24, Z20, Z4
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, R13
-	ADDQ $34, R14
-	ADDQ $34, AX
-	ADDQ $34, R11
-	ADDQ $34, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -16928,8 +16942,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp16t6(SB), NOSPLIT, $0-56
+// func qQ8_0Vp16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp16t6(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -16937,6 +16951,7 @@ TEXT ·qQ8_0Vp16t6(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -17121,13 +17136,13 @@ loop:
 	VFMADD231PS Z24, Z19, Z3
 	VFMADD231PS Z24, Z20, Z4
 	VFMADD231PS Z24, Z21, Z5
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, R13
-	ADDQ $34, R14
-	ADDQ $34, AX
-	ADDQ $34, R11
-	ADDQ $34, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -17141,8 +17156,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp16t7(SB), NOSPLIT, $0-56
+// func qQ8_0Vp16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp16t7(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -17150,6 +17165,7 @@ TEXT ·qQ8_0Vp16t7(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -17348,13 +17364,13 @@ loop:
 	VFMADD231PS Z24, Z20, Z4
 	VFMADD231PS Z24, Z21, Z5
 	VFMADD231PS Z24, Z22, Z6
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, R13
-	ADDQ $34, R14
-	ADDQ $34, AX
-	ADDQ $34, R11
-	ADDQ $34, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -17369,8 +17385,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp16t8(SB), NOSPLIT, $0-56
+// func qQ8_0Vp16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp16t8(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -17378,6 +17394,7 @@ TEXT ·qQ8_0Vp16t8(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -17590,13 +17607,13 @@ loop:
 	VFMADD231PS Z24, Z21, Z5
 	VFMADD231PS Z24, Z22, Z6
 	VFMADD231PS Z24, Z23, Z7
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, R13
-	ADDQ $34, R14
-	ADDQ $34, AX
-	ADDQ $34, R11
-	ADDQ $34, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -17612,8 +17629,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Vp16t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Vp16t16(SB), NOSPLIT, $0-56
+// func qQ8_0Vp16t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Vp16t16(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -17621,6 +17638,7 @@ TEXT ·qQ8_0Vp16t16(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -17944,13 +17962,13 @@ loop:
 	VMOVUPS Z6, 896(DX)
 	VFMADD213PS 960(DX), Z24, Z7
 	VMOVUPS Z7, 960(DX)
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, R13
-	ADDQ $34, R14
-	ADDQ $34, AX
-	ADDQ $34, R11
-	ADDQ $34, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -17958,8 +17976,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Ap8t1(SB), NOSPLIT, $384-56
+// func qQ8_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Ap8t1(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -17967,6 +17985,7 @@ TEXT ·qQ8_0Ap8t1(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -18095,10 +18114,10 @@ loop:
 	VBROADCASTSS 36(DI), Y14
 	VMULPS Y14, Y8, Y8
 	VFMADD231PS Y13, Y8, Y0
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -18107,8 +18126,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Ap8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Ap8t2(SB), NOSPLIT, $384-56
+// func qQ8_0Ap8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Ap8t2(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -18116,6 +18135,7 @@ TEXT ·qQ8_0Ap8t2(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -18289,10 +18309,10 @@ loop:
 	VBROADCASTSS 76(DI), Y14
 	VMULPS Y14, Y9, Y9
 	VFMADD231PS Y13, Y9, Y1
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -18302,8 +18322,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Ap8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Ap8t3(SB), NOSPLIT, $384-56
+// func qQ8_0Ap8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Ap8t3(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -18311,6 +18331,7 @@ TEXT ·qQ8_0Ap8t3(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -18529,10 +18550,10 @@ loop:
 	VBROADCASTSS 116(DI), Y14
 	VMULPS Y14, Y10, Y10
 	VFMADD231PS Y13, Y10, Y2
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -18543,8 +18564,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Ap8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Ap8t4(SB), NOSPLIT, $384-56
+// func qQ8_0Ap8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Ap8t4(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -18552,6 +18573,7 @@ TEXT ·qQ8_0Ap8t4(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -18815,10 +18837,10 @@ loop:
 	VBROADCASTSS 156(DI), Y14
 	VMULPS Y14, Y11, Y11
 	VFMADD231PS Y13, Y11, Y3
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -18830,8 +18852,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Ap8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Ap8t5(SB), NOSPLIT, $384-56
+// func qQ8_0Ap8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Ap8t5(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -18839,6 +18861,7 @@ TEXT ·qQ8_0Ap8t5(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -19155,10 +19178,10 @@ loop:
 	VBROADCASTSS 196(DI), Y14
 	VMULPS Y14, Y9, Y9
 	VFMADD231PS Y13, Y9, Y4
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -19171,8 +19194,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Ap8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Ap8t6(SB), NOSPLIT, $384-56
+// func qQ8_0Ap8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Ap8t6(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -19180,6 +19203,7 @@ TEXT ·qQ8_0Ap8t6(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -19541,10 +19565,10 @@ loop:
 	VBROADCASTSS 236(DI), Y14
 	VMULPS Y14, Y10, Y10
 	VFMADD231PS Y13, Y10, Y5
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -19558,8 +19582,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Ap8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Ap8t7(SB), NOSPLIT, $384-56
+// func qQ8_0Ap8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Ap8t7(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -19567,6 +19591,7 @@ TEXT ·qQ8_0Ap8t7(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -19973,10 +19998,10 @@ loop:
 	VBROADCASTSS 276(DI), Y14
 	VMULPS Y14, Y10, Y10
 	VFMADD231PS Y13, Y10, Y6
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -19991,8 +20016,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Ap8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Ap8t8(SB), NOSPLIT, $384-56
+// func qQ8_0Ap8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Ap8t8(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -20000,6 +20025,7 @@ TEXT ·qQ8_0Ap8t8(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -20451,10 +20477,10 @@ loop:
 	VBROADCASTSS 316(DI), Y14
 	VMULPS Y14, Y11, Y11
 	VFMADD231PS Y13, Y11, Y7
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -20470,8 +20496,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Ap8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Ap8t16(SB), NOSPLIT, $384-56
+// func qQ8_0Ap8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Ap8t16(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -20479,6 +20505,7 @@ TEXT ·qQ8_0Ap8t16(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -21305,10 +21332,10 @@ loop:
 	VMULPS Y14, Y7, Y7
 	VFMADD213PS 480(DX), Y13, Y7
 	VMOVUPS Y7, 480(DX)
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -21316,8 +21343,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ8_0Ap8t32(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ8_0Ap8t32(SB), NOSPLIT, $384-56
+// func qQ8_0Ap8t32(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ8_0Ap8t32(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -21325,6 +21352,7 @@ TEXT ·qQ8_0Ap8t32(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -22903,10 +22931,10 @@ loop:
 	VMULPS Y14, Y7, Y7
 	VFMADD213PS 992(DX), Y13, Y7
 	VMOVUPS Y7, 992(DX)
-	ADDQ $34, SI
-	ADDQ $34, R9
-	ADDQ $34, AX
-	ADDQ $34, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -22914,8 +22942,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp8t1(SB), NOSPLIT, $0-56
+// func qQ4_0Vp8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp8t1(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -22923,6 +22951,7 @@ TEXT ·qQ4_0Vp8t1(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -23030,10 +23059,10 @@ loop:
 	VCVTDQ2PS Y16, Y16
 	VMULPS.BCST 36(DI), Y16, Y16
 	VFMADD231PS Y24, Y16, Y0
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -23042,8 +23071,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp8t2(SB), NOSPLIT, $0-56
+// func qQ4_0Vp8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp8t2(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -23051,6 +23080,7 @@ TEXT ·qQ4_0Vp8t2(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -23170,10 +23200,10 @@ loop:
 	VMULPS.BCST 76(DI), Y17, Y17
 	VFMADD231PS Y24, Y16, Y0
 	VFMADD231PS Y24, Y17, Y1
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -23183,8 +23213,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp8t3(SB), NOSPLIT, $0-56
+// func qQ4_0Vp8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp8t3(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -23192,6 +23222,7 @@ TEXT ·qQ4_0Vp8t3(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -23327,10 +23358,10 @@ loop:
 	VFMADD231PS Y24, Y16, Y0
 	VFMADD231PS Y24, Y17, Y1
 	VFMADD231PS Y24, Y18, Y2
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -23341,8 +23372,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp8t4(SB), NOSPLIT, $0-56
+// func qQ4_0Vp8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp8t4(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -23350,6 +23381,7 @@ TEXT ·qQ4_0Vp8t4(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -23493,10 +23525,10 @@ loop:
 	VFMADD231PS Y24, Y17, Y1
 	VFMADD231PS Y24, Y18, Y2
 	VFMADD231PS Y24, Y19, Y3
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -23508,8 +23540,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp8t5(SB), NOSPLIT, $0-56
+// func qQ4_0Vp8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp8t5(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -23517,6 +23549,7 @@ TEXT ·qQ4_0Vp8t5(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -23674,10 +23707,10 @@ loop:
 	VFMADD231PS Y24, Y18, Y2
 	VFMADD231PS Y24, Y19, Y3
 	VFMADD231PS Y24, Y20, Y4
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -23690,8 +23723,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp8t6(SB), NOSPLIT, $0-56
+// func qQ4_0Vp8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp8t6(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -23699,6 +23732,7 @@ TEXT ·qQ4_0Vp8t6(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -23870,10 +23904,10 @@ loop:
 	VFMADD231PS Y24, Y19, Y3
 	VFMADD231PS Y24, Y20, Y4
 	VFMADD231PS Y24, Y21, Y5
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -23887,8 +23921,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp8t7(SB), NOSPLIT, $0-56
+// func qQ4_0Vp8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp8t7(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -23896,6 +23930,7 @@ TEXT ·qQ4_0Vp8t7(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -24081,10 +24116,10 @@ loop:
 	VFMADD231PS Y24, Y20, Y4
 	VFMADD231PS Y24, Y21, Y5
 	VFMADD231PS Y24, Y22, Y6
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -24099,8 +24134,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp8t8(SB), NOSPLIT, $0-56
+// func qQ4_0Vp8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp8t8(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -24108,6 +24143,7 @@ TEXT ·qQ4_0Vp8t8(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -24307,10 +24343,10 @@ loop:
 	VFMADD231PS Y24, Y21, Y5
 	VFMADD231PS Y24, Y22, Y6
 	VFMADD231PS Y24, Y23, Y7
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -24326,8 +24362,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp8t16(SB), NOSPLIT, $0-56
+// func qQ4_0Vp8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp8t16(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -24335,6 +24371,7 @@ TEXT ·qQ4_0Vp8t16(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -24645,10 +24682,10 @@ loop:
 	VMOVUPS Y6, 448(DX)
 	VFMADD213PS 480(DX), Y24, Y7
 	VMOVUPS Y7, 480(DX)
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -24656,8 +24693,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp16t1(SB), NOSPLIT, $0-56
+// func qQ4_0Vp16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp16t1(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -24665,6 +24702,7 @@ TEXT ·qQ4_0Vp16t1(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -24803,13 +24841,13 @@ loop:
 	VCVTDQ2PS Z16, Z16
 	VMULPS.BCST 36(DI), Z16, Z16
 	VFMADD231PS Z24, Z16, Z0
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, R13
-	ADDQ $18, R14
-	ADDQ $18, AX
-	ADDQ $18, R11
-	ADDQ $18, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -24818,8 +24856,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp16t2(SB), NOSPLIT, $0-56
+// func qQ4_0Vp16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp16t2(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -24827,6 +24865,7 @@ TEXT ·qQ4_0Vp16t2(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -24977,13 +25016,13 @@ loop:
 	VMULPS.BCST 76(DI), Z17, Z17
 	VFMADD231PS Z24, Z16, Z0
 	VFMADD231PS Z24, Z17, Z1
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, R13
-	ADDQ $18, R14
-	ADDQ $18, AX
-	ADDQ $18, R11
-	ADDQ $18, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -24993,8 +25032,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp16t3(SB), NOSPLIT, $0-56
+// func qQ4_0Vp16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp16t3(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -25002,6 +25041,7 @@ TEXT ·qQ4_0Vp16t3(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -25168,13 +25208,13 @@ loop:
 	VFMADD231PS Z24, Z16, Z0
 	VFMADD231PS Z24, Z17, Z1
 	VFMADD231PS Z24, Z18, Z2
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, R13
-	ADDQ $18, R14
-	ADDQ $18, AX
-	ADDQ $18, R11
-	ADDQ $18, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -25185,8 +25225,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp16t4(SB), NOSPLIT, $0-56
+// func qQ4_0Vp16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp16t4(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -25194,6 +25234,7 @@ TEXT ·qQ4_0Vp16t4(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -25368,13 +25409,13 @@ loop:
 	VFMADD231PS Z24, Z17, Z1
 	VFMADD231PS Z24, Z18, Z2
 	VFMADD231PS Z24, Z19, Z3
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, R13
-	ADDQ $18, R14
-	ADDQ $18, AX
-	ADDQ $18, R11
-	ADDQ $18, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -25386,8 +25427,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp16t5(SB), NOSPLIT, $0-56
+// func qQ4_0Vp16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp16t5(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -25395,6 +25436,7 @@ TEXT ·qQ4_0Vp16t5(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -25583,13 +25625,13 @@ loop:
 	VFMADD231PS Z24, Z18, Z2
 	VFMADD231PS Z24, Z19, Z3
 	VFMADD231PS Z24, Z20, Z4
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, R13
-	ADDQ $18, R14
-	ADDQ $18, AX
-	ADDQ $18, R11
-	ADDQ $18, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -25602,8 +25644,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp16t6(SB), NOSPLIT, $0-56
+// func qQ4_0Vp16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp16t6(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -25611,6 +25653,7 @@ TEXT ·qQ4_0Vp16t6(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -25813,13 +25856,13 @@ loop:
 	VFMADD231PS Z24, Z19, Z3
 	VFMADD231PS Z24, Z20, Z4
 	VFMADD231PS Z24, Z21, Z5
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, R13
-	ADDQ $18, R14
-	ADDQ $18, AX
-	ADDQ $18, R11
-	ADDQ $18, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -25833,8 +25876,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp16t7(SB), NOSPLIT, $0-56
+// func qQ4_0Vp16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp16t7(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -25842,6 +25885,7 @@ TEXT ·qQ4_0Vp16t7(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -26058,13 +26102,13 @@ loop:
 	VFMADD231PS Z24, Z20, Z4
 	VFMADD231PS Z24, Z21, Z5
 	VFMADD231PS Z24, Z22, Z6
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, R13
-	ADDQ $18, R14
-	ADDQ $18, AX
-	ADDQ $18, R11
-	ADDQ $18, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -26079,8 +26123,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp16t8(SB), NOSPLIT, $0-56
+// func qQ4_0Vp16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp16t8(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -26088,6 +26132,7 @@ TEXT ·qQ4_0Vp16t8(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -26318,13 +26363,13 @@ loop:
 	VFMADD231PS Z24, Z21, Z5
 	VFMADD231PS Z24, Z22, Z6
 	VFMADD231PS Z24, Z23, Z7
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, R13
-	ADDQ $18, R14
-	ADDQ $18, AX
-	ADDQ $18, R11
-	ADDQ $18, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -26340,8 +26385,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Vp16t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Vp16t16(SB), NOSPLIT, $0-56
+// func qQ4_0Vp16t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Vp16t16(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -26349,6 +26394,7 @@ TEXT ·qQ4_0Vp16t16(SB), NOSPLIT, $0-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R13
@@ -26690,13 +26736,13 @@ loop:
 	VMOVUPS Z6, 896(DX)
 	VFMADD213PS 960(DX), Z24, Z7
 	VMOVUPS Z7, 960(DX)
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, R13
-	ADDQ $18, R14
-	ADDQ $18, AX
-	ADDQ $18, R11
-	ADDQ $18, R12
+	ADDQ bs+56(FP), SI
+	ADDQ bs+56(FP), R9
+	ADDQ bs+56(FP), R13
+	ADDQ bs+56(FP), R14
+	ADDQ bs+56(FP), AX
+	ADDQ bs+56(FP), R11
+	ADDQ bs+56(FP), R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -26704,8 +26750,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Ap8t1(SB), NOSPLIT, $384-56
+// func qQ4_0Ap8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Ap8t1(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -26713,6 +26759,7 @@ TEXT ·qQ4_0Ap8t1(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -26852,10 +26899,10 @@ loop:
 	VBROADCASTSS 36(DI), Y14
 	VMULPS Y14, Y8, Y8
 	VFMADD231PS Y13, Y8, Y0
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -26864,8 +26911,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Ap8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Ap8t2(SB), NOSPLIT, $384-56
+// func qQ4_0Ap8t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Ap8t2(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -26873,6 +26920,7 @@ TEXT ·qQ4_0Ap8t2(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -27044,10 +27092,10 @@ loop:
 	VBROADCASTSS 76(DI), Y14
 	VMULPS Y14, Y9, Y9
 	VFMADD231PS Y13, Y9, Y1
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -27057,8 +27105,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Ap8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Ap8t3(SB), NOSPLIT, $384-56
+// func qQ4_0Ap8t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Ap8t3(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -27066,6 +27114,7 @@ TEXT ·qQ4_0Ap8t3(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -27269,10 +27318,10 @@ loop:
 	VBROADCASTSS 116(DI), Y14
 	VMULPS Y14, Y10, Y10
 	VFMADD231PS Y13, Y10, Y2
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -27283,8 +27332,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Ap8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Ap8t4(SB), NOSPLIT, $384-56
+// func qQ4_0Ap8t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Ap8t4(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -27292,6 +27341,7 @@ TEXT ·qQ4_0Ap8t4(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -27527,10 +27577,10 @@ loop:
 	VBROADCASTSS 156(DI), Y14
 	VMULPS Y14, Y11, Y11
 	VFMADD231PS Y13, Y11, Y3
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -27542,8 +27592,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Ap8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Ap8t5(SB), NOSPLIT, $384-56
+// func qQ4_0Ap8t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Ap8t5(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -27551,6 +27601,7 @@ TEXT ·qQ4_0Ap8t5(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -27826,10 +27877,10 @@ loop:
 	VBROADCASTSS 196(DI), Y14
 	VMULPS Y14, Y9, Y9
 	VFMADD231PS Y13, Y9, Y4
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -27842,8 +27893,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Ap8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Ap8t6(SB), NOSPLIT, $384-56
+// func qQ4_0Ap8t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Ap8t6(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -27851,6 +27902,7 @@ TEXT ·qQ4_0Ap8t6(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -28158,10 +28210,10 @@ loop:
 	VBROADCASTSS 236(DI), Y14
 	VMULPS Y14, Y10, Y10
 	VFMADD231PS Y13, Y10, Y5
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -28175,8 +28227,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Ap8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Ap8t7(SB), NOSPLIT, $384-56
+// func qQ4_0Ap8t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Ap8t7(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -28184,6 +28236,7 @@ TEXT ·qQ4_0Ap8t7(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -28523,10 +28576,10 @@ loop:
 	VBROADCASTSS 276(DI), Y14
 	VMULPS Y14, Y10, Y10
 	VFMADD231PS Y13, Y10, Y6
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -28541,8 +28594,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Ap8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Ap8t8(SB), NOSPLIT, $384-56
+// func qQ4_0Ap8t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Ap8t8(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -28550,6 +28603,7 @@ TEXT ·qQ4_0Ap8t8(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -28921,10 +28975,10 @@ loop:
 	VBROADCASTSS 316(DI), Y14
 	VMULPS Y14, Y11, Y11
 	VFMADD231PS Y13, Y11, Y7
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -28940,8 +28994,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Ap8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Ap8t16(SB), NOSPLIT, $384-56
+// func qQ4_0Ap8t16(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Ap8t16(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -28949,6 +29003,7 @@ TEXT ·qQ4_0Ap8t16(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -29575,10 +29630,10 @@ loop:
 	VMULPS Y14, Y7, Y7
 	VFMADD213PS 480(DX), Y13, Y7
 	VMOVUPS Y7, 480(DX)
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -29586,8 +29641,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_0Ap8t32(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_0Ap8t32(SB), NOSPLIT, $384-56
+// func qQ4_0Ap8t32(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_0Ap8t32(SB), NOSPLIT, $384-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -29595,6 +29650,7 @@ TEXT ·qQ4_0Ap8t32(SB), NOSPLIT, $384-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	TESTQ AX, AX
@@ -30749,10 +30805,10 @@ loop:
 	VMULPS Y14, Y7, Y7
 	VFMADD213PS 992(DX), Y13, Y7
 	VMOVUPS Y7, 992(DX)
-	ADDQ $18, SI
-	ADDQ $18, R9
-	ADDQ $18, AX
-	ADDQ $18, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, AX
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -30835,8 +30891,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KVk16t1(SB), NOSPLIT, $256-56
+// func qQ4_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KVk16t1(SB), NOSPLIT, $256-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -30844,6 +30900,7 @@ TEXT ·qQ4_KVk16t1(SB), NOSPLIT, $256-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -31374,10 +31431,10 @@ loop:
 	VMULPS.BCST 288(DI), Z30, Z31
 	VFNMADD231PS Z31, Z8, Z0
 	VMOVUPS Z0, 0(DX)
-	ADDQ $144, SI
-	ADDQ $144, R9
-	ADDQ $144, R11
-	ADDQ $144, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -31385,8 +31442,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_KVk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KVk16t2(SB), NOSPLIT, $256-56
+// func qQ4_KVk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KVk16t2(SB), NOSPLIT, $256-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -31394,6 +31451,7 @@ TEXT ·qQ4_KVk16t2(SB), NOSPLIT, $256-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -32038,10 +32096,10 @@ loop:
 	VMULPS.BCST 584(DI), Z30, Z31
 	VFNMADD231PS Z31, Z9, Z1
 	VMOVUPS Z1, 64(DX)
-	ADDQ $144, SI
-	ADDQ $144, R9
-	ADDQ $144, R11
-	ADDQ $144, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -32049,8 +32107,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_KVk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KVk16t3(SB), NOSPLIT, $256-56
+// func qQ4_KVk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KVk16t3(SB), NOSPLIT, $256-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -32058,6 +32116,7 @@ TEXT ·qQ4_KVk16t3(SB), NOSPLIT, $256-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -32816,10 +32875,10 @@ loop:
 	VMULPS.BCST 880(DI), Z30, Z31
 	VFNMADD231PS Z31, Z10, Z2
 	VMOVUPS Z2, 128(DX)
-	ADDQ $144, SI
-	ADDQ $144, R9
-	ADDQ $144, R11
-	ADDQ $144, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -32827,8 +32886,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_KVk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KVk16t4(SB), NOSPLIT, $256-56
+// func qQ4_KVk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KVk16t4(SB), NOSPLIT, $256-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -32836,6 +32895,7 @@ TEXT ·qQ4_KVk16t4(SB), NOSPLIT, $256-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -33708,10 +33768,10 @@ loop:
 	VMULPS.BCST 1176(DI), Z30, Z31
 	VFNMADD231PS Z31, Z11, Z3
 	VMOVUPS Z3, 192(DX)
-	ADDQ $144, SI
-	ADDQ $144, R9
-	ADDQ $144, R11
-	ADDQ $144, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -33719,8 +33779,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_KVk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KVk16t5(SB), NOSPLIT, $256-56
+// func qQ4_KVk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KVk16t5(SB), NOSPLIT, $256-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -33728,6 +33788,7 @@ TEXT ·qQ4_KVk16t5(SB), NOSPLIT, $256-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -34714,10 +34775,10 @@ loop:
 	VMULPS.BCST 1472(DI), Z30, Z31
 	VFNMADD231PS Z31, Z12, Z4
 	VMOVUPS Z4, 256(DX)
-	ADDQ $144, SI
-	ADDQ $144, R9
-	ADDQ $144, R11
-	ADDQ $144, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -34725,8 +34786,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_KVk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KVk16t6(SB), NOSPLIT, $256-56
+// func qQ4_KVk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KVk16t6(SB), NOSPLIT, $256-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -34734,6 +34795,7 @@ TEXT ·qQ4_KVk16t6(SB), NOSPLIT, $256-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -35834,10 +35896,10 @@ loop:
 	VMULPS.BCST 1768(DI), Z30, Z31
 	VFNMADD231PS Z31, Z13, Z5
 	VMOVUPS Z5, 320(DX)
-	ADDQ $144, SI
-	ADDQ $144, R9
-	ADDQ $144, R11
-	ADDQ $144, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -35845,8 +35907,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_KVk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KVk16t7(SB), NOSPLIT, $256-56
+// func qQ4_KVk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KVk16t7(SB), NOSPLIT, $256-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -35854,6 +35916,7 @@ TEXT ·qQ4_KVk16t7(SB), NOSPLIT, $256-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -37068,10 +37131,10 @@ loop:
 	VMULPS.BCST 2064(DI), Z30, Z31
 	VFNMADD231PS Z31, Z14, Z6
 	VMOVUPS Z6, 384(DX)
-	ADDQ $144, SI
-	ADDQ $144, R9
-	ADDQ $144, R11
-	ADDQ $144, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -37079,8 +37142,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_KVk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KVk16t8(SB), NOSPLIT, $256-56
+// func qQ4_KVk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KVk16t8(SB), NOSPLIT, $256-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -37088,6 +37151,7 @@ TEXT ·qQ4_KVk16t8(SB), NOSPLIT, $256-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -38416,10 +38480,10 @@ loop:
 	VMULPS.BCST 2360(DI), Z30, Z31
 	VFNMADD231PS Z31, Z15, Z7
 	VMOVUPS Z7, 448(DX)
-	ADDQ $144, SI
-	ADDQ $144, R9
-	ADDQ $144, R11
-	ADDQ $144, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -38427,8 +38491,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ6_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KVk16t1(SB), NOSPLIT, $320-56
+// func qQ6_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KVk16t1(SB), NOSPLIT, $320-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -38436,6 +38500,7 @@ TEXT ·qQ6_KVk16t1(SB), NOSPLIT, $320-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -39245,10 +39310,10 @@ loop:
 	VMULPS.BCST 288(DI), Z31, Z30
 	VFMADD213PS 0(DX), Z30, Z0
 	VMOVUPS Z0, 0(DX)
-	ADDQ $210, SI
-	ADDQ $210, R9
-	ADDQ $210, R11
-	ADDQ $210, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -39256,8 +39321,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ6_KVk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KVk16t2(SB), NOSPLIT, $320-56
+// func qQ6_KVk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KVk16t2(SB), NOSPLIT, $320-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -39265,6 +39330,7 @@ TEXT ·qQ6_KVk16t2(SB), NOSPLIT, $320-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -40203,10 +40269,10 @@ loop:
 	VMULPS.BCST 584(DI), Z31, Z30
 	VFMADD213PS 64(DX), Z30, Z1
 	VMOVUPS Z1, 64(DX)
-	ADDQ $210, SI
-	ADDQ $210, R9
-	ADDQ $210, R11
-	ADDQ $210, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -40214,8 +40280,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ6_KVk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KVk16t3(SB), NOSPLIT, $320-56
+// func qQ6_KVk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KVk16t3(SB), NOSPLIT, $320-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -40223,6 +40289,7 @@ TEXT ·qQ6_KVk16t3(SB), NOSPLIT, $320-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -41290,10 +41357,10 @@ loop:
 	VMULPS.BCST 880(DI), Z31, Z30
 	VFMADD213PS 128(DX), Z30, Z2
 	VMOVUPS Z2, 128(DX)
-	ADDQ $210, SI
-	ADDQ $210, R9
-	ADDQ $210, R11
-	ADDQ $210, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -41301,8 +41368,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ6_KVk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KVk16t4(SB), NOSPLIT, $320-56
+// func qQ6_KVk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KVk16t4(SB), NOSPLIT, $320-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -41310,6 +41377,7 @@ TEXT ·qQ6_KVk16t4(SB), NOSPLIT, $320-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -42506,10 +42574,10 @@ loop:
 	VMULPS.BCST 1176(DI), Z31, Z30
 	VFMADD213PS 192(DX), Z30, Z3
 	VMOVUPS Z3, 192(DX)
-	ADDQ $210, SI
-	ADDQ $210, R9
-	ADDQ $210, R11
-	ADDQ $210, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -42517,8 +42585,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ6_KVk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KVk16t5(SB), NOSPLIT, $320-56
+// func qQ6_KVk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KVk16t5(SB), NOSPLIT, $320-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -42526,6 +42594,7 @@ TEXT ·qQ6_KVk16t5(SB), NOSPLIT, $320-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -43851,10 +43920,10 @@ loop:
 	VMULPS.BCST 1472(DI), Z31, Z30
 	VFMADD213PS 256(DX), Z30, Z4
 	VMOVUPS Z4, 256(DX)
-	ADDQ $210, SI
-	ADDQ $210, R9
-	ADDQ $210, R11
-	ADDQ $210, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -43862,8 +43931,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ6_KVk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KVk16t6(SB), NOSPLIT, $320-56
+// func qQ6_KVk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KVk16t6(SB), NOSPLIT, $320-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -43871,6 +43940,7 @@ TEXT ·qQ6_KVk16t6(SB), NOSPLIT, $320-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -45325,10 +45395,10 @@ loop:
 	VMULPS.BCST 1768(DI), Z31, Z30
 	VFMADD213PS 320(DX), Z30, Z5
 	VMOVUPS Z5, 320(DX)
-	ADDQ $210, SI
-	ADDQ $210, R9
-	ADDQ $210, R11
-	ADDQ $210, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -45336,8 +45406,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ6_KVk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KVk16t7(SB), NOSPLIT, $320-56
+// func qQ6_KVk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KVk16t7(SB), NOSPLIT, $320-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -45345,6 +45415,7 @@ TEXT ·qQ6_KVk16t7(SB), NOSPLIT, $320-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -46928,10 +46999,10 @@ loop:
 	VMULPS.BCST 2064(DI), Z31, Z30
 	VFMADD213PS 384(DX), Z30, Z6
 	VMOVUPS Z6, 384(DX)
-	ADDQ $210, SI
-	ADDQ $210, R9
-	ADDQ $210, R11
-	ADDQ $210, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -46939,8 +47010,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ6_KVk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KVk16t8(SB), NOSPLIT, $320-56
+// func qQ6_KVk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KVk16t8(SB), NOSPLIT, $320-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -46948,6 +47019,7 @@ TEXT ·qQ6_KVk16t8(SB), NOSPLIT, $320-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	LEAQ (R9)(BX*4), R11
@@ -48660,10 +48732,10 @@ loop:
 	VMULPS.BCST 2360(DI), Z31, Z30
 	VFMADD213PS 448(DX), Z30, Z7
 	VMOVUPS Z7, 448(DX)
-	ADDQ $210, SI
-	ADDQ $210, R9
-	ADDQ $210, R11
-	ADDQ $210, R12
+	ADDQ R14, SI
+	ADDQ R14, R9
+	ADDQ R14, R11
+	ADDQ R14, R12
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -48671,9 +48743,10 @@ done:
 	VZEROUPPER
 	RET
 
-// func kpuQ6_K(w unsafe.Pointer, ldw int, nb int, u unsafe.Pointer)
-TEXT ·kpuQ6_K(SB), NOSPLIT, $0-32
+// func kpuQ6_K(w unsafe.Pointer, ldw int, nb int, u unsafe.Pointer, bs int)
+TEXT ·kpuQ6_K(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), SI
+	MOVQ bs+32(FP), R13
 	MOVQ ldw+8(FP), BX
 	MOVQ nb+16(FP), CX
 	MOVQ u+24(FP), DI
@@ -49367,10 +49440,10 @@ loop:
 	VPSRLW $2, Z27, Z31
 	VPTERNLOGD $0xF8, Z29, Z31, Z30
 	VMOVDQU32 Z30, 4992(DI)
-	ADDQ $210, SI
-	ADDQ $210, R9
-	ADDQ $210, R11
-	ADDQ $210, R12
+	ADDQ R13, SI
+	ADDQ R13, R9
+	ADDQ R13, R11
+	ADDQ R13, R12
 	ADDQ $5696, DI
 	DECQ CX
 	JNZ loop
@@ -53290,8 +53363,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func qQ4_KAk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KAk16t1(SB), NOSPLIT, $544-56
+// func qQ4_KAk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KAk16t1(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -53299,6 +53372,7 @@ TEXT ·qQ4_KAk16t1(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -53432,7 +53506,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $144, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -53447,8 +53521,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ4_KAk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KAk16t2(SB), NOSPLIT, $544-56
+// func qQ4_KAk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KAk16t2(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -53456,6 +53530,7 @@ TEXT ·qQ4_KAk16t2(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -53617,7 +53692,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $144, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -53634,8 +53709,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ4_KAk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KAk16t3(SB), NOSPLIT, $544-56
+// func qQ4_KAk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KAk16t3(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -53643,6 +53718,7 @@ TEXT ·qQ4_KAk16t3(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -53838,7 +53914,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $144, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -53857,8 +53933,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ4_KAk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KAk16t4(SB), NOSPLIT, $544-56
+// func qQ4_KAk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KAk16t4(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -53866,6 +53942,7 @@ TEXT ·qQ4_KAk16t4(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -54089,7 +54166,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $144, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -54110,8 +54187,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ4_KAk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KAk16t5(SB), NOSPLIT, $544-56
+// func qQ4_KAk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KAk16t5(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -54119,6 +54196,7 @@ TEXT ·qQ4_KAk16t5(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -54380,7 +54458,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $144, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -54403,8 +54481,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ4_KAk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KAk16t6(SB), NOSPLIT, $544-56
+// func qQ4_KAk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KAk16t6(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -54412,6 +54490,7 @@ TEXT ·qQ4_KAk16t6(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -54701,7 +54780,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $144, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -54726,8 +54805,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ4_KAk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KAk16t7(SB), NOSPLIT, $544-56
+// func qQ4_KAk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KAk16t7(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -54735,6 +54814,7 @@ TEXT ·qQ4_KAk16t7(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -55058,7 +55138,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $144, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -55085,8 +55165,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ4_KAk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ4_KAk16t8(SB), NOSPLIT, $544-56
+// func qQ4_KAk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ4_KAk16t8(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -55094,6 +55174,7 @@ TEXT ·qQ4_KAk16t8(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -55445,7 +55526,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $144, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -55474,8 +55555,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ6_KAk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KAk16t1(SB), NOSPLIT, $544-56
+// func qQ6_KAk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KAk16t1(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -55483,6 +55564,7 @@ TEXT ·qQ6_KAk16t1(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -55628,7 +55710,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $210, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -55643,8 +55725,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ6_KAk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KAk16t2(SB), NOSPLIT, $544-56
+// func qQ6_KAk16t2(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KAk16t2(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -55652,6 +55734,7 @@ TEXT ·qQ6_KAk16t2(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -55826,7 +55909,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $210, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -55843,8 +55926,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ6_KAk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KAk16t3(SB), NOSPLIT, $544-56
+// func qQ6_KAk16t3(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KAk16t3(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -55852,6 +55935,7 @@ TEXT ·qQ6_KAk16t3(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -56058,7 +56142,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $210, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -56077,8 +56161,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ6_KAk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KAk16t4(SB), NOSPLIT, $544-56
+// func qQ6_KAk16t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KAk16t4(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -56086,6 +56170,7 @@ TEXT ·qQ6_KAk16t4(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -56321,7 +56406,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $210, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -56342,8 +56427,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ6_KAk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KAk16t5(SB), NOSPLIT, $544-56
+// func qQ6_KAk16t5(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KAk16t5(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -56351,6 +56436,7 @@ TEXT ·qQ6_KAk16t5(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -56620,7 +56706,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $210, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -56643,8 +56729,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ6_KAk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KAk16t6(SB), NOSPLIT, $544-56
+// func qQ6_KAk16t6(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KAk16t6(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -56652,6 +56738,7 @@ TEXT ·qQ6_KAk16t6(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -56950,7 +57037,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $210, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -56975,8 +57062,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ6_KAk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KAk16t7(SB), NOSPLIT, $544-56
+// func qQ6_KAk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KAk16t7(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -56984,6 +57071,7 @@ TEXT ·qQ6_KAk16t7(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -57314,7 +57402,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $210, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop
@@ -57341,8 +57429,8 @@ store:
 	VZEROUPPER
 	RET
 
-// func qQ6_KAk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)
-TEXT ·qQ6_KAk16t8(SB), NOSPLIT, $544-56
+// func qQ6_KAk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+TEXT ·qQ6_KAk16t8(SB), NOSPLIT, $544-64
 	MOVQ w+0(FP), SI
 	MOVQ ldw+8(FP), BX
 	MOVQ x+16(FP), DI
@@ -57350,6 +57438,7 @@ TEXT ·qQ6_KAk16t8(SB), NOSPLIT, $544-56
 	MOVQ nb+32(FP), CX
 	MOVQ acc+40(FP), DX
 	MOVQ load+48(FP), AX
+	MOVQ bs+56(FP), R14
 	LEAQ (BX)(BX*2), R8
 	LEAQ (SI)(BX*4), R9
 	MOVQ BX, R9
@@ -57709,7 +57798,7 @@ row:
 	ADDQ $32, R12
 	DECQ R11
 	JNZ row
-	ADDQ $210, SI
+	ADDQ R14, SI
 	ADDQ R10, DI
 	DECQ CX
 	JNZ loop

@@ -281,6 +281,64 @@ func checkManyVsMatMul(t *testing.T, what string, ws []*Matrix, x []float32, n i
 // plain Go sums, alone and in MatMulMany beside row-major matrices; shapes
 // with a tail of rows, and columns that are no multiple of 16 (left row by
 // row).
+// TestQuantPanelMatrix: quantized matrices in 16-row panels (every row
+// when Rows is a multiple of 16, else none) give the row layout's rows and
+// products bit for bit at every level: one token through the level's
+// panel kernel or qpanelVia, several through the row-tile kernels with a
+// block stride, and MatMulMany mixing both layouts.
+func TestQuantPanelMatrix(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 24))
+	for _, c := range []struct {
+		typ  DType
+		cols []int
+	}{{Q8_0, []int{32, 64, 96, 224, 2048}}, {Q4_0, []int{32, 96, 2048}}, {Q4_K, []int{256, 768}}, {Q6_K, []int{256, 768}}} {
+		for _, rows := range []int{8, 16, 40, 48} {
+			for _, cols := range c.cols {
+				typ := c.typ
+				m := randMatrix(t, r, typ, rows, cols)
+				if rows == 48 {
+					m = randRawMatrix(r, typ, rows, cols)
+				}
+				p, err := newPanelMatrix(typ, rows, cols, append([]byte(nil), m.Data...))
+				if err != nil {
+					t.Fatal(err)
+				}
+				what := fmt.Sprintf("%s %d×%d", typ, rows, cols)
+				wantPanels := 0
+				if rows%16 == 0 {
+					wantPanels = rows / 16
+				}
+				if p.panels != wantPanels {
+					t.Fatalf("%s: %d panels, want %d", what, p.panels, wantPanels)
+				}
+				if wantPanels > 0 && cols > typ.BlockSize() && string(p.Data) == string(m.Data) {
+					t.Fatalf("%s: data not rearranged", what)
+				}
+				a, b := make([]float32, cols), make([]float32, cols)
+				for i := 0; i < rows; i++ {
+					m.Row(i, a)
+					p.Row(i, b)
+					if !slices.Equal(a, b) {
+						t.Fatalf("%s: row %d differs", what, i)
+					}
+				}
+				for _, n := range []int{1, 2, 9, 17} {
+					x := randF32(r, n*cols)
+					x[r.IntN(len(x))] *= 1000
+					want := make([]float32, n*rows)
+					level = levelGo
+					m.MatMul(want, x, n)
+					level = cpuLevel
+					matMulEachLevel(t, what+" panels", p, x, n, want, nil)
+					forEachLevel(t, func(t *testing.T) {
+						checkManyVsMatMul(t, what+" panels", []*Matrix{p, m, p}, x, n)
+					})
+				}
+			}
+		}
+	}
+}
+
 func TestPanelMatrix(t *testing.T) {
 	r := rand.New(rand.NewPCG(21, 22))
 	for _, typ := range []DType{F16, BF16} {

@@ -45,36 +45,58 @@ func NewMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
 	return m, nil
 }
 
-// NewPanelMatrix wraps data as NewMatrix does and, for F16 and BF16
-// weights whose Cols is a multiple of 16 on a CPU with AVX-512 (see
-// PanelMatrices), rearranges it in place into panels of 16 rows (the last
-// Rows mod 16 rows stay row by row after them): a panel is Cols/16 tiles
-// of 512 bytes, one after another, each holding the 16 rows' next 16
-// values (row j's at byte 32·j). Decode then reads one stream of memory
-// for 16 rows at a time and each value of x once per 16 rows
-// (docs/PERFORMANCE.md), and prefill packs its panels from tiles that are
-// already contiguous. data must be writable and is owned by the matrix
-// from then on: read it through the matrix (Row, MatMul), not as rows.
-// Other types and machines get the row layout. Results are the same bits
-// as NewMatrix's.
+// NewPanelMatrix wraps data as NewMatrix does and, where this machine has
+// a one-token kernel for the layout (PanelMatrices), rearranges it in
+// place into panels of 16 rows: a panel is tiles one after another, each
+// holding the 16 rows' next block (row j's at j block bytes into the
+// tile; see panelBlock: 16 values for F16 and BF16, the type's block for
+// Q8_0, Q4_0, Q4_K and Q6_K). Half-float matrices keep their last Rows
+// mod 16 rows row by row after the panels; quantized ones get panels
+// only when Rows is a multiple of 16. Decode then reads one stream of
+// memory for 16 rows at a time and each activation once per 16 rows
+// (docs/PERFORMANCE.md), prefill packs half-float panels from tiles that
+// are already contiguous, and the quantized row-tile kernels step from
+// block to block by 16 blocks. data must be writable and is owned by the
+// matrix from then on: read it through the matrix (Row, MatMul), not as
+// rows. Other types and machines get the row layout. Results are the
+// same bits as NewMatrix's.
 func NewPanelMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
-	if !PanelMatrices() {
+	if !PanelMatrices(t) {
 		return NewMatrix(t, rows, cols, data)
 	}
 	return newPanelMatrix(t, rows, cols, data)
 }
 
-// PanelMatrices reports whether NewPanelMatrix rearranges half-float
-// weights on this machine: where the CPU (and build) has the AVX-512
-// panel kernel. The AVX2 one, which reads a panel in four passes of 4
-// rows, decodes slower than rows do, and the plain Go path reads a panel
-// 16 values at a time: there rows stay.
-func PanelMatrices() bool { return cpuLevel >= levelAVX512 }
+// PanelMatrices reports whether NewPanelMatrix rearranges weights of type
+// t on this machine: where the CPU (and build) has an AVX-512 panel
+// kernel for one token. Elsewhere panels would run slower than rows (the
+// AVX2 half-float kernel reads a panel in four passes of 4 rows, the
+// plain Go path 16 values or one block at a time), so rows stay.
+func PanelMatrices(t DType) bool {
+	switch t {
+	case F16, BF16:
+		return cpuLevel >= levelAVX512
+	}
+	return qpanelKern(t) != nil && cpuLevel >= levelAVX512 && cpuVNNI
+}
+
+// panelBlock is the values and bytes of the blocks that panels of type t
+// put side by side (0: no panels for t).
+func panelBlock(t DType) (vals, bytes int) {
+	switch t {
+	case F16, BF16:
+		return 16, 32
+	case Q8_0, Q4_0, Q4_K, Q6_K:
+		return t.BlockSize(), t.BlockBytes()
+	}
+	return 0, 0
+}
 
 // newPanelMatrix is NewPanelMatrix on any machine.
 func newPanelMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
 	m, err := NewMatrix(t, rows, cols, data)
-	if err != nil || (t != F16 && t != BF16) || cols%16 != 0 || rows < panelRows {
+	vals, bb := panelBlock(t)
+	if err != nil || vals == 0 || cols%vals != 0 || rows < panelRows || (t != F16 && t != BF16 && rows%panelRows != 0) {
 		return m, err
 	}
 	g := panelRows * m.rowBytes
@@ -82,9 +104,10 @@ func newPanelMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
 	for p := 0; p < rows/panelRows; p++ {
 		pd := data[p*g : (p+1)*g]
 		copy(tmp, pd)
-		for b := 0; b < cols/16; b++ {
+		for b := 0; b < cols/vals; b++ {
 			for j := 0; j < panelRows; j++ {
-				copy(pd[512*b+32*j:512*b+32*j+32], tmp[j*m.rowBytes+32*b:])
+				o := (b*panelRows + j) * bb
+				copy(pd[o:o+bb], tmp[j*m.rowBytes+b*bb:])
 			}
 		}
 	}
@@ -96,10 +119,36 @@ func newPanelMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
 // in (NewPanelMatrix; 0: row by row).
 func (m *Matrix) Panels() int { return m.panels }
 
+// blockOffset is the byte offset in Data of row r's block b (panelBlock)
+// in a panel matrix, r in one of its panels.
+func (m *Matrix) blockOffset(r, b int) int {
+	_, bb := panelBlock(m.Type)
+	return r/panelRows*panelRows*m.rowBytes + (b*panelRows+r%panelRows)*bb
+}
+
 // tileOffset is the byte offset in Data of row r's values k … k+15 (k a
-// multiple of 16) in a panel matrix, r in one of its panels.
-func (m *Matrix) tileOffset(r, k int) int {
-	return r/panelRows*panelRows*m.rowBytes + k/16*512 + r%panelRows*32
+// multiple of 16) in a half-float panel matrix, r in one of its panels.
+func (m *Matrix) tileOffset(r, k int) int { return m.blockOffset(r, k/16) }
+
+// blockStrides returns the bytes from a row's block to the next row's
+// (ldw) and to the row's next block (bs), for the quantized row-tile
+// kernels: the row and block bytes in the row layout, the block bytes and
+// 16 of them in panels.
+func (m *Matrix) blockStrides() (ldw, bs int) {
+	bb := m.Type.BlockBytes()
+	if m.panels > 0 {
+		return bb, panelRows * bb
+	}
+	return m.rowBytes, bb
+}
+
+// rowAt is the address of row r's first block, for the row-tile kernels
+// (blockStrides) at a tile's first row r.
+func (m *Matrix) rowAt(r int) unsafe.Pointer {
+	if m.panels > 0 {
+		return unsafe.Pointer(&m.Data[m.blockOffset(r, 0)])
+	}
+	return unsafe.Pointer(&m.Data[r*m.rowBytes])
 }
 
 // MatrixF32 wraps float32 data (not copied) as a Rows × Cols F32 matrix.
@@ -121,9 +170,10 @@ func (m *Matrix) Row(i int, dst []float32) {
 		return
 	}
 	if i < panelRows*m.panels {
-		for k := 0; k < m.Cols; k += 16 {
-			o := m.tileOffset(i, k)
-			if err := Dequantize(m.Type, m.Data[o:o+32], dst[k:k+16]); err != nil {
+		vals, bb := panelBlock(m.Type)
+		for b := 0; b < m.Cols/vals; b++ {
+			o := m.blockOffset(i, b)
+			if err := Dequantize(m.Type, m.Data[o:o+bb], dst[b*vals:(b+1)*vals]); err != nil {
 				panic(err)
 			}
 		}

@@ -82,8 +82,9 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 				mj.keys = append(mj.keys, key)
 				mj.acts = append(mj.acts, quantizeFor(w.Type, qk, x, cols, n))
 			}
-			tiles := (w.Rows + quantRowTile - 1) / quantRowTile
-			mj.parts = append(mj.parts, multiPart{m: w, qk: qk, dst: dsts[i], act: a, lo: mj.tiles, hi: mj.tiles + tiles})
+			u := w.quantUnit()
+			tiles := (w.Rows + u - 1) / u
+			mj.parts = append(mj.parts, multiPart{m: w, qk: qk, dst: dsts[i], act: a, unit: u, lo: mj.tiles, hi: mj.tiles + tiles})
 			mj.tiles += tiles
 		case F16, BF16:
 			if k := matvecH(w.Type); n == 1 && k != nil {
@@ -126,8 +127,13 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 		Parallel(mj.p8tiles, 1, mj.runP8)
 	}
 	if len(mj.parts) > 0 {
-		// The matrices' row tiles one after another, as one range of work.
-		Parallel(mj.tiles, quantGrain(cols, n), mj.run)
+		// The matrices' row tiles one after another, as one range of work
+		// (the grain in the largest tiles: panels where there are some).
+		u := quantRowTile
+		for _, p := range mj.parts {
+			u = max(u, p.unit)
+		}
+		Parallel(mj.tiles, max(1, quantGrain(cols, n)*quantRowTile/u), mj.run)
 	}
 	for i := range mj.acts {
 		mj.acts[i].release()
@@ -185,6 +191,7 @@ type multiPart struct {
 	hk     matvecHFunc // the half-float matrix-vector kernel (hparts)
 	dst    []float32
 	act    int // index into acts
+	unit   int // rows per tile (parts: quantUnit)
 	lo, hi int
 }
 
@@ -250,6 +257,6 @@ func (mj *multiJob) run(lo, hi int) {
 		if a >= b {
 			continue
 		}
-		p.m.quantRows(p.qk, p.dst, &mj.acts[p.act], (a-p.lo)*quantRowTile, min((b-p.lo)*quantRowTile, p.m.Rows))
+		p.m.quantRows(p.qk, p.dst, &mj.acts[p.act], (a-p.lo)*p.unit, min((b-p.lo)*p.unit, p.m.Rows))
 	}
 }

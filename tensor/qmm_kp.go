@@ -36,10 +36,12 @@ import "unsafe"
 // (d·dx, dmin·dx: float32 products.) The kernels leave one float per row
 // and token: acc[t·16 + i].
 
-// kpFunc is the 16-row × T-token kernel: rows at w + i·ldw, block b of
-// token t at x + b·xs + t·xbK; acc[t·16+i] is loaded when load is not 0,
-// else starts at 0.
-type kpFunc func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load int)
+// kpFunc is the 16-row × T-token kernel: row i's super-block b at w +
+// i·ldw + b·bs (row layout: ldw the row bytes, bs the block bytes; 16-row
+// panels: ldw the block bytes, bs 16 of them), block b of token t at x +
+// b·xs + t·xbK; acc[t·16+i] is loaded when load is not 0, else starts at
+// 0.
+type kpFunc func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load, bs int)
 
 const (
 	kpRows = 16 // weight rows per kernel call
@@ -58,10 +60,10 @@ type kpKernels struct {
 	noStream bool
 }
 
-// kpUnpackFunc unpacks a tile of 16 rows (rows at w + i·ldw, nb
-// super-blocks) into u, kuBytes per super-block (the layout is the
+// kpUnpackFunc unpacks a tile of 16 rows (row i's super-block b at w +
+// i·ldw + b·bs, nb super-blocks) into u, kuBytes per super-block (the layout is the
 // kernels' own: asmgen/kquantp.go).
-type kpUnpackFunc func(w unsafe.Pointer, ldw, nb int, u unsafe.Pointer)
+type kpUnpackFunc func(w unsafe.Pointer, ldw, nb int, u unsafe.Pointer, bs int)
 
 // kpCompFunc is kpFunc on an unpacked tile u.
 type kpCompFunc func(u, x unsafe.Pointer, xs, nb int, acc *float32, load int)
@@ -73,21 +75,21 @@ const kuBytes = 16*320 + 9*64
 // typ (Q4_K or Q6_K).
 func kpTwin(typ DType, T int) kpFunc {
 	bb := typ.BlockBytes()
-	return func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load int) {
+	return func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load, bs int) {
 		a := unsafe.Slice(acc, T*kpRows)
 		if load == 0 {
 			clear(a)
 		}
 		for i := 0; i < kpRows; i++ {
-			row := unsafe.Slice((*byte)(unsafe.Add(w, i*ldw)), nb*bb)
 			for t := 0; t < T; t++ {
 				s := a[t*kpRows+i]
 				for b := 0; b < nb; b++ {
+					wb := unsafe.Slice((*byte)(unsafe.Add(w, i*ldw+b*bs)), bb)
 					xb := unsafe.Slice((*byte)(unsafe.Add(x, b*xs+t*xbK)), xbK)
 					if typ == Q4_K {
-						s = kpQ4K(row[b*bb:], xb, s)
+						s = kpQ4K(wb, xb, s)
 					} else {
-						s = kpQ6K(row[b*bb:], xb, s)
+						s = kpQ6K(wb, xb, s)
 					}
 				}
 				a[t*kpRows+i] = s
@@ -202,18 +204,19 @@ func quantizeActsK(act []byte, x []float32, cols, n int) {
 // matrices' tiles can share a parallel region (MatMulMany).
 func (m *Matrix) kpTiles(ks *kpKernels, dst []float32, act []byte, n, lo, hi int) {
 	nb := m.Cols / QK_K
-	ldw := m.rowBytes
-	step := max(1, quantBlockBytes/(kpRows*ldw)) // tiles per streaming read
+	tb := kpRows * m.rowBytes // a tile's bytes
+	ldw, bs := m.blockStrides()
+	step := max(1, quantBlockBytes/tb) // tiles per streaming read
 	if ks.unpack == nil || n <= len(ks.direct) {
 		var acc [kpMaxT * kpRows]float32
 		for rt := lo; rt < hi; rt++ {
 			if n <= kpStreamTokens && !ks.noStream && (rt-lo)%step == 0 {
-				memRead(m.Data[rt*kpRows*ldw : min(rt+step, hi)*kpRows*ldw])
+				memRead(m.Data[rt*tb : min(rt+step, hi)*tb])
 			}
-			w := unsafe.Pointer(&m.Data[rt*kpRows*ldw])
+			w := m.rowAt(rt * kpRows)
 			for t0 := 0; t0 < n; {
 				T := kpGroup(n-t0, len(ks.direct))
-				ks.direct[T-1](w, ldw, unsafe.Pointer(&act[t0*xbK]), n*xbK, nb, &acc[0], 0)
+				ks.direct[T-1](w, ldw, unsafe.Pointer(&act[t0*xbK]), n*xbK, nb, &acc[0], 0, bs)
 				for t := 0; t < T; t++ {
 					copy(dst[(t0+t)*m.Rows+rt*kpRows:][:kpRows], acc[t*kpRows:(t+1)*kpRows])
 				}
@@ -226,15 +229,14 @@ func (m *Matrix) kpTiles(ks *kpKernels, dst []float32, act []byte, n, lo, hi int
 	defer byteBufs.Put(ub)
 	u := unsafe.Pointer(&(*ub)[0])
 	acc := unsafe.Slice((*float32)(unsafe.Add(u, min(nb, kpChunk)*kuBytes)), n*kpRows)
-	bb := m.Type.BlockBytes()
 	for rt := lo; rt < hi; rt++ {
 		if (rt-lo)%step == 0 {
-			memRead(m.Data[rt*kpRows*ldw : min(rt+step, hi)*kpRows*ldw])
+			memRead(m.Data[rt*tb : min(rt+step, hi)*tb])
 		}
-		w := unsafe.Pointer(&m.Data[rt*kpRows*ldw])
+		w := m.rowAt(rt * kpRows)
 		for b0 := 0; b0 < nb; b0 += kpChunk {
 			nc := min(kpChunk, nb-b0)
-			ks.unpack(unsafe.Add(w, b0*bb), ldw, nc, u)
+			ks.unpack(unsafe.Add(w, b0*bs), ldw, nc, u, bs)
 			load := min(b0, 1)
 			for t0 := 0; t0 < n; {
 				T := kpGroup(n-t0, len(ks.comp))

@@ -3,6 +3,7 @@
 package tensor
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -42,6 +43,11 @@ func testKPKernels(t *testing.T, set map[DType]*kpKernels) {
 					m = randMatrix(t, r, typ, kpRows, max(nb, 1)*QK_K)
 				}
 				ks := set[typ]
+				bb := typ.BlockBytes()
+				p, err := newPanelMatrix(typ, kpRows, m.Cols, append([]byte(nil), m.Data...))
+				if err != nil || p.panels != 1 {
+					t.Fatalf("%s panel matrix: %d panels, %v", typ, p.panels, err)
+				}
 				for k := 0; k < len(ks.direct)+len(ks.comp); k++ {
 					T, direct := k+1, k < len(ks.direct)
 					if !direct {
@@ -52,8 +58,13 @@ func testKPKernels(t *testing.T, set map[DType]*kpKernels) {
 					x[r.IntN(len(x))] = 0
 					x[r.IntN(len(x))] *= 1000
 					u := make([]byte, max(nb, 1)*kuBytes)
+					up := make([]byte, max(nb, 1)*kuBytes)
 					if ks.unpack != nil {
-						ks.unpack(ptr(m.Data), m.rowBytes, nb, ptr(u))
+						ks.unpack(ptr(m.Data), m.rowBytes, nb, ptr(u), bb)
+						ks.unpack(p.rowAt(0), bb, nb, ptr(up), kpRows*bb)
+						if !bytes.Equal(u, up) {
+							t.Fatalf("%s nb %d: the panel unpacks to other bytes than the rows", typ, nb)
+						}
 					}
 					act := make([]byte, max(nb, 1)*n*xbK)
 					quantizeActsK(act, x, m.Cols, n)
@@ -62,15 +73,22 @@ func testKPKernels(t *testing.T, set map[DType]*kpKernels) {
 						want := randF32(r, kpRows*T)
 						got := append([]float32(nil), want...)
 						xp := unsafe.Pointer(&act[t0*xbK])
-						kpTwin(typ, T)(ptr(m.Data), m.rowBytes, xp, n*xbK, nb, &want[0], load)
-						if !direct {
-							ks.comp[T-1](ptr(u), xp, n*xbK, nb, &got[0], load)
-						} else {
-							ks.direct[T-1](ptr(m.Data), m.rowBytes, xp, n*xbK, nb, &got[0], load)
-						}
-						for i := range got {
-							if !sameBits(got[i], want[i]) {
-								t.Fatalf("%s nb %d raw %d T %d direct %v load %d: acc[%d] = %g, want %g", typ, nb, raw, T, direct, load, i, got[i], want[i])
+						start := append([]float32(nil), got...)
+						kpTwin(typ, T)(ptr(m.Data), m.rowBytes, xp, n*xbK, nb, &want[0], load, bb)
+						for panel := 0; panel < 2; panel++ {
+							copy(got, start)
+							switch {
+							case !direct:
+								ks.comp[T-1](ptr(u), xp, n*xbK, nb, &got[0], load)
+							case panel == 0:
+								ks.direct[T-1](ptr(m.Data), m.rowBytes, xp, n*xbK, nb, &got[0], load, bb)
+							default:
+								ks.direct[T-1](p.rowAt(0), bb, xp, n*xbK, nb, &got[0], load, kpRows*bb)
+							}
+							for i := range got {
+								if !sameBits(got[i], want[i]) {
+									t.Fatalf("%s nb %d raw %d T %d direct %v panel %d load %d: acc[%d] = %g, want %g", typ, nb, raw, T, direct, panel, load, i, got[i], want[i])
+								}
 							}
 						}
 					}
@@ -116,10 +134,10 @@ func BenchmarkKPTile(b *testing.B) {
 						for i := 0; i < rows; i += kpRows {
 							w := ptr(m.Data[i*m.rowBytes:])
 							if T <= len(ks.direct) {
-								ks.direct[T-1](w, m.rowBytes, ptr(act), kpMaxT*xbK, cols/QK_K, &acc[0], 0)
+								ks.direct[T-1](w, m.rowBytes, ptr(act), kpMaxT*xbK, cols/QK_K, &acc[0], 0, typ.BlockBytes())
 								continue
 							}
-							ks.unpack(w, m.rowBytes, cols/QK_K, ptr(u))
+							ks.unpack(w, m.rowBytes, cols/QK_K, ptr(u), typ.BlockBytes())
 							ks.comp[T-1](ptr(u), ptr(act), kpMaxT*xbK, cols/QK_K, &acc[0], 0)
 						}
 					}

@@ -83,10 +83,12 @@ func quantizeActsP(typ DType, act []byte, x []float32, cols, n int) {
 	})
 }
 
-// qp8Func is the 8-row × T-token kernel: rows at w + i·ldw (weight blocks),
-// block b of token t at x + b·xs + t·xbP; acc[t·8+i] is loaded when load
+// qp8Func is the 8-row × T-token kernel: row i's block b at w + i·ldw +
+// b·bs (row layout: ldw the row bytes, bs the block bytes; 16-row panels:
+// ldw the block bytes, bs 16 of them), block b of token t at x + b·xs +
+// t·xbP; acc[t·8+i] is loaded when load
 // is not 0, else starts at 0.
-type qp8Func func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load int)
+type qp8Func func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load, bs int)
 
 // qp8Twin is the plain Go twin of the 8-row T-token kernel for weights of
 // type typ (Q8_0 or Q4_0).
@@ -96,17 +98,16 @@ func qp8Twin(typ DType, T int) qp8Func { return qpTwin(typ, 8, T) }
 // the 16-row kernels compute each row exactly as the 8-row ones.
 func qpTwin(typ DType, R, T int) qp8Func {
 	bb := typ.BlockBytes()
-	return func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load int) {
+	return func(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs, nb int, acc *float32, load, bs int) {
 		a := unsafe.Slice(acc, T*R)
 		if load == 0 {
 			clear(a)
 		}
 		for i := 0; i < R; i++ {
-			row := unsafe.Slice((*byte)(unsafe.Add(w, i*ldw)), nb*bb)
 			for t := 0; t < T; t++ {
 				s := a[t*R+i]
 				for b := 0; b < nb; b++ {
-					wb := row[b*bb : b*bb+bb]
+					wb := unsafe.Slice((*byte)(unsafe.Add(w, i*ldw+b*bs)), bb)
 					xb := unsafe.Slice((*byte)(unsafe.Add(x, b*xs+t*xbP)), xbP)
 					var p int32
 					for e := 0; e < 32; e++ {
@@ -202,11 +203,11 @@ func matMulQ8P(ks p8Set, m *Matrix, dst, x []float32, n int) {
 // slower at 2 to 8 tokens.
 func (m *Matrix) p8Tiles(ks p8Set, dst []float32, act []byte, n, lo, hi int) {
 	nb := m.Cols / 32
-	ldw := nb * m.Type.BlockBytes()
+	ldw, bs := m.blockStrides()
 	R := ks.rows
 	var acc [256]float32
 	for rt := lo; rt < hi; rt++ {
-		w := unsafe.Pointer(&m.Data[rt*R*ldw])
+		w := m.rowAt(rt * R)
 		for t0 := 0; t0 < n; {
 			T := min(len(ks.ks), n-t0)
 			k := ks.ks[T-1]
@@ -218,7 +219,7 @@ func (m *Matrix) p8Tiles(ks p8Set, dst []float32, act []byte, n, lo, hi int) {
 			if T*R > len(acc) { // the kernel writes T·R floats through a pointer
 				panic(fmt.Sprintf("tensor: %d tokens × %d rows overflow p8Tiles' accumulators", T, R))
 			}
-			k(w, ldw, unsafe.Pointer(&act[t0*xbP]), n*xbP, nb, &acc[0], 0)
+			k(w, ldw, unsafe.Pointer(&act[t0*xbP]), n*xbP, nb, &acc[0], 0, bs)
 			for t := 0; t < T; t++ {
 				copy(dst[(t0+t)*m.Rows+rt*R:][:R], acc[t*R:t*R+R])
 			}

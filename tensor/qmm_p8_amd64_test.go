@@ -59,7 +59,13 @@ func testQ8PKernels(t *testing.T, r *rand.Rand, name string, R int, set map[DTyp
 		nb  int
 	}{{Q8_0, 0}, {Q8_0, 1}, {Q8_0, 2}, {Q8_0, 3}, {Q8_0, 7}, {Q8_0, 64}, {Q4_0, 0}, {Q4_0, 1}, {Q4_0, 2}, {Q4_0, 3}, {Q4_0, 5}, {Q4_0, 7}, {Q4_0, 64}} {
 		typ, nb := c.typ, c.nb
-		m := randMatrix(t, r, typ, R, max(nb, 1)*32)
+		m := randMatrix(t, r, typ, 16, max(nb, 1)*32)
+		bb := typ.BlockBytes()
+		// the same rows in 16-row panels: the kernels step by 16 blocks
+		p, err := newPanelMatrix(typ, 16, m.Cols, append([]byte(nil), m.Data...))
+		if err != nil || p.panels != 1 {
+			t.Fatalf("%s panel matrix: %d panels, %v", typ, p.panels, err)
+		}
 		for T := 1; T <= len(set[typ]); T++ {
 			if set[typ][T-1] == nil {
 				continue
@@ -76,12 +82,20 @@ func testQ8PKernels(t *testing.T, r *rand.Rand, name string, R int, set map[DTyp
 					want[i] = float32(r.NormFloat64())
 					got[i] = want[i]
 				}
-				ldw := m.Cols / 32 * typ.BlockBytes()
-				qpTwin(typ, R, T)(unsafe.Pointer(&m.Data[0]), ldw, unsafe.Pointer(&act[0]), n*xbP, nb, &want[0], load)
-				set[typ][T-1](unsafe.Pointer(&m.Data[0]), ldw, unsafe.Pointer(&act[0]), n*xbP, nb, &got[0], load)
-				for i := 0; i < R*T; i++ {
-					if got[i] != want[i] {
-						t.Fatalf("%s %s R %d nb %d T %d load %d: acc[%d] = %g, want %g", name, typ, R, nb, T, load, i, got[i], want[i])
+				start := append([]float32(nil), got...)
+				ldw := m.Cols / 32 * bb
+				qpTwin(typ, R, T)(unsafe.Pointer(&m.Data[0]), ldw, unsafe.Pointer(&act[0]), n*xbP, nb, &want[0], load, bb)
+				for _, l := range []struct {
+					name    string
+					w       unsafe.Pointer
+					ldw, bs int
+				}{{"rows", unsafe.Pointer(&m.Data[0]), ldw, bb}, {"panel", p.rowAt(0), bb, 16 * bb}} {
+					copy(got, start)
+					set[typ][T-1](l.w, l.ldw, unsafe.Pointer(&act[0]), n*xbP, nb, &got[0], load, l.bs)
+					for i := 0; i < R*T; i++ {
+						if got[i] != want[i] {
+							t.Fatalf("%s %s %s R %d nb %d T %d load %d: acc[%d] = %g, want %g", name, l.name, typ, R, nb, T, load, i, got[i], want[i])
+						}
 					}
 				}
 			}
@@ -141,7 +155,7 @@ func benchQ8P(b *testing.B, r *rand.Rand, typ DType) {
 	b.Run(typ.String()+"/tile8x8", func(b *testing.B) {
 		for b.Loop() {
 			for i := 0; i < rows; i += 8 {
-				qp8V[typ][7](unsafe.Pointer(&w[i*nb*bb]), nb*bb, unsafe.Pointer(&act[0]), 8*xbP, nb, &acc[0], 0)
+				qp8V[typ][7](unsafe.Pointer(&w[i*nb*bb]), nb*bb, unsafe.Pointer(&act[0]), 8*xbP, nb, &acc[0], 0, bb)
 			}
 		}
 		b.ReportMetric(float64(b.N)*float64(8*rows*cols)/b.Elapsed().Seconds()/1e9, "GMAC/s")

@@ -27,3 +27,16 @@ func quantKern(t DType) *quantKernels {
 	}
 	return quantKernGo[t]
 }
+
+// qpanelV are the AVX-512 VNNI one-token kernels over 16-row panels.
+var qpanelV = map[DType]qpanelFunc{}
+
+// qpanelKern returns the one-token panel kernel for weights of type t at
+// the level in use, or nil where there is none (quantRows then runs
+// qpanelVia over the level's 1×1 kernel).
+func qpanelKern(t DType) qpanelFunc {
+	if level == levelAVX512 && cpuVNNI {
+		return qpanelV[t]
+	}
+	return nil
+}

@@ -3,3 +3,6 @@
 package tensor
 
 func quantKern(t DType) *quantKernels { return quantKernGo[t] }
+
+// qpanelKern: no panel kernels here (quantRows runs qpanelVia).
+func qpanelKern(t DType) qpanelFunc { return nil }

@@ -57,6 +57,44 @@ func qrowsGo(k qkernFunc) qrowsFunc {
 	}
 }
 
+// qpanelFunc is a one-token kernel over 16-row panels (NewPanelMatrix):
+// for panel p < panels (at w + p·16·nb·bb) and its row j, out[16p + j] =
+// the rows kernel's value for that row (quantKernels.rows: the same
+// lanes, the same order), from the activations x of one token.
+type qpanelFunc func(w, x unsafe.Pointer, nb int, out *float32, panels int)
+
+// qpanelVia builds a panel kernel of type t from the 1×1 kernel k of a
+// level (its twin: qpanelVia(t, qkernGo(t, 1, 1))), one block per call:
+// the rows kernels' sums (two lane accumulators for Q8_0 and Q4_0, as
+// qrows2Go; one for Q4_K and Q6_K, as qrowsGo). Levels without a panel
+// kernel run it (PanelMatrices keeps their matrices in rows, so only
+// tests and a level lowered after loading get here).
+func qpanelVia(t DType, k qkernFunc) qpanelFunc {
+	bb := t.BlockBytes()
+	_, xb := actLayout(t)
+	two := t == Q8_0 || t == Q4_0
+	return func(w, x unsafe.Pointer, nb int, out *float32, panels int) {
+		o := unsafe.Slice(out, panels*panelRows)
+		for r := range o {
+			row := unsafe.Add(w, (r/panelRows*nb*panelRows+r%panelRows)*bb)
+			var e, d [8]float32
+			for b := 0; b < nb; b++ {
+				acc := &e
+				if two && b%2 == 1 {
+					acc = &d
+				}
+				k(unsafe.Add(row, b*panelRows*bb), 0, unsafe.Add(x, b*xb), 1, &acc[0], 1)
+			}
+			if two {
+				for l := range e {
+					e[l] += d[l]
+				}
+			}
+			o[r] = reduceLanes(&e)
+		}
+	}
+}
+
 // quantKernGo are the plain Go twins, tiled like the AVX-512 kernels.
 var quantKernGo = func() map[DType]*quantKernels {
 	k := map[DType]*quantKernels{}
@@ -135,20 +173,49 @@ const quantRowTile = 4
 // least, for cols inputs times n tokens.
 func quantGrain(cols, n int) int { return max(1, 32768/(cols*n*quantRowTile)) }
 
+// quantUnit is the rows of matmulQuant's units of work: quantRowTile, or
+// a panel (panels hold every row of a quantized matrix).
+func (m *Matrix) quantUnit() int {
+	if m.panels > 0 {
+		return panelRows
+	}
+	return quantRowTile
+}
+
 // matmulQuant computes dst[t] = W·x[t] for quantized weights: activations
 // quantized to 8 bits (act.go), integer block products (qdot.go).
 func (m *Matrix) matmulQuant(qk *quantKernels, dst, x []float32, n int) {
 	a := quantizeFor(m.Type, qk, x, m.Cols, n)
-	tiles := (m.Rows + quantRowTile - 1) / quantRowTile
-	Parallel(tiles, quantGrain(m.Cols, n), func(lo, hi int) {
-		m.quantRows(qk, dst, &a, lo*quantRowTile, min(hi*quantRowTile, m.Rows))
+	u := m.quantUnit()
+	Parallel((m.Rows+u-1)/u, max(1, quantGrain(m.Cols, n)*quantRowTile/u), func(lo, hi int) {
+		m.quantRows(qk, dst, &a, lo*u, min(hi*u, m.Rows))
 	})
 	a.release()
+}
+
+// panelRows computes rows [r0, r1) (whole panels) of dst = W·x for the
+// one token of a, with the level's panel kernel or qpanelVia.
+func (m *Matrix) panelRows(qk *quantKernels, dst []float32, a *quantActs, r0, r1 int) {
+	if len(a.groups) != 1 || a.groups[0][1] != 1 {
+		// Several tokens take the row-tile kernels (p8Applies,
+		// kpApplies hold for every panel matrix).
+		panic("tensor: a quantized panel matrix given several tokens outside the row-tile kernels")
+	}
+	k := qpanelKern(m.Type)
+	if k == nil {
+		k = qpanelVia(m.Type, qk.dec1)
+	}
+	t0 := a.groups[0][0]
+	k(m.rowAt(r0), unsafe.Pointer(&a.act[t0*a.nb*a.xb]), a.nb, &dst[t0*m.Rows+r0], (r1-r0)/panelRows)
 }
 
 // quantRows computes rows [r0, r1) of dst[t] = W·x[t] from the quantized
 // activations a.
 func (m *Matrix) quantRows(qk *quantKernels, dst []float32, a *quantActs, r0, r1 int) {
+	if m.panels > 0 {
+		m.panelRows(qk, dst, a, r0, r1)
+		return
+	}
 	rows := m.Rows
 	act, nb, xb := a.act, a.nb, a.xb
 	var acc [4 * quantRowTile * 8]float32

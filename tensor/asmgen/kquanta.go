@@ -103,7 +103,7 @@ func genKPA(e *emitter, typ string, T int) {
 		bb = 210
 	}
 	e.frame = kpaFrame
-	e.text(fmt.Sprintf("q%sAk16t%d", typ, T), rowTileSig, 56)
+	e.text(fmt.Sprintf("q%sAk16t%d", typ, T), rowTileSig, 64)
 	e.frame = 0
 	rowTileArgs(e)
 	e.in("MOVQ BX, R9")
@@ -151,7 +151,7 @@ func genKPA(e *emitter, typ string, T int) {
 	e.in("ADDQ $32, R12")
 	e.in("DECQ R11")
 	e.in("JNZ row")
-	e.in("ADDQ $%d, SI", bb)
+	e.in("ADDQ R14, SI")
 	e.in("ADDQ R10, DI")
 	e.in("DECQ CX")
 	e.in("JNZ loop")

@@ -155,7 +155,7 @@ func genKP(e *emitter, typ string, T int) {
 		bb, frame = 210, 320
 	}
 	e.frame = frame
-	e.text(fmt.Sprintf("q%sVk16t%d", typ, T), rowTileSig, 56)
+	e.text(fmt.Sprintf("q%sVk16t%d", typ, T), rowTileSig, 64)
 	rowTileArgs(e)
 	e.in("LEAQ (R9)(BX*4), R11")
 	e.in("LEAQ (R11)(BX*4), R12")
@@ -180,7 +180,7 @@ func genKP(e *emitter, typ string, T int) {
 		kpQ6KBlock(e, T)
 	}
 	for _, r := range []string{"SI", "R9", "R11", "R12"} {
-		e.in("ADDQ $%d, %s", bb, r)
+		e.in("ADDQ R14, %s", r)
 	}
 	e.in("ADDQ R10, DI")
 	e.in("DECQ CX")
@@ -362,8 +362,9 @@ func kuQ(k, g int) int { return kuK*k + 64*g }
 // genKPUnpack emits kpuQ6_K (see above): quants ql | qh<<4 (0..63).
 func genKPUnpack(e *emitter) {
 	const bb = 210
-	e.text("kpuQ6_K", "(w unsafe.Pointer, ldw int, nb int, u unsafe.Pointer)", 32)
+	e.text("kpuQ6_K", "(w unsafe.Pointer, ldw int, nb int, u unsafe.Pointer, bs int)", 40)
 	e.in("MOVQ w+0(FP), SI")
+	e.in("MOVQ bs+32(FP), R13")
 	e.in("MOVQ ldw+8(FP), BX")
 	e.in("MOVQ nb+16(FP), CX")
 	e.in("MOVQ u+24(FP), DI")
@@ -378,7 +379,7 @@ func genKPUnpack(e *emitter) {
 	e.label("loop")
 	kpuQ6K(e)
 	for _, r := range []string{"SI", "R9", "R11", "R12"} {
-		e.in("ADDQ $%d, %s", bb, r)
+		e.in("ADDQ R13, %s", r)
 	}
 	e.in("ADDQ $%d, DI", kuBytes)
 	e.in("DECQ CX")

@@ -703,11 +703,7 @@ func genQ32Rows(e *emitter, typ, isa string) {
 // accumulators stay in acc, read and written back block by block (the
 // same operations on each, in the same order).
 func genQ8P(e *emitter, typ string, T, groups int) {
-	e.text(fmt.Sprintf("q%sVp8t%d", typ, T*groups), rowTileSig, 56)
-	bb := 34
-	if typ == "Q4_0" {
-		bb = 18
-	}
+	e.text(fmt.Sprintf("q%sVp8t%d", typ, T*groups), rowTileSig, 64)
 	rowTileArgs(e)
 	// Y0..Y7 acc[t], Y8..Y15 weight groups, Y16..Y23 integer sums (and
 	// transposition temporaries), Y24 dw, Y25 0x80 bytes (Q8_0) or the
@@ -770,10 +766,9 @@ func genQ8P(e *emitter, typ string, T, groups int) {
 	} else {
 		qpSums(e, "Y", T, false, 32)
 	}
-	e.in("ADDQ $%d, SI", bb)
-	e.in("ADDQ $%d, R9", bb)
-	e.in("ADDQ $%d, AX", bb)
-	e.in("ADDQ $%d, R12", bb)
+	for _, r := range []string{"SI", "R9", "AX", "R12"} {
+		e.in("ADDQ R14, %s", r)
+	}
 	e.in("ADDQ R10, DI")
 	e.in("DECQ CX")
 	e.in("JNZ loop")
@@ -876,12 +871,8 @@ const p8Prefetch = "PREFETCHT1"
 // as kpTiles) ran 1.3–1.9× slower at 2 to 8 tokens, so there is none.
 func genQ8PA(e *emitter, typ string, T int) {
 	e.frame = 384
-	e.text(fmt.Sprintf("q%sAp8t%d", typ, T), rowTileSig, 56)
+	e.text(fmt.Sprintf("q%sAp8t%d", typ, T), rowTileSig, 64)
 	e.frame = 0
-	bb := 34
-	if typ == "Q4_0" {
-		bb = 18
-	}
 	rowTileArgs(e)
 	// Y0..Y7 acc[t] (T ≤ 8), Y8..Y11 a pass's integer sums, Y12 a weight
 	// group (|qw| for Q8_0), Y13 dw, Y14 a temporary, Y15 int16 ones;
@@ -995,10 +986,9 @@ func genQ8PA(e *emitter, typ string, T int) {
 		}
 		t0 += np
 	}
-	e.in("ADDQ $%d, SI", bb)
-	e.in("ADDQ $%d, R9", bb)
-	e.in("ADDQ $%d, AX", bb)
-	e.in("ADDQ $%d, R12", bb)
+	for _, r := range []string{"SI", "R9", "AX", "R12"} {
+		e.in("ADDQ R14, %s", r)
+	}
 	e.in("ADDQ R10, DI")
 	e.in("DECQ CX")
 	e.in("JNZ loop")
@@ -1113,10 +1103,12 @@ func qpSums(e *emitter, v string, T int, inMem bool, accBytes int) {
 
 // rowTileSig is the signature of the row-tile kernels (genQ8P, genQ8PA,
 // genQ16P, kquantp.go's).
-const rowTileSig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int)"
+const rowTileSig = "(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)"
 
 // rowTileArgs loads a row-tile kernel's arguments: SI w, BX ldw, DI x, R10
-// xs, CX nb, DX acc, AX load; and R8 = 3·ldw, R9 = w + 4·ldw (row 4).
+// xs, CX nb, DX acc, AX load, R14 bs (the bytes from a row's block to its
+// next: the block bytes in the row layout, 16 of them in 16-row panels);
+// and R8 = 3·ldw, R9 = w + 4·ldw (row 4).
 func rowTileArgs(e *emitter) {
 	e.in("MOVQ w+0(FP), SI")
 	e.in("MOVQ ldw+8(FP), BX")
@@ -1125,6 +1117,7 @@ func rowTileArgs(e *emitter) {
 	e.in("MOVQ nb+32(FP), CX")
 	e.in("MOVQ acc+40(FP), DX")
 	e.in("MOVQ load+48(FP), AX")
+	e.in("MOVQ bs+56(FP), R14")
 	e.in("LEAQ (BX)(BX*2), R8")
 	e.in("LEAQ (SI)(BX*4), R9")
 }

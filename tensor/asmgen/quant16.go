@@ -26,11 +26,7 @@ import "fmt"
 // While it reads a tile's blocks it prefetches the next tile's (rows
 // 16..31 from w) block by block.
 func genQ16P(e *emitter, typ string, T int) {
-	e.text(fmt.Sprintf("q%sVp16t%d", typ, T), rowTileSig, 56)
-	bb := 34
-	if typ == "Q4_0" {
-		bb = 18
-	}
+	e.text(fmt.Sprintf("q%sVp16t%d", typ, T), rowTileSig, 64)
 	inMem := T > 8
 	rowTileArgs(e)
 	e.in("LEAQ (R9)(BX*4), R13")  // row 8
@@ -137,7 +133,7 @@ func genQ16P(e *emitter, typ string, T int) {
 	}
 	qpSums(e, "Z", T, inMem, 64)
 	for _, r := range []string{"SI", "R9", "R13", "R14", "AX", "R11", "R12"} {
-		e.in("ADDQ $%d, %s", bb, r)
+		e.in("ADDQ bs+56(FP), %s", r)
 	}
 	e.in("ADDQ R10, DI")
 	e.in("DECQ CX")
