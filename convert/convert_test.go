@@ -90,11 +90,11 @@ func TestLlama2CToGGUF(t *testing.T) {
 				if err != nil {
 					t.Fatalf("engine.%s: %v", name, err)
 				}
-				// Read into memory, half-float weights are rearranged
-				// into 16-row panels (64 rows: 4) where the CPU has the
-				// kernel for them; mapped, they stay.
+				// Read into memory, weights are rearranged into 16-row
+				// panels (64 rows: 4) where the CPU has the one-token
+				// kernel for their type; mapped, they stay.
 				wantPanels := 0
-				if name == "Load" && (c.typ == tensor.F16 || c.typ == tensor.BF16) && tensor.PanelMatrices(c.typ) {
+				if name == "Load" && tensor.PanelMatrices(em.Layers[0].Wq.Type) {
 					wantPanels = 4
 				}
 				if got := em.Layers[0].Wq.Panels(); got != wantPanels {

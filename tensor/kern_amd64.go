@@ -751,3 +751,9 @@ func qQ6_KAk16t7(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, ac
 
 //go:noescape
 func qQ6_KAk16t8(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
+
+//go:noescape
+func qQ4_KVpanel(w unsafe.Pointer, x unsafe.Pointer, nb int, out *float32, panels int)
+
+//go:noescape
+func qQ6_KVpanel(w unsafe.Pointer, x unsafe.Pointer, nb int, out *float32, panels int)

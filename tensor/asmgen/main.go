@@ -81,6 +81,7 @@ func main() {
 	genQuantKernels(e)
 	genKQuantP(e)
 	genKQuantA(e)
+	genKQuantV(e)
 	e.b.WriteString("\n")
 	e.b.Write(e.data_.Bytes())
 	if err := os.WriteFile("kern_amd64.s", e.b.Bytes(), 0o644); err != nil {
