@@ -606,6 +606,12 @@ func qQ4_0Ap8t32(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, ac
 func actQPZ(x *float32, dst *byte, nb, stride int, negCorr int32) uint32
 
 //go:noescape
+func qQ8_0Vpanel(w unsafe.Pointer, x unsafe.Pointer, nb int, out *float32, panels int)
+
+//go:noescape
+func qQ4_0Vpanel(w unsafe.Pointer, x unsafe.Pointer, nb int, out *float32, panels int)
+
+//go:noescape
 func qQ4_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape

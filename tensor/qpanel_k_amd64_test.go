@@ -10,25 +10,6 @@ import (
 	"unsafe"
 )
 
-// kvPanelKern is a one-token K-quant panel kernel (asmgen/kquantv.go).
-type kvPanelKern func(w unsafe.Pointer, x unsafe.Pointer, nb int, out *float32, panels int)
-
-var kvPanelKerns = map[DType]kvPanelKern{Q4_K: qQ4_KVpanel, Q6_K: qQ6_KVpanel}
-
-// toKPanels rearranges row-major quantized rows (rows a multiple of 16, nb
-// blocks of bb bytes each) into 16-row panels: panel p at p·16·nb·bb, its
-// tile b at +b·16·bb, row j's block b at +j·bb.
-func toKPanels(data []byte, rows, nb, bb int) []byte {
-	out := make([]byte, len(data))
-	for r := 0; r < rows; r++ {
-		p, j := r/16, r%16
-		for b := 0; b < nb; b++ {
-			copy(out[((p*nb+b)*16+j)*bb:][:bb], data[(r*nb+b)*bb:][:bb])
-		}
-	}
-	return out
-}
-
 // TestKPanelKernels: the one-token panel kernels give, row for row, the
 // bits of the Go twin of the rows kernels (qrowsGo of the 1×1 kernel) on
 // the same rows stored row-major, for several widths and panel counts,
@@ -78,10 +59,10 @@ func TestKPanelKernels(t *testing.T) {
 						quantizeActs(typ, act, x, cols, [][2]int{{0, 1}})
 						want := make([]float32, rows)
 						qrowsGo(qkernGo(typ, 1, 1))(ptr(m.Data), m.rowBytes, ptr(act), nb, &want[0], rows)
-						pan := toKPanels(m.Data, rows, nb, bb)
+						pan := toQPanels(m.Data, rows, nb, bb)
 						got := make([]float32, rows+1)
 						got[rows] = 42 // must stay
-						kvPanelKerns[typ](ptr(pan), ptr(act), nb, &got[0], panels)
+						qpanelV[typ](ptr(pan), ptr(act), nb, &got[0], panels)
 						for i := 0; i < rows; i++ {
 							if !sameBits(got[i], want[i]) {
 								t.Fatalf("%s nb %d panels %d variant %d mag %g: row %d = %g (%#x), want %g (%#x)",
@@ -148,7 +129,7 @@ func BenchmarkKPanelRows(b *testing.B) {
 						if kind == "rows" {
 							rowsK[typ](w, nb*bb, ptr(act), nb, &out[0], sh.rows)
 						} else {
-							kvPanelKerns[typ](w, ptr(act), nb, &out[0], sh.rows/16)
+							qpanelV[typ](w, ptr(act), nb, &out[0], sh.rows/16)
 						}
 						if i++; i == n {
 							i = 0

@@ -29,7 +29,7 @@ func quantKern(t DType) *quantKernels {
 }
 
 // qpanelV are the AVX-512 VNNI one-token kernels over 16-row panels.
-var qpanelV = map[DType]qpanelFunc{Q4_K: qQ4_KVpanel, Q6_K: qQ6_KVpanel}
+var qpanelV = map[DType]qpanelFunc{Q8_0: qQ8_0Vpanel, Q4_0: qQ4_0Vpanel, Q4_K: qQ4_KVpanel, Q6_K: qQ6_KVpanel}
 
 // qpanelKern returns the one-token panel kernel for weights of type t at
 // the level in use, or nil where there is none (quantRows then runs

@@ -79,6 +79,7 @@ func main() {
 	genActQuant(e)
 	genPrefetch(e)
 	genQuantKernels(e)
+	genQuantPanel(e)
 	genKQuantP(e)
 	genKQuantA(e)
 	genKQuantV(e)
