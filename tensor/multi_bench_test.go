@@ -3,6 +3,7 @@ package tensor
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -12,26 +13,30 @@ import (
 // seconds; F16p: F16 in 16-row panels, as NewPanelMatrix lays them out.)
 func BenchmarkMatMulBatch(b *testing.B) {
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, name := range []string{"Q8_0", "Q4_0", "F16", "F16p", "Q4_K", "Q6_K"} {
-		typ, _ := ParseDType(name)
+	// A name ending in p: the same matrices in 16-row panels.
+	for _, name := range []string{"Q8_0", "Q8_0p", "Q4_0", "Q4_0p", "F16", "F16p", "Q4_K", "Q4_Kp", "Q6_K", "Q6_Kp"} {
+		base, panels := strings.CutSuffix(name, "p")
+		typ, _ := ParseDType(base)
 		var ms []*Matrix
 		for _, n := range []int{1, 2, 4, 8, 16, 32} {
 			b.Run(fmt.Sprintf("%s/n=%d", name, n), func(b *testing.B) {
 				if ms == nil {
 					for range 4 {
-						switch name {
-						case "Q4_K", "Q6_K":
-							ms = append(ms, randRawMatrix(r, typ, 5632, 2048))
-						case "F16p":
-							m := randMatrix(b, r, F16, 5632, 2048)
-							p, err := newPanelMatrix(F16, 5632, 2048, m.Data)
-							if err != nil {
-								b.Fatal(err)
-							}
-							ms = append(ms, p)
+						var m *Matrix
+						switch typ {
+						case Q4_K, Q6_K:
+							m = randRawMatrix(r, typ, 5632, 2048)
 						default:
-							ms = append(ms, randMatrix(b, r, typ, 5632, 2048))
+							m = randMatrix(b, r, typ, 5632, 2048)
 						}
+						if panels {
+							p, err := newPanelMatrix(typ, 5632, 2048, m.Data)
+							if err != nil || p.panels == 0 {
+								b.Fatalf("%s: no panels (%v)", name, err)
+							}
+							m = p
+						}
+						ms = append(ms, m)
 					}
 				}
 				x := randF32(r, n*2048)

@@ -49,7 +49,7 @@ const (
 // next) block by block, spread over the arithmetic on the tokens, so that
 // the weights stream from memory under it (a prefetch never faults; past
 // the end of the matrix it is wasted). "" for none.
-const kpPrefetch = "PREFETCHT0"
+const kpPrefetch = "PREFETCHT1"
 
 func genKQuantP(e *emitter) {
 	dword := func(name string, v uint32) {
@@ -160,15 +160,17 @@ func genKP(e *emitter, typ string, T int) {
 	e.in("LEAQ (R9)(BX*4), R11")
 	e.in("LEAQ (R11)(BX*4), R12")
 	if kpPrefetch != "" {
-		e.in("LEAQ (R12)(BX*4), R13") // the next tile (rows 16..31)
+		// the next tile: its 16·nb·bb bytes (16 rows, or the next panel)
+		e.in("IMUL3Q $%d, CX, R13", 16*bb)
+		e.in("ADDQ SI, R13")
 	}
 	accPrologue(e, "Z", T, true, 64)
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
 	e.label("loop")
 	if kpPrefetch != "" {
-		// the next tile's share of this block: its 16 rows are one
-		// range of 16·ldw bytes, prefetched in 16·bb-byte steps
+		// the next tile's share of this block: it is one range of
+		// 16·nb·bb bytes in both layouts, prefetched in 16·bb-byte steps
 		for off := 0; off < 16*bb; off += 64 {
 			e.in("%s %d(R13)", kpPrefetch, off)
 		}

@@ -23,8 +23,9 @@ import "fmt"
 // and the final VSHUFI32X4 (imm 0x88 and 0xDD) puts the sixteen rows'
 // dword g in order into G(g).
 //
-// While it reads a tile's blocks it prefetches the next tile's (rows
-// 16..31 from w) block by block.
+// While it reads a tile's blocks it prefetches the next tile (the 16·nb·bb
+// bytes after the tile's: rows 16..31 in the row layout, the next panel
+// in panels) as one range, 16·bb bytes per block.
 func genQ16P(e *emitter, typ string, T int) {
 	e.text(fmt.Sprintf("q%sVp16t%d", typ, T), rowTileSig, 64)
 	inMem := T > 8
@@ -47,19 +48,21 @@ func genQ16P(e *emitter, typ string, T int) {
 	}
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	// The next tile's rows 16..31, from the bases at rows 0, 4, 8, 12 and
-	// at rows 13 (AX), 18 (R11) and 23 (R12), indexes ldw·{1,2,4,8} and
-	// 3·ldw·{1,2,4,8}.
-	e.in("LEAQ (R14)(BX*1), AX")
-	e.in("LEAQ (R13)(BX*8), R11")
-	e.in("LEAQ (R11)(BX*2), R11")
-	e.in("LEAQ (R11)(BX*4), R12")
-	e.in("ADDQ BX, R12")
+	// The next tile: its 16·nb·bb bytes (16 rows in the row layout, the
+	// next panel in panels) prefetched as one range, 16·bb bytes per
+	// block, from AX = w + 16·nb·bb. R11 = bs.
+	bb := 34
+	if typ == "Q4_0" {
+		bb = 18
+	}
+	e.in("MOVQ bs+56(FP), R11")
+	e.in("IMUL3Q $%d, CX, AX", 16*bb)
+	e.in("ADDQ SI, AX")
 	type base struct {
 		row int
 		reg string
 	}
-	bases := []base{{0, "SI"}, {4, "R9"}, {8, "R13"}, {12, "R14"}, {13, "AX"}, {18, "R11"}, {23, "R12"}}
+	bases := []base{{0, "SI"}, {4, "R9"}, {8, "R13"}, {12, "R14"}}
 	idx := []struct {
 		d  int
 		ix string
@@ -80,9 +83,10 @@ func genQ16P(e *emitter, typ string, T int) {
 		panic(fmt.Sprintf("row %d has no address", r))
 	}
 	e.label("loop")
-	for r := 16; r < 32; r++ {
-		e.in("%s %s", p8Prefetch, addr(r, 0))
+	for off := 0; off < 16*bb; off += 64 {
+		e.in("%s %d(AX)", p8Prefetch, off)
 	}
+	e.in("%s %d(AX)", p8Prefetch, 16*bb-1)
 	// the rows' scales: sixteen f16 into Y24 (rows 0..7 in X24, 8..15 in
 	// X26), then float32
 	for i := 0; i < 8; i++ {
@@ -132,9 +136,10 @@ func genQ16P(e *emitter, typ string, T int) {
 		e.in("VSHUFI32X4 $0xDD, Z%d, Z%d, Z%d", P(4+j), P(j), G(4+j))
 	}
 	qpSums(e, "Z", T, inMem, 64)
-	for _, r := range []string{"SI", "R9", "R13", "R14", "AX", "R11", "R12"} {
-		e.in("ADDQ bs+56(FP), %s", r)
+	for _, r := range []string{"SI", "R9", "R13", "R14"} {
+		e.in("ADDQ R11, %s", r)
 	}
+	e.in("ADDQ $%d, AX", 16*bb)
 	e.in("ADDQ R10, DI")
 	e.in("DECQ CX")
 	e.in("JNZ loop")
