@@ -188,47 +188,78 @@ func checkQPanel(t *testing.T, name string, got, want []float32) {
 	}
 }
 
-// BenchmarkPanelRows: one token times a Q8_0 matrix from memory, single
-// threaded: the rows kernel over row-major data against the panel kernel
-// over the panel layout (b.SetBytes: weight bytes; MB/s is their rate).
-// Enough matrices to pass ~200 MB, taken in turn, so that the weights come
-// from memory, not the caches.
+// BenchmarkPanelRows: one token times a Q8_0 or Q4_0 matrix from memory:
+// the rows kernel over row-major data against the panel kernel over the
+// panel layout, single threaded, and the panel kernel on two threads (the
+// panels split in two halves by Parallel) (b.SetBytes: weight bytes; MB/s
+// is their rate). Enough matrices to pass ~200 MB, taken in turn, so that
+// the weights come from memory, not the caches.
 func BenchmarkPanelRows(b *testing.B) {
 	if !hasQPanel() {
 		b.Skip("no AVX-512 VNNI")
 	}
 	for _, typ := range []DType{Q8_0, Q4_0} {
 		for _, shape := range [][2]int{{5632, 2048}, {2048, 5632}} {
-			rows, cols := shape[0], shape[1]
-			nb, bb := cols/32, typ.BlockBytes()
-			size := rows * nb * bb
-			count := max(1, (200<<20)/size)
-			r := rand.New(rand.NewPCG(1, 2))
-			one := qpanelWeights(r, typ, rows, nb)
-			rowMats := make([][]byte, count)
-			panelMats := make([][]byte, count)
-			pd := toQPanels(one, rows, nb, bb)
-			for i := range rowMats {
-				rowMats[i] = append([]byte(nil), one...)
-				panelMats[i] = append([]byte(nil), pd...)
-			}
-			act := qpanelActs(r, typ, nb)
-			out := make([]float32, rows)
-			rowsK := quantKernV[typ].rows
-			panelK := qpanelV[typ]
-			name := fmt.Sprintf("%s/%dx%d", typ, rows, cols)
-			b.Run(name+"/rows", func(b *testing.B) {
-				b.SetBytes(int64(size))
-				for i := 0; i < b.N; i++ {
-					rowsK(ptr(rowMats[i%count]), nb*bb, ptr(act), nb, &out[0], rows)
-				}
-			})
-			b.Run(name+"/panel", func(b *testing.B) {
-				b.SetBytes(int64(size))
-				for i := 0; i < b.N; i++ {
-					panelK(ptr(panelMats[i%count]), ptr(act), nb, &out[0], rows/16)
-				}
-			})
+			benchQPanel(b, typ, shape[0], shape[1], 200<<20, qpanelV[typ], true)
 		}
 	}
+}
+
+// BenchmarkPanelCache: as BenchmarkPanelRows, single threaded, over one
+// 256×2048 matrix (Q8_0: 272 KiB), which stays in the caches: the kernels'
+// compute rate.
+func BenchmarkPanelCache(b *testing.B) {
+	if !hasQPanel() {
+		b.Skip("no AVX-512 VNNI")
+	}
+	for _, typ := range []DType{Q8_0, Q4_0} {
+		benchQPanel(b, typ, 256, 2048, 0, qpanelV[typ], false)
+	}
+}
+
+// benchQPanel runs the rows kernel and the panel kernel panelK over
+// matrices of rows×cols of type typ, as many as pass total bytes (at least
+// one), in turn; two adds the panel kernel on two threads.
+func benchQPanel(b *testing.B, typ DType, rows, cols, total int, panelK qpanelFunc, two bool) {
+	nb, bb := cols/32, typ.BlockBytes()
+	size := rows * nb * bb
+	count := max(1, total/size)
+	r := rand.New(rand.NewPCG(1, 2))
+	one := qpanelWeights(r, typ, rows, nb)
+	rowMats := make([][]byte, count)
+	panelMats := make([][]byte, count)
+	pd := toQPanels(one, rows, nb, bb)
+	for i := range rowMats {
+		rowMats[i] = append([]byte(nil), one...)
+		panelMats[i] = append([]byte(nil), pd...)
+	}
+	act := qpanelActs(r, typ, nb)
+	out := make([]float32, rows)
+	rowsK := quantKernV[typ].rows
+	name := fmt.Sprintf("%s/%dx%d", typ, rows, cols)
+	b.Run(name+"/rows", func(b *testing.B) {
+		b.SetBytes(int64(size))
+		for i := 0; i < b.N; i++ {
+			rowsK(ptr(rowMats[i%count]), nb*bb, ptr(act), nb, &out[0], rows)
+		}
+	})
+	b.Run(name+"/panel", func(b *testing.B) {
+		b.SetBytes(int64(size))
+		for i := 0; i < b.N; i++ {
+			panelK(ptr(panelMats[i%count]), ptr(act), nb, &out[0], rows/16)
+		}
+	})
+	if !two {
+		return
+	}
+	b.Run(name+"/panel2t", func(b *testing.B) {
+		panels := rows / 16
+		b.SetBytes(int64(size))
+		for i := 0; i < b.N; i++ {
+			m := panelMats[i%count]
+			Parallel(panels, (panels+1)/2, func(lo, hi int) {
+				panelK(ptr(m[lo*16*nb*bb:]), ptr(act), nb, &out[16*lo], hi-lo)
+			})
+		}
+	})
 }
