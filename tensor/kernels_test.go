@@ -275,12 +275,47 @@ func checkManyVsMatMul(t *testing.T, what string, ws []*Matrix, x []float32, n i
 	}
 }
 
-// TestPanelMatrix: a half-float matrix rearranged into 16-row panels
-// (NewPanelMatrix) gives the same rows and, at every kernel level and
-// token count, the same products bit for bit as the row-major matrix's
-// plain Go sums, alone and in MatMulMany beside row-major matrices; shapes
-// with a tail of rows, and columns that are no multiple of 16 (left row by
-// row).
+// checkPanelMatrix rearranges a copy of m into panels (newPanelMatrix),
+// checks the panel count, that the data moved (one tile per panel is
+// row-major already) and that every row reads back the same; then that
+// the panels' products by n = ns vectors are ref's bits (ref: the go
+// level's products of m) at every level, alone and in MatMulMany beside m.
+func checkPanelMatrix(t *testing.T, r *rand.Rand, m *Matrix, wantPanels int, ns []int, ref func(want, x []float32, n int)) {
+	t.Helper()
+	rows, cols := m.Rows, m.Cols
+	p, err := newPanelMatrix(m.Type, rows, cols, append([]byte(nil), m.Data...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	what := fmt.Sprintf("%s %d×%d", m.Type, rows, cols)
+	if p.panels != wantPanels {
+		t.Fatalf("%s: %d panels, want %d", what, p.panels, wantPanels)
+	}
+	if vals, _ := panelBlock(m.Type); wantPanels > 0 && cols > vals && string(p.Data) == string(m.Data) {
+		t.Fatalf("%s: data not rearranged", what)
+	}
+	a, b := make([]float32, cols), make([]float32, cols)
+	for i := 0; i < rows; i++ {
+		m.Row(i, a)
+		p.Row(i, b)
+		if !slices.Equal(a, b) {
+			t.Fatalf("%s: row %d differs", what, i)
+		}
+	}
+	for _, n := range ns {
+		x := randF32(r, n*cols)
+		x[r.IntN(len(x))] *= 1000
+		want := make([]float32, n*rows)
+		level = levelGo
+		ref(want, x, n)
+		level = cpuLevel
+		matMulEachLevel(t, what+" panels", p, x, n, want, nil)
+		forEachLevel(t, func(t *testing.T) {
+			checkManyVsMatMul(t, what+" panels", []*Matrix{p, m, p}, x, n)
+		})
+	}
+}
+
 // TestQuantPanelMatrix: quantized matrices in 16-row panels (every row
 // when Rows is a multiple of 16, else none) give the row layout's rows and
 // products bit for bit at every level: one token through the level's
@@ -294,91 +329,37 @@ func TestQuantPanelMatrix(t *testing.T) {
 	}{{Q8_0, []int{32, 64, 96, 224, 2048}}, {Q4_0, []int{32, 96, 2048}}, {Q4_K, []int{256, 768}}, {Q6_K, []int{256, 768}}} {
 		for _, rows := range []int{8, 16, 40, 48} {
 			for _, cols := range c.cols {
-				typ := c.typ
-				m := randMatrix(t, r, typ, rows, cols)
+				m := randMatrix(t, r, c.typ, rows, cols)
 				if rows == 48 {
-					m = randRawMatrix(r, typ, rows, cols)
+					m = randRawMatrix(r, c.typ, rows, cols)
 				}
-				p, err := newPanelMatrix(typ, rows, cols, append([]byte(nil), m.Data...))
-				if err != nil {
-					t.Fatal(err)
-				}
-				what := fmt.Sprintf("%s %d×%d", typ, rows, cols)
 				wantPanels := 0
 				if rows%16 == 0 {
 					wantPanels = rows / 16
 				}
-				if p.panels != wantPanels {
-					t.Fatalf("%s: %d panels, want %d", what, p.panels, wantPanels)
-				}
-				if wantPanels > 0 && cols > typ.BlockSize() && string(p.Data) == string(m.Data) {
-					t.Fatalf("%s: data not rearranged", what)
-				}
-				a, b := make([]float32, cols), make([]float32, cols)
-				for i := 0; i < rows; i++ {
-					m.Row(i, a)
-					p.Row(i, b)
-					if !slices.Equal(a, b) {
-						t.Fatalf("%s: row %d differs", what, i)
-					}
-				}
-				for _, n := range []int{1, 2, 9, 17} {
-					x := randF32(r, n*cols)
-					x[r.IntN(len(x))] *= 1000
-					want := make([]float32, n*rows)
-					level = levelGo
-					m.MatMul(want, x, n)
-					level = cpuLevel
-					matMulEachLevel(t, what+" panels", p, x, n, want, nil)
-					forEachLevel(t, func(t *testing.T) {
-						checkManyVsMatMul(t, what+" panels", []*Matrix{p, m, p}, x, n)
-					})
-				}
+				checkPanelMatrix(t, r, m, wantPanels, []int{1, 2, 9, 17}, m.MatMul)
 			}
 		}
 	}
 }
 
+// TestPanelMatrix: a half-float matrix rearranged into 16-row panels
+// (NewPanelMatrix) gives the same rows and, at every kernel level and
+// token count, the same products bit for bit as the row-major matrix's
+// plain Go sums, alone and in MatMulMany beside row-major matrices; shapes
+// with a tail of rows, and columns that are no multiple of 16 (left row by
+// row).
 func TestPanelMatrix(t *testing.T) {
 	r := rand.New(rand.NewPCG(21, 22))
 	for _, typ := range []DType{F16, BF16} {
 		for _, rows := range []int{5, 16, 17, 33, 48, 172} {
 			for _, cols := range []int{16, 48, 256, 600, 1008} {
 				m := randMatrix(t, r, typ, rows, cols)
-				p, err := newPanelMatrix(typ, rows, cols, append([]byte(nil), m.Data...))
-				if err != nil {
-					t.Fatal(err)
-				}
-				what := fmt.Sprintf("%s %d×%d", typ, rows, cols)
 				wantPanels := 0
 				if cols%16 == 0 {
 					wantPanels = rows / 16
 				}
-				if p.panels != wantPanels {
-					t.Fatalf("%s: %d panels, want %d", what, p.panels, wantPanels)
-				}
-				if wantPanels > 0 && cols > 16 && string(p.Data) == string(m.Data) { // one tile per panel is row-major
-					t.Fatalf("%s: data not rearranged", what)
-				}
-				a, b := make([]float32, cols), make([]float32, cols)
-				for i := 0; i < rows; i++ {
-					m.Row(i, a)
-					p.Row(i, b)
-					if !slices.Equal(a, b) {
-						t.Fatalf("%s: row %d differs", what, i)
-					}
-				}
-				for _, n := range []int{1, 2, 17} {
-					x := randF32(r, n*cols)
-					want := make([]float32, n*rows)
-					level = levelGo
-					m.matmulRef(want, x, n)
-					level = cpuLevel
-					matMulEachLevel(t, what+" panels", p, x, n, want, nil)
-					forEachLevel(t, func(t *testing.T) {
-						checkManyVsMatMul(t, what+" panels", []*Matrix{p, m, p}, x, n)
-					})
-				}
+				checkPanelMatrix(t, r, m, wantPanels, []int{1, 2, 17}, m.matmulRef)
 			}
 		}
 	}
