@@ -612,6 +612,9 @@ func qQ8_0Vpanel(w unsafe.Pointer, x unsafe.Pointer, nb int, out *float32, panel
 func qQ4_0Vpanel(w unsafe.Pointer, x unsafe.Pointer, nb int, out *float32, panels int)
 
 //go:noescape
+func qQ4_0VpanelBW(w unsafe.Pointer, x unsafe.Pointer, nb int, out *float32, panels int)
+
+//go:noescape
 func qQ4_KVk16t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)
 
 //go:noescape

@@ -110,13 +110,19 @@ func TestQPanelKernels(t *testing.T) {
 						checkQPanel(t, fmt.Sprintf("%s rows nb=%d", typ, nb), got, want)
 					}
 					pd := toQPanels(data, rows, nb, bb)
-					got := make([]float32, rows+1)
-					got[rows] = 42 // must stay
-					qpanelV[typ](ptr(pd), ptr(act), nb, &got[0], panels)
-					if got[rows] != 42 {
-						t.Fatalf("%s nb=%d panels=%d: wrote past the end", typ, nb, panels)
+					kerns := []qpanelFunc{qpanelV[typ]}
+					if typ == Q4_0 { // the kernel for CPUs without GFNI too
+						kerns = append(kerns, qQ4_0VpanelBW)
 					}
-					checkQPanel(t, fmt.Sprintf("%s nb=%d panels=%d rep=%d", typ, nb, panels, rep), got[:rows], want)
+					for i, k := range kerns {
+						got := make([]float32, rows+1)
+						got[rows] = 42 // must stay
+						k(ptr(pd), ptr(act), nb, &got[0], panels)
+						if got[rows] != 42 {
+							t.Fatalf("%s nb=%d panels=%d: wrote past the end", typ, nb, panels)
+						}
+						checkQPanel(t, fmt.Sprintf("%s nb=%d panels=%d rep=%d kernel %d", typ, nb, panels, rep, i), got[:rows], want)
+					}
 				}
 			}
 		}
