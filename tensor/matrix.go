@@ -69,7 +69,9 @@ func NewPanelMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
 
 // PanelMatrices reports whether NewPanelMatrix rearranges weights of type
 // t on this machine: where the CPU (and build) has an AVX-512 panel
-// kernel for one token. Elsewhere panels would run slower than rows (the
+// kernel for one token (for the quantized types, with VNNI and at the
+// kernel level in use: SetKernels("avx2") before loading keeps their
+// rows). Elsewhere panels would run slower than rows (the
 // AVX2 half-float kernel reads a panel in four passes of 4 rows, the
 // plain Go path 16 values or one block at a time), so rows stay.
 func PanelMatrices(t DType) bool {
