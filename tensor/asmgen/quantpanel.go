@@ -96,15 +96,7 @@ func genQPanel(e *emitter) {
 			e.in("VFMADD231PS Z%d, Z%d, K2, Z%d", d, p, j) // low lanes only
 		}
 	}
-	e.label("panel")
-	e.in("MOVQ x+8(FP), DI")
-	for j := 0; j < 16; j++ {
-		e.in("VPXORD Z%d, Z%d, Z%d", j, j, j)
-	}
-	e.in("MOVQ R9, CX")
-	e.in("SHRQ $1, CX")
-	e.in("JZ tail")
-	e.label("pair")
+	qpanelHead(e)
 	e.in("VMOVDQU32 (DI), Y%d", xq)
 	e.in("VINSERTI64X4 $1, %d(DI), Z%d, Z%d", xb32, xq, xq)
 	e.in("VMOVDQU32 %d(DI), Y%d", xb32Corr, xc)
@@ -114,13 +106,7 @@ func genQPanel(e *emitter) {
 	for j := 0; j < 16; j++ {
 		row(j, true)
 	}
-	e.in("ADDQ $%d, SI", 2*tile)
-	e.in("ADDQ $%d, DI", 2*xb32)
-	e.in("DECQ CX")
-	e.in("JNZ pair")
-	e.label("tail")
-	e.in("TESTQ $1, R9")
-	e.in("JZ reduce")
+	qpanelPairEnd(e, tile)
 	e.in("VMOVDQU32 (DI), Y%d", xq)
 	e.in("VMOVDQU32 %d(DI), Y%d", xb32Corr, xc)
 	e.in("VMOVUPS %d(DI), Y%d", xb32D, xd)
@@ -135,12 +121,7 @@ func genQPanel(e *emitter) {
 		sumTree(e, true, j, xq)
 		e.in("VMOVSS X%d, %d(DX)", j, 4*j)
 	}
-	e.in("ADDQ $64, DX")
-	e.in("DECQ AX")
-	e.in("JNZ panel")
-	e.label("end")
-	e.in("VZEROUPPER")
-	e.in("RET")
+	qpanelEnd(e)
 }
 
 // genQ4Panel emits qQ4_0Vpanel (gfni) or qQ4_0VpanelBW: two rows per
@@ -299,15 +280,7 @@ func genQ4Panel(e *emitter, gfni bool) {
 		e.in("VMULPS Z%d, Z%d, Z%d", dE+h, p, p)       // float32(P)·dx
 		e.in("VFMADD231PS Z%d, Z%d, Z%d", d, p, 2*k+h) // acc += that·dw, fused
 	}
-	e.label("panel")
-	e.in("MOVQ x+8(FP), DI")
-	for j := 0; j < 16; j++ {
-		e.in("VPXORD Z%d, Z%d, Z%d", j, j, j)
-	}
-	e.in("MOVQ R9, CX")
-	e.in("SHRQ $1, CX")
-	e.in("JZ tail")
-	e.label("pair")
+	qpanelHead(e)
 	gather(0)
 	gather(1)
 	loadX(2)
@@ -315,13 +288,7 @@ func genQ4Panel(e *emitter, gfni bool) {
 		unit(k, 0, true)
 		unit(k, 1, true)
 	}
-	e.in("ADDQ $%d, SI", 2*tile)
-	e.in("ADDQ $%d, DI", 2*xb32)
-	e.in("DECQ CX")
-	e.in("JNZ pair")
-	e.label("tail")
-	e.in("TESTQ $1, R9")
-	e.in("JZ reduce")
+	qpanelPairEnd(e, tile)
 	gather(0)
 	loadX(1)
 	for k := 0; k < 8; k++ {
@@ -341,6 +308,40 @@ func genQ4Panel(e *emitter, gfni bool) {
 		e.in("VMOVSS X%d, %d(DX)", b, 4*b)
 	}
 	loadMask()
+	qpanelEnd(e)
+}
+
+// qpanelHead emits the start of a panel in the Q8_0 and Q4_0 kernels (SI
+// the panel, R9 nb, AX the panels left): DI at x, the accumulators
+// Z0..Z15 cleared, CX the pairs of blocks (none: to tail), the label pair.
+func qpanelHead(e *emitter) {
+	e.label("panel")
+	e.in("MOVQ x+8(FP), DI")
+	for j := 0; j < 16; j++ {
+		e.in("VPXORD Z%d, Z%d, Z%d", j, j, j)
+	}
+	e.in("MOVQ R9, CX")
+	e.in("SHRQ $1, CX")
+	e.in("JZ tail")
+	e.label("pair")
+}
+
+// qpanelPairEnd ends the pair loop (SI and DI past two tiles of tile
+// bytes and two activation blocks) and starts the tail: the label tail,
+// then on to reduce when nb is even.
+func qpanelPairEnd(e *emitter, tile int) {
+	e.in("ADDQ $%d, SI", 2*tile)
+	e.in("ADDQ $%d, DI", 2*xb32)
+	e.in("DECQ CX")
+	e.in("JNZ pair")
+	e.label("tail")
+	e.in("TESTQ $1, R9")
+	e.in("JZ reduce")
+}
+
+// qpanelEnd ends a panel (out on by 16 floats, the panel loop closed) and
+// the kernel.
+func qpanelEnd(e *emitter) {
 	e.in("ADDQ $64, DX")
 	e.in("DECQ AX")
 	e.in("JNZ panel")
