@@ -51,12 +51,7 @@ func genQPanel(e *emitter) {
 	const typ, bb = "Q8_0", 34
 	tile := 16 * bb
 	e.text(fmt.Sprintf("q%sVpanel", typ), qpanelSig, 40)
-	e.in("MOVQ w+0(FP), SI")
-	e.in("MOVQ nb+16(FP), R9")
-	e.in("MOVQ out+24(FP), DX")
-	e.in("MOVQ panels+32(FP), AX")
-	e.in("TESTQ AX, AX")
-	e.in("JLE end")
+	qpanelArgs(e)
 	const xq, xc, xd, cst = 16, 17, 18, 19
 	e.in("VBROADCASTI64X4 qconst80<>(SB), Z%d", cst)
 	e.in("MOVL $0xFF00, R10")
@@ -211,12 +206,7 @@ func genQ4Panel(e *emitter, gfni bool) {
 	e.frame = 128
 	e.text(name, qpanelSig, 40)
 	e.frame = 0
-	e.in("MOVQ w+0(FP), SI")
-	e.in("MOVQ nb+16(FP), R9")
-	e.in("MOVQ out+24(FP), DX")
-	e.in("MOVQ panels+32(FP), AX")
-	e.in("TESTQ AX, AX")
-	e.in("JLE end")
+	qpanelArgs(e)
 	const qxE, cE, dE, pidx, nibR, gidxR, deintR = 16, 18, 20, 22, 23, 24, 25
 	e.in("VMOVDQU64 %sPermN<>(SB), Z%d", c, pidx)
 	e.in("VMOVDQU64 %sNibbles<>(SB), Z%d", c, nibR)
@@ -309,6 +299,17 @@ func genQ4Panel(e *emitter, gfni bool) {
 	}
 	loadMask()
 	qpanelEnd(e)
+}
+
+// qpanelArgs loads a panel kernel's arguments: SI w, R9 nb, DX out, AX
+// panels (none: to end).
+func qpanelArgs(e *emitter) {
+	e.in("MOVQ w+0(FP), SI")
+	e.in("MOVQ nb+16(FP), R9")
+	e.in("MOVQ out+24(FP), DX")
+	e.in("MOVQ panels+32(FP), AX")
+	e.in("TESTQ AX, AX")
+	e.in("JLE end")
 }
 
 // qpanelHead emits the start of a panel in the Q8_0 and Q4_0 kernels (SI
