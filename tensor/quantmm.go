@@ -21,7 +21,7 @@ type qrowsFunc func(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *fl
 // qrows2Go is the Go twin of the Q8_0 and Q4_0 rows kernels: blocks
 // alternately into two lane accumulators (even blocks in the first, the
 // first taking a last unpaired block), added lane by lane, then
-// reduceLanes.
+// reduceLanes (rowBlocks).
 func qrows2Go(t DType) qrowsFunc {
 	k := qkernGo(t, 1, 1)
 	_, xb := actLayout(t)
@@ -29,20 +29,31 @@ func qrows2Go(t DType) qrowsFunc {
 	return func(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int) {
 		o := unsafe.Slice(out, rows)
 		for r := range o {
-			var e, d [8]float32
-			for b := 0; b < nb; b++ {
-				acc := &e
-				if b%2 == 1 {
-					acc = &d
-				}
-				k(unsafe.Add(w, r*ldw+b*bb), ldw, unsafe.Add(x, b*xb), 1, &acc[0], 1)
-			}
-			for l := range e {
-				e[l] += d[l]
-			}
-			o[r] = reduceLanes(&e)
+			o[r] = rowBlocks(k, unsafe.Add(w, r*ldw), bb, x, xb, nb, true)
 		}
 	}
+}
+
+// rowBlocks is one row's value in the rows kernels' order from the 1×1
+// kernel k called a block at a time: block b (at w + b·bs) times
+// activation block b (at x + b·xb) into eight lane accumulators,
+// alternately two when two is set (even blocks in the first, which takes
+// a last unpaired block; then added lane by lane), then reduceLanes.
+func rowBlocks(k qkernFunc, w unsafe.Pointer, bs int, x unsafe.Pointer, xb, nb int, two bool) float32 {
+	var e, d [8]float32
+	for b := 0; b < nb; b++ {
+		acc := &e
+		if two && b%2 == 1 {
+			acc = &d
+		}
+		k(unsafe.Add(w, b*bs), 0, unsafe.Add(x, b*xb), 1, &acc[0], 1)
+	}
+	if two {
+		for l := range e {
+			e[l] += d[l]
+		}
+	}
+	return reduceLanes(&e)
 }
 
 // qrowsGo builds the Go twin of a rows kernel from a 1×1 kernel.
@@ -77,20 +88,7 @@ func qpanelVia(t DType, k qkernFunc) qpanelFunc {
 		o := unsafe.Slice(out, panels*panelRows)
 		for r := range o {
 			row := unsafe.Add(w, (r/panelRows*nb*panelRows+r%panelRows)*bb)
-			var e, d [8]float32
-			for b := 0; b < nb; b++ {
-				acc := &e
-				if two && b%2 == 1 {
-					acc = &d
-				}
-				k(unsafe.Add(row, b*panelRows*bb), 0, unsafe.Add(x, b*xb), 1, &acc[0], 1)
-			}
-			if two {
-				for l := range e {
-					e[l] += d[l]
-				}
-			}
-			o[r] = reduceLanes(&e)
+			o[r] = rowBlocks(k, row, panelRows*bb, x, xb, nb, two)
 		}
 	}
 }
