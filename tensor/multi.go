@@ -133,7 +133,7 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 		for _, p := range mj.parts {
 			u = max(u, p.unit)
 		}
-		Parallel(mj.tiles, max(1, quantGrain(cols, n)*quantRowTile/u), mj.run)
+		Parallel(mj.tiles, quantGrain(cols, n, u), mj.run)
 	}
 	for i := range mj.acts {
 		mj.acts[i].release()

@@ -167,9 +167,10 @@ const quantBlockBytes = 128 << 10
 // quantRowTile is the rows of a unit of work of the quantized products.
 const quantRowTile = 4
 
-// quantGrain is the units of work (quantRowTile rows) a worker takes at
-// least, for cols inputs times n tokens.
-func quantGrain(cols, n int) int { return max(1, 32768/(cols*n*quantRowTile)) }
+// quantGrain is the units of work of unit rows (quantRowTile, or a
+// panel: quantUnit) a worker takes at least, for cols inputs times n
+// tokens.
+func quantGrain(cols, n, unit int) int { return max(1, 32768/(cols*n*unit)) }
 
 // quantUnit is the rows of matmulQuant's units of work: quantRowTile, or
 // a panel (panels hold every row of a quantized matrix).
@@ -185,7 +186,7 @@ func (m *Matrix) quantUnit() int {
 func (m *Matrix) matmulQuant(qk *quantKernels, dst, x []float32, n int) {
 	a := quantizeFor(m.Type, qk, x, m.Cols, n)
 	u := m.quantUnit()
-	Parallel((m.Rows+u-1)/u, max(1, quantGrain(m.Cols, n)*quantRowTile/u), func(lo, hi int) {
+	Parallel((m.Rows+u-1)/u, quantGrain(m.Cols, n, u), func(lo, hi int) {
 		m.quantRows(qk, dst, &a, lo*u, min(hi*u, m.Rows))
 	})
 	a.release()
