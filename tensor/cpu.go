@@ -21,9 +21,11 @@ func (l kernelLevel) String() string { return levelNames[l] }
 var (
 	// cpuLevel is the best level this CPU (and build) supports; cpuVNNI
 	// reports AVX-512 VNNI (VPDPBUSD), used by the integer kernels at
-	// levelAVX512.
+	// levelAVX512, and cpuGFNI AVX-512 GFNI (VGF2P8AFFINEQB, Q4_0's panel
+	// kernel).
 	cpuLevel kernelLevel
 	cpuVNNI  bool
+	cpuGFNI  bool
 
 	// level is the level in use (cpuLevel unless lowered by SetKernels).
 	level kernelLevel

@@ -11,6 +11,7 @@ func init() {
 		if x.HasAVX512F && x.HasAVX512BW && x.HasAVX512DQ && x.HasAVX512VL {
 			cpuLevel = levelAVX512
 			cpuVNNI = x.HasAVX512VNNI
+			cpuGFNI = x.HasAVX512GFNI
 		}
 	}
 	level = cpuLevel

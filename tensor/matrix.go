@@ -79,7 +79,7 @@ func PanelMatrices(t DType) bool {
 	case F16, BF16:
 		return cpuLevel >= levelAVX512
 	}
-	return qpanelKern(t) != nil && cpuLevel >= levelAVX512 && cpuVNNI
+	return qpanelKern(t) != nil
 }
 
 // panelBlock is the values and bytes of the blocks that panels of type t

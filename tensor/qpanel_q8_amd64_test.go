@@ -110,8 +110,8 @@ func TestQPanelKernels(t *testing.T) {
 						checkQPanel(t, fmt.Sprintf("%s rows nb=%d", typ, nb), got, want)
 					}
 					pd := toQPanels(data, rows, nb, bb)
-					kerns := []qpanelFunc{qpanelV[typ]}
-					if typ == Q4_0 { // the kernel for CPUs without GFNI too
+					kerns := []qpanelFunc{qpanelKern(typ)}
+					if typ == Q4_0 && cpuGFNI { // the kernel for CPUs without GFNI too
 						kerns = append(kerns, qQ4_0VpanelBW)
 					}
 					for i, k := range kerns {
@@ -206,7 +206,7 @@ func BenchmarkPanelRows(b *testing.B) {
 	}
 	for _, typ := range []DType{Q8_0, Q4_0} {
 		for _, shape := range [][2]int{{5632, 2048}, {2048, 5632}} {
-			benchQPanel(b, typ, shape[0], shape[1], 200<<20, qpanelV[typ], true)
+			benchQPanel(b, typ, shape[0], shape[1], 200<<20, qpanelKern(typ), true)
 		}
 	}
 }
@@ -219,7 +219,7 @@ func BenchmarkPanelCache(b *testing.B) {
 		b.Skip("no AVX-512 VNNI")
 	}
 	for _, typ := range []DType{Q8_0, Q4_0} {
-		benchQPanel(b, typ, 256, 2048, 0, qpanelV[typ], false)
+		benchQPanel(b, typ, 256, 2048, 0, qpanelKern(typ), false)
 	}
 }
 

@@ -2,8 +2,6 @@
 
 package tensor
 
-import "golang.org/x/sys/cpu"
-
 var quantKernA = map[DType]*quantKernels{
 	Q8_0: {rd: 1, rp: 2, tp: 4, dec: qQ8_0Ar1t1, dec1: qQ8_0Ar1t1, pre: qQ8_0Ar2t4, pre1: qQ8_0Ar1t4, rows: qQ8_0Arows},
 	Q4_0: {rd: 1, rp: 2, tp: 4, dec: qQ4_0Ar1t1, dec1: qQ4_0Ar1t1, pre: qQ4_0Ar2t4, pre1: qQ4_0Ar1t4, rows: qQ4_0Arows},
@@ -31,24 +29,19 @@ func quantKern(t DType) *quantKernels {
 }
 
 // qpanelV are the AVX-512 VNNI one-token kernels over 16-row panels.
-var qpanelV = map[DType]qpanelFunc{Q8_0: qQ8_0Vpanel, Q4_0: q4Panel(), Q4_K: qQ4_KVpanel, Q6_K: qQ6_KVpanel}
-
-// q4Panel is the Q4_0 panel kernel for this CPU: qQ4_0Vpanel takes the
-// nibbles apart with VGF2P8AFFINEQB (GFNI, ~10% faster), qQ4_0VpanelBW
-// with shifts.
-func q4Panel() qpanelFunc {
-	if cpu.X86.HasAVX512GFNI {
-		return qQ4_0Vpanel
-	}
-	return qQ4_0VpanelBW
-}
+var qpanelV = map[DType]qpanelFunc{Q8_0: qQ8_0Vpanel, Q4_0: qQ4_0Vpanel, Q4_K: qQ4_KVpanel, Q6_K: qQ6_KVpanel}
 
 // qpanelKern returns the one-token panel kernel for weights of type t at
 // the level in use, or nil where there is none (quantRows then runs
-// qpanelVia over the level's 1×1 kernel).
+// qpanelVia over the level's 1×1 kernel). Q4_0's takes the nibbles apart
+// with VGF2P8AFFINEQB (GFNI, ~10% faster); CPUs without GFNI get
+// qQ4_0VpanelBW, with shifts.
 func qpanelKern(t DType) qpanelFunc {
-	if level == levelAVX512 && cpuVNNI {
-		return qpanelV[t]
+	if level != levelAVX512 || !cpuVNNI {
+		return nil
 	}
-	return nil
+	if t == Q4_0 && !cpuGFNI {
+		return qQ4_0VpanelBW
+	}
+	return qpanelV[t]
 }
