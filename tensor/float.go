@@ -54,7 +54,7 @@ func getBuf(n int) *[]float32 {
 // matmulFloat computes dst[t] = W·x[t] with the packed-panel kernels fk.
 func (m *Matrix) matmulFloat(fk *floatKernels, dst, x []float32, n int) {
 	xp, xbuf := packFor(fk, x, m.Cols, n)
-	Parallel(m.floatBlocks(), floatGrain(m.Cols, n), func(lo, hi int) { m.floatRows(fk, dst, xp, n, lo, hi) })
+	Parallel(m.blocks16(), floatGrain(m.Cols, n), func(lo, hi int) { m.floatRows(fk, dst, xp, n, lo, hi) })
 	if xbuf != nil {
 		floatBufs.Put(xbuf)
 	}
@@ -72,10 +72,12 @@ func packFor(fk *floatKernels, x []float32, cols, n int) ([]float32, *[]float32)
 	return *xbuf, xbuf
 }
 
-// floatBlocks is the number of panelRows-row blocks of m; floatGrain the
-// blocks per parallel chunk, at least, for n rows of cols values.
-func (m *Matrix) floatBlocks() int { return (m.Rows + panelRows - 1) / panelRows }
-func floatGrain(cols, n int) int   { return max(1, 65536/(cols*n*panelRows)) }
+// blocks16 is the number of blocks of panelRows rows (the last may be
+// shorter) that the float products and half-float decode split m into;
+// floatGrain the blocks per parallel chunk, at least, for n rows of cols
+// values.
+func (m *Matrix) blocks16() int  { return (m.Rows + panelRows - 1) / panelRows }
+func floatGrain(cols, n int) int { return max(1, 65536/(cols*n*panelRows)) }
 
 // floatRows computes the blocks [lo, hi) of panelRows rows of dst[t] =
 // W·x[t], from x packed by packFor.
@@ -187,14 +189,12 @@ func (m *Matrix) prefetchPanel(r0, nr, k0, kk, es int) {
 // time with k (the first 16·⌊Cols/16⌋ values; the rest are added here one
 // by one).
 func (m *Matrix) matvecHalf(k matvecHFunc, dst, x []float32) {
-	Parallel(m.halfBlocks(), halfGrain(m.Cols), func(lo, hi int) { m.matvecHalfBlocks(k, dst, x, lo, hi) })
+	Parallel(m.blocks16(), halfGrain(m.Cols), func(lo, hi int) { m.matvecHalfBlocks(k, dst, x, lo, hi) })
 }
 
-// halfBlocks is the number of blocks of 16 rows (the last may be shorter)
-// that decode splits a half-float matrix into; halfGrain the blocks of
-// cols values per parallel chunk, at least.
-func (m *Matrix) halfBlocks() int { return (m.Rows + panelRows - 1) / panelRows }
-func halfGrain(cols int) int      { return max(1, 2048/cols) }
+// halfGrain is the blocks16 of cols values per parallel chunk of
+// half-float decode, at least.
+func halfGrain(cols int) int { return max(1, 2048/cols) }
 
 // matvecHalfBlocks computes the rows of blocks [lo, hi) of matvecHalf.
 func (m *Matrix) matvecHalfBlocks(k matvecHFunc, dst, x []float32, lo, hi int) {
@@ -202,11 +202,8 @@ func (m *Matrix) matvecHalfBlocks(k matvecHFunc, dst, x []float32, lo, hi int) {
 	r0, r1 := lo*panelRows, min(hi*panelRows, m.Rows)
 	if p := min(hi, m.panels); lo < p {
 		kp, rows := matvecP(m.Type)
-		for b := lo; b < p; b++ {
-			w := m.Data[b*panelRows*m.rowBytes:]
-			for j := 0; j < panelRows; j += rows {
-				kp(unsafe.Pointer(&w[32*j]), &x[0], cols/16, &dst[b*panelRows+j])
-			}
+		for r := lo * panelRows; r < p*panelRows; r += rows {
+			kp(unsafe.Pointer(&m.Data[m.tileOffset(r, 0)]), &x[0], cols/16, &dst[r])
 		}
 		r0 = p * panelRows
 	}
@@ -226,13 +223,7 @@ func (m *Matrix) matvecHalfBlocks(k matvecHFunc, dst, x []float32, lo, hi int) {
 		s := dst[r]
 		row := m.Data[r*m.rowBytes:]
 		for i := n16; i < cols; i++ {
-			var w float32
-			if m.Type == F16 {
-				w = F16ToF32(le16(row[2*i:]))
-			} else {
-				w = BF16ToF32(le16(row[2*i:]))
-			}
-			s += float32(w * x[i])
+			s += float32(elemAt(row, m.Type, i) * x[i])
 		}
 		dst[r] = s
 	}

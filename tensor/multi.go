@@ -91,7 +91,7 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 				// One vector: the rows of every half-float matrix in one
 				// parallel region (a layer's matrices lie one after
 				// another in the file, so a worker's stream runs on).
-				blocks := w.halfBlocks()
+				blocks := w.blocks16()
 				mj.hparts = append(mj.hparts, multiPart{m: w, hk: k, dst: dsts[i], lo: mj.hblocks, hi: mj.hblocks + blocks})
 				mj.hblocks += blocks
 				continue
@@ -107,7 +107,7 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 				mj.fk = fk
 				mj.xp, mj.xbuf = packFor(fk, x, cols, n)
 			}
-			blocks := w.floatBlocks()
+			blocks := w.blocks16()
 			mj.fparts = append(mj.fparts, multiPart{m: w, dst: dsts[i], lo: mj.fblocks, hi: mj.fblocks + blocks})
 			mj.fblocks += blocks
 		default:
@@ -168,7 +168,7 @@ type multiJob struct {
 	// tiles are p8parts with act -1
 	kpact *[]byte
 	// half-float matrices times one vector x: their blocks of 16 rows
-	// (halfBlocks) one after another
+	// (blocks16) one after another
 	hparts  []multiPart
 	hblocks int
 	x       []float32
