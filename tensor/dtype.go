@@ -55,7 +55,10 @@ type typeInfo struct {
 	supported  bool // this package can dequantize and compute with it
 }
 
-var typeTable = map[DType]typeInfo{
+// typeTable is indexed by type id (an array: BlockSize and BlockBytes run
+// in the kernels' per-tile code, where a map lookup showed in profiles);
+// ids without an entry have an empty name. Read it through typeOf.
+var typeTable = [...]typeInfo{
 	F32:     {"F32", 1, 4, true},
 	F16:     {"F16", 1, 2, true},
 	Q4_0:    {"Q4_0", 32, 18, true},
@@ -90,28 +93,36 @@ var typeTable = map[DType]typeInfo{
 	MXFP4:   {"MXFP4", 32, 17, false},
 }
 
+// typeOf returns t's entry in typeTable and whether t is known.
+func typeOf(t DType) (typeInfo, bool) {
+	if uint64(t) < uint64(len(typeTable)) && typeTable[t].name != "" {
+		return typeTable[t], true
+	}
+	return typeInfo{}, false
+}
+
 // Known reports whether t is a GGML type id whose block layout is known.
-func (t DType) Known() bool { _, ok := typeTable[t]; return ok }
+func (t DType) Known() bool { _, ok := typeOf(t); return ok }
 
 // Supported reports whether this package can dequantize and compute with t.
-func (t DType) Supported() bool { return typeTable[t].supported }
+func (t DType) Supported() bool { ti, _ := typeOf(t); return ti.supported }
 
 func (t DType) String() string {
-	if ti, ok := typeTable[t]; ok {
+	if ti, ok := typeOf(t); ok {
 		return ti.name
 	}
 	return fmt.Sprintf("type(%d)", uint32(t))
 }
 
 // BlockSize is the number of values in one block (1 for plain types).
-func (t DType) BlockSize() int { return typeTable[t].blockSize }
+func (t DType) BlockSize() int { ti, _ := typeOf(t); return ti.blockSize }
 
 // BlockBytes is the size in bytes of one block.
-func (t DType) BlockBytes() int { return typeTable[t].blockBytes }
+func (t DType) BlockBytes() int { ti, _ := typeOf(t); return ti.blockBytes }
 
 // BitsPerValue is the storage cost of one value, block metadata included.
 func (t DType) BitsPerValue() float64 {
-	ti := typeTable[t]
+	ti, _ := typeOf(t)
 	if ti.blockSize == 0 {
 		return 0
 	}
@@ -121,8 +132,8 @@ func (t DType) BitsPerValue() float64 {
 // ParseDType maps a type name (case-insensitive, e.g. "q8_0", "F16") to its id.
 func ParseDType(name string) (DType, error) {
 	for id, ti := range typeTable {
-		if equalFold(ti.name, name) {
-			return id, nil
+		if ti.name != "" && equalFold(ti.name, name) {
+			return DType(id), nil
 		}
 	}
 	return 0, fmt.Errorf("unknown tensor type %q", name)
@@ -150,7 +161,7 @@ func equalFold(a, b string) bool {
 // RowBytes is the size in bytes of n values of type t. n must be a multiple
 // of the block size.
 func (t DType) RowBytes(n int) (int, error) {
-	ti, ok := typeTable[t]
+	ti, ok := typeOf(t)
 	if !ok {
 		return 0, fmt.Errorf("unknown tensor type %d", uint32(t))
 	}

@@ -49,7 +49,7 @@ func le16(b []byte) uint16 { return binary.LittleEndian.Uint16(b) }
 
 // checkLens validates a conversion of n values of type t stored in nbytes.
 func checkLens(op string, t DType, n, nbytes int) error {
-	ti, ok := typeTable[t]
+	ti, ok := typeOf(t)
 	if !ok {
 		return fmt.Errorf("tensor: %s: unknown type %d", op, uint32(t))
 	}
