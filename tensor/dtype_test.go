@@ -1,6 +1,9 @@
 package tensor
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestDTypeTable: known ids give their GGML names and block layouts, ids
 // in the table's holes and past its end are unknown (no panic, errors
@@ -45,7 +48,7 @@ func TestDTypeTable(t *testing.T) {
 			t.Errorf("%s: RowBytes of an unknown type gave no error", c.name)
 		}
 		if c.known {
-			for _, s := range []string{c.name, lower(c.name)} {
+			for _, s := range []string{c.name, strings.ToLower(c.name)} {
 				if id, err := ParseDType(s); err != nil || id != c.t {
 					t.Errorf("ParseDType(%q) = %d, %v", s, uint32(id), err)
 				}
@@ -55,14 +58,4 @@ func TestDTypeTable(t *testing.T) {
 	if _, err := ParseDType("q9_9"); err == nil {
 		t.Error("ParseDType of an unknown name gave no error")
 	}
-}
-
-func lower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b)
 }
