@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Threads is the number of workers Parallel splits work across (the
@@ -11,9 +12,16 @@ import (
 var Threads = runtime.GOMAXPROCS(0)
 
 // The pool: Threads-1 goroutines started once, which after finishing a
-// task spin for a short while on the task counter (decode runs a few
-// hundred short parallel regions per token, and waking a sleeping
-// goroutine costs microseconds) and then sleep until the next task.
+// task spin on the task counter for up to spinTime (decode runs ~111 short
+// parallel regions a token with a few to tens of µs of serial work between
+// them, and a sleeping goroutine takes ~200 µs to run again once woken
+// here) and then sleep until the next task. A spinner yields the processor
+// (runtime.Gosched) only once it has been idle for yieldAfter: a Gosched
+// costs several µs, and one per region end made the next region's start
+// late (docs/PERFORMANCE.md, "Threads"); past that, between decode steps
+// or requests, other goroutines (a server's handlers) get the processor.
+// The caller of Parallel waiting for the workers spins without yielding
+// (for up to spinTime, then blocks).
 // Work is handed out in chunks from an atomic counter, so a worker slowed
 // by another process on its core takes fewer chunks.
 
@@ -50,9 +58,36 @@ var pool struct {
 	wake     chan struct{}
 }
 
-// spinRounds bounds how long an idle worker polls for the next task before
-// sleeping (roughly 20-50 µs).
-const spinRounds = 20000
+const (
+	spinTime   = time.Millisecond      // how long an idle worker polls before sleeping
+	yieldAfter = 50 * time.Microsecond // idle time after which a spinner yields at each check
+	spinCheck  = 256                   // polls between looks at the clock
+)
+
+// spin polls done until it reports true or spinTime has passed (false);
+// with yield, it yields the processor at each look at the clock after
+// yieldAfter.
+func spin(done func() bool, yield bool) bool {
+	var t0 time.Time
+	for i := 1; ; i++ {
+		if done() {
+			return true
+		}
+		if i%spinCheck != 0 {
+			continue
+		}
+		if i == spinCheck {
+			t0 = time.Now()
+			continue
+		}
+		switch idle := time.Since(t0); {
+		case idle >= spinTime:
+			return false
+		case yield && idle >= yieldAfter:
+			runtime.Gosched()
+		}
+	}
+}
 
 func startPool() {
 	pool.workers = runtime.GOMAXPROCS(0) - 1
@@ -65,19 +100,12 @@ func startPool() {
 func worker() {
 	seen := pool.epoch.Load()
 	for {
-		for i := 0; pool.epoch.Load() == seen; i++ {
-			if i < spinRounds {
-				if i%256 == 255 {
-					runtime.Gosched()
-				}
-				continue
-			}
+		for !spin(func() bool { return pool.epoch.Load() != seen }, true) {
 			pool.sleepers.Add(1)
 			if pool.epoch.Load() == seen {
 				<-pool.wake
 			}
 			pool.sleepers.Add(-1)
-			i = 0
 		}
 		seen = pool.epoch.Load()
 		if t := pool.task.Load(); t != nil {
@@ -120,11 +148,9 @@ func Parallel(n, grain int, fn func(lo, hi int)) {
 		}
 	}
 	t.run()
-	for i := 0; t.left.Load() > 0 && i < spinRounds; i++ {
-		if i%256 == 255 {
-			runtime.Gosched()
-		}
-	}
+	// The caller waits for the workers' last chunks without yielding:
+	// a Gosched here made regions end late (3% slower decode).
+	spin(func() bool { return t.left.Load() <= 0 }, false)
 	<-t.done
 	pool.task.Store(nil)
 	pool.busy.Store(false)

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestParallel: every item is visited exactly once, in ranges of at least
@@ -49,6 +50,34 @@ func TestParallel(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestPoolSleepsWhenIdle: once no task comes for a while, every worker
+// stops spinning and sleeps (an idle process must not burn its cores), and
+// a sleeping pool still runs the next task on all its workers.
+func TestPoolSleepsWhenIdle(t *testing.T) {
+	Parallel(1000, 1, func(lo, hi int) {})
+	if pool.workers == 0 {
+		t.Skip("one processor: no workers")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for int(pool.sleepers.Load()) < pool.workers {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d workers asleep %v after the last task (spinTime %v)", pool.sleepers.Load(), pool.workers, 5*time.Second, spinTime)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	var inflight, most atomic.Int32
+	Parallel(64, 1, func(lo, hi int) {
+		n := inflight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(2 * time.Millisecond) // long enough for a woken worker to take a chunk
+		inflight.Add(-1)
+	})
+	if most.Load() < 2 {
+		t.Errorf("after sleeping, the pool ran a task on %d goroutine(s) at once", most.Load())
+	}
 }
 
 func BenchmarkParallelEmpty(b *testing.B) {
