@@ -18,8 +18,9 @@ var Threads = runtime.GOMAXPROCS(0)
 // here) and then sleep until the next task. A spinner yields the processor
 // (runtime.Gosched) only once it has been idle for yieldAfter: a Gosched
 // costs several µs, and one per region end made the next region's start
-// late (docs/PERFORMANCE.md, "Threads"); past that, between decode steps
-// or requests, other goroutines (a server's handlers) get the processor.
+// late (docs/PERFORMANCE.md, "The pool's spin, measured token by token");
+// past that, between decode steps or requests, other goroutines (a
+// server's handlers) get the processor.
 // The caller of Parallel waiting for the workers spins without yielding
 // (for up to spinTime, then blocks).
 // Work is handed out in chunks from an atomic counter, so a worker slowed
@@ -139,9 +140,9 @@ func Parallel(n, grain int, fn func(lo, hi int)) {
 	}
 	// Two chunks per worker: some balance against a worker that another
 	// process (or the host) slows, while each chunk restarts the kernels'
-	// streams. Against four, token by token: decode +1.6–4.7% (Q8_0,
-	// Q4_0, Q4_K_M; F16 +0.9%), prefill +3.6%, batch 16 +4.8%
-	// (docs/PERFORMANCE.md, "The pool's spin, measured token by token").
+	// streams. Against four, alternated token by token: Q8_0 decode
+	// +1.6–1.9%, prefill +1.9% (docs/PERFORMANCE.md, "The pool's spin,
+	// measured token by token").
 	chunk := max(grain, (n+chunksPerWorker*workers-1)/(chunksPerWorker*workers))
 	t := &ptask{fn: fn, n: n, chunk: chunk, done: make(chan struct{})}
 	t.left.Store(int64((n + chunk - 1) / chunk))
@@ -155,7 +156,7 @@ func Parallel(n, grain int, fn func(lo, hi int)) {
 	}
 	t.run()
 	// The caller waits for the workers' last chunks without yielding:
-	// a Gosched here made regions end late (3% slower decode).
+	// a Gosched here made regions end late (~1.5% slower decode).
 	spin(func() bool { return t.left.Load() <= 0 }, false)
 	<-t.done
 	pool.task.Store(nil)
