@@ -67,12 +67,16 @@ func TestPoolSleepsWhenIdle(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	// Each chunk waits (up to a second) for another goroutine to be inside
+	// the task at the same time: a worker that wakes, however late.
 	var inflight, most atomic.Int32
 	Parallel(64, 1, func(lo, hi int) {
 		n := inflight.Add(1)
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 		}
-		time.Sleep(2 * time.Millisecond) // long enough for a woken worker to take a chunk
+		for end := time.Now().Add(time.Second); most.Load() < 2 && time.Now().Before(end); {
+			time.Sleep(100 * time.Microsecond)
+		}
 		inflight.Add(-1)
 	})
 	if most.Load() < 2 {
