@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"time"
@@ -85,6 +86,14 @@ func (e *Engine) loop() {
 			continue
 		}
 		e.safely(e.step)
+		// Let the goroutines this step woke (the requests' token streams)
+		// run now: during decode the tensor pool's workers spin between
+		// parallel regions, so no processor is idle for them. Measured with
+		// a decode-like loop of 110 regions a step sending on a channel
+		// after each: the receiver ran 0.65–0.86 ms late (median; 90th
+		// percentile ~4 ms, worst 7–22 ms) without this, 2 µs with it (the
+		// pool of before session 8: 74 µs, 0.5 ms, 3.7 ms).
+		runtime.Gosched()
 	}
 }
 
