@@ -373,10 +373,15 @@ func (b *Batch) classify(p *panel, q int32) uint8 {
 	return visSome
 }
 
-// keys packs panel p's keys, transposed, into w.kpan.
-func (w *tile) keys(p *panel, hd int) {
+// keys returns panel p's keys as a [hd][16] score panel: in place when the
+// key codec stores panels (codec.KeyPanel), else packed, transposed, into
+// w.kpan.
+func (w *tile) keys(p *panel, hd int) []float32 {
 	if p.single {
 		s := &w.segs[p.seg]
+		if k, ok := codec.KeyPanel(s.KC, s.K, s.Cap, hd, p.i0); ok {
+			return k
+		}
 		if t, ok := codec.Plain(s.KC); ok {
 			rb := hd * 4
 			if t != tensor.F32 {
@@ -387,7 +392,7 @@ func (w *tile) keys(p *panel, hd int) {
 				n = tensor.AttnLanes
 			}
 			tensor.PackKeys(w.kpan, s.K[p.i0*rb:], t, rb, n, hd)
-			return
+			return w.kpan
 		}
 		codec.GetRows(s.KC, s.K, s.Cap, hd, p.i0, p.n, w.dec)
 	} else {
@@ -396,6 +401,7 @@ func (w *tile) keys(p *panel, hd int) {
 		})
 	}
 	tensor.PackKeys(w.kpan, f32Bytes(w.dec), tensor.F32, 4*hd, tensor.AttnLanes, hd)
+	return w.kpan
 }
 
 // values returns panel p's value rows as the tensor kernels read them:
@@ -441,8 +447,7 @@ func (w *tile) scores(b *Batch, pi int) bool {
 		}
 		return false
 	}
-	w.keys(p, b.HeadDim)
-	tensor.AttnScores(col, ld, w.kpan, w.qp, w.rows, b.HeadDim)
+	tensor.AttnScores(col, ld, w.keys(p, b.HeadDim), w.qp, w.rows, b.HeadDim)
 	if p.kmag {
 		w.scaleByMag(p, col, ld, func(s *kvcache.Segment) []float32 { return s.KMag })
 	}

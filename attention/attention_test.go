@@ -186,9 +186,10 @@ func (f *fixture) checkMode(t *testing.T, rng *rand.Rand, qpos []int32, splitMin
 	}
 }
 
-// TestPagedMatchesNaive: paged attention over f32 blocks equals naive
-// attention for block sizes 1, 16, 64, GQA ratios 1-8 and contexts 1-8192,
-// for prefill-like batches and single decode queries, split or not.
+// TestPagedMatchesNaive: paged attention over f32 blocks (keys in rows and
+// in score panels) equals naive attention for block sizes 1, 16, 24, 64,
+// GQA ratios 1-8 and contexts 1-8192, for prefill-like batches and single
+// decode queries, split or not.
 func TestPagedMatchesNaive(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	cases := []struct{ heads, G, hd, tokens, B int }{
@@ -199,21 +200,88 @@ func TestPagedMatchesNaive(t *testing.T) {
 		{4, 1, 32, 1000, 16},
 		{1, 2, 64, 2049, 16},
 		{1, 4, 128, 8192, 64},
+		{2, 8, 64, 203, 24},
 	}
 	for _, c := range cases {
-		t.Run(fmt.Sprintf("h%d_g%d_d%d_t%d_b%d", c.heads, c.G, c.hd, c.tokens, c.B), func(t *testing.T) {
-			f := build(t, rng, c.heads, c.G, c.hd, c.tokens, c.B, codec.F32, codec.F32)
-			last := int32(c.tokens - 1)
-			// Decode: one query at the end, split and unsplit.
-			f.check(t, rng, []int32{last}, -1, nil, 1e-5)
-			f.check(t, rng, []int32{last}, 1, nil, 1e-5)
-			// Prefill: the last few tokens as a causal batch, and a query in the middle.
-			var qpos []int32
-			for p := max(0, c.tokens-20); p < c.tokens; p++ {
-				qpos = append(qpos, int32(p))
+		for _, kc := range []codec.Codec{codec.F32, codec.F32Keys} {
+			t.Run(fmt.Sprintf("h%d_g%d_d%d_t%d_b%d_%T", c.heads, c.G, c.hd, c.tokens, c.B, kc), func(t *testing.T) {
+				f := build(t, rng, c.heads, c.G, c.hd, c.tokens, c.B, kc, codec.F32)
+				last := int32(c.tokens - 1)
+				// Decode: one query at the end, split and unsplit.
+				f.check(t, rng, []int32{last}, -1, nil, 1e-5)
+				f.check(t, rng, []int32{last}, 1, nil, 1e-5)
+				// Prefill: the last few tokens as a causal batch, and a query in the middle.
+				var qpos []int32
+				for p := max(0, c.tokens-20); p < c.tokens; p++ {
+					qpos = append(qpos, int32(p))
+				}
+				f.check(t, rng, qpos, 0, nil, 1e-5)
+				f.check(t, rng, []int32{int32(c.tokens / 2)}, 1, nil, 1e-5)
+			})
+		}
+	}
+}
+
+// TestKeyPanelsMatchRows: keys stored in score panels (codec.F32Keys, read
+// in place) give, bit for bit, what the same keys stored in rows (packed
+// into panels each step) give: decode split or not, prefill exact and
+// online, with the attention mass, for blocks of whole panels and blocks
+// with a partial last group (gathered, or packed from the group).
+func TestKeyPanelsMatchRows(t *testing.T) {
+	for _, B := range []int{8, 16, 24, 64} {
+		t.Run(fmt.Sprintf("B%d", B), func(t *testing.T) {
+			const heads, G, hd, tokens = 2, 4, 32, 150
+			rows := build(t, rand.New(rand.NewPCG(17, 18)), heads, G, hd, tokens, B, codec.F32, codec.F32)
+			pans := build(t, rand.New(rand.NewPCG(17, 18)), heads, G, hd, tokens, B, codec.F32Keys, codec.F32)
+			rng := rand.New(rand.NewPCG(19, 20))
+			stride := heads * G * hd
+			for _, tc := range []struct {
+				pos      []int32
+				splitMin int
+				online   bool
+			}{
+				{[]int32{tokens - 1}, -1, false},
+				{[]int32{tokens - 1}, 1, false},
+				{[]int32{70, 71, 72, 100, 149}, 0, false},
+				{[]int32{70, 71, 72, 100, 149}, 0, true},
+			} {
+				q := make([]float32, len(tc.pos)*stride)
+				for i := range q {
+					q[i] = float32(rng.NormFloat64())
+				}
+				run := func(f *fixture) ([]float32, [][]float32) {
+					out := make([]float32, len(q))
+					mass := &MassRequest{Out: make([][]float32, heads)}
+					for h := range mass.Out {
+						mass.Out[h] = make([]float32, tokens)
+					}
+					if tc.online {
+						mass = nil
+					}
+					b := Batch{Heads: heads, G: G, HeadDim: hd, Norm: float32(math.Sqrt(hd)), Q: q, Out: out, Pos: tc.pos,
+						Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, SplitMin: tc.splitMin, Online: tc.online, Mass: mass}
+					var sc Scratch
+					b.Run(&sc)
+					if mass == nil {
+						return out, nil
+					}
+					return out, mass.Out
+				}
+				wo, wm := run(rows)
+				got, gm := run(pans)
+				for k := range wo {
+					if math.Float32bits(wo[k]) != math.Float32bits(got[k]) {
+						t.Fatalf("%+v: output %d = %g in panels, %g in rows", tc, k, got[k], wo[k])
+					}
+				}
+				for h := range wm {
+					for k := range wm[h] {
+						if math.Float32bits(wm[h][k]) != math.Float32bits(gm[h][k]) {
+							t.Fatalf("%+v: head %d mass %d = %g in panels, %g in rows", tc, h, k, gm[h][k], wm[h][k])
+						}
+					}
+				}
 			}
-			f.check(t, rng, qpos, 0, nil, 1e-5)
-			f.check(t, rng, []int32{int32(c.tokens / 2)}, 1, nil, 1e-5)
 		})
 	}
 }
@@ -463,7 +531,7 @@ func TestKernelLevelsAgree(t *testing.T) {
 	for _, c := range []struct {
 		kc, vc codec.Codec
 		B      int
-	}{{codec.F32, codec.F32, 16}, {f16, q8, 8}, {codec.BF16, codec.F16, 64}} {
+	}{{codec.F32, codec.F32, 16}, {codec.F32Keys, codec.F32, 24}, {f16, q8, 8}, {codec.BF16, codec.F16, 64}} {
 		const heads, G, hd, tokens = 2, 3, 80, 300
 		f := build(t, rng, heads, G, hd, tokens, c.B, c.kc, c.vc)
 		stride := heads * G * hd

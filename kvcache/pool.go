@@ -95,7 +95,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		return nil, fmt.Errorf("kvcache: block size must be between 1 and 65536 tokens, got %d", cfg.BlockTokens)
 	}
 	if cfg.K == nil {
-		cfg.K = codec.F32
+		cfg.K = codec.F32Keys
 	}
 	if cfg.V == nil {
 		cfg.V = codec.F32

@@ -12,6 +12,7 @@
 // one 4-byte entry {f16 scale, f16 min}, x̂ = scale·q + min):
 //
 //	f32   [n][d]float32                                   32 bits/value
+//	      (keys: in groups of 16 slots, each [d][16], see F32Keys)
 //	f16   [n][d]uint16 IEEE half, round to nearest even    16
 //	bf16  [n][d]uint16 bfloat16, round to nearest even     16
 //	q8    payload [n][d]uint8, then meta [n]               8 + 32/d
@@ -126,6 +127,9 @@ func Parse(name string, kind Kind) (Codec, error) {
 	}
 	switch strings.ToLower(strings.TrimSpace(name)) {
 	case "f32":
+		if kind == Keys {
+			return F32Keys, nil
+		}
 		return F32, nil
 	case "f16":
 		return F16, nil

@@ -66,7 +66,7 @@ var datasets = []dataset{
 
 var (
 	dims  = []int{8, 10, 48, 64, 128}
-	sizes = []int{1, 16, 64}
+	sizes = []int{1, 16, 40, 64}
 )
 
 type named struct {
