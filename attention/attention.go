@@ -94,8 +94,10 @@ type Batch struct {
 	Online bool
 
 	// SplitMin is the number of slots above which a single query's keys
-	// are split into parallel chunks (0: DefaultSplitMin); SplitChunk the
-	// slots per chunk (0: DefaultSplitChunk). Negative SplitMin: never split.
+	// are split into parallel chunks (0: DefaultSplitMin, and no split when
+	// the KV heads alone share out evenly among the tensor.Threads
+	// workers); SplitChunk the slots per chunk (0: DefaultSplitChunk).
+	// Negative SplitMin: never split.
 	SplitMin, SplitChunk int
 }
 
@@ -139,6 +141,12 @@ func (b *Batch) Run(sc *Scratch) {
 	splitMin, chunk := b.SplitMin, b.SplitChunk
 	if splitMin == 0 {
 		splitMin = DefaultSplitMin
+		if b.Heads%tensor.Threads == 0 {
+			// Every worker gets whole heads: splitting them only adds the
+			// online softmax and the merge (TinyLlama, 4 KV heads on 2
+			// threads: decode 6% slower at 1100-1800 tokens split).
+			splitMin = -1
+		}
 	}
 	if chunk <= 0 {
 		chunk = DefaultSplitChunk

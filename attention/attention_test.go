@@ -577,3 +577,39 @@ func TestKernelLevelsAgree(t *testing.T) {
 		f.seq.Free()
 	}
 }
+
+// TestDefaultSplit: by default a long single query is split only when its
+// KV heads do not share out evenly among the workers; an explicit SplitMin
+// splits regardless.
+func TestDefaultSplit(t *testing.T) {
+	if tensor.Threads < 2 {
+		t.Skip("one worker: nothing is ever split")
+	}
+	rng := rand.New(rand.NewPCG(21, 22))
+	const G, hd, tokens = 2, 16, DefaultSplitMin + 100
+	for _, c := range []struct {
+		heads, splitMin int
+		split           bool
+	}{
+		{tensor.Threads, 0, false},
+		{2 * tensor.Threads, 0, false},
+		{tensor.Threads + 1, 0, true},
+		{1, 0, true},
+		{tensor.Threads, DefaultSplitMin, true},
+		{1, -1, false},
+	} {
+		f := build(t, rng, c.heads, G, hd, tokens, 16, codec.F32Keys, codec.F32)
+		q := make([]float32, c.heads*G*hd)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		b := Batch{Heads: c.heads, G: G, HeadDim: hd, Norm: 4, Q: q, Out: make([]float32, len(q)), Pos: []int32{tokens - 1},
+			Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, SplitMin: c.splitMin}
+		var sc Scratch
+		b.Run(&sc)
+		if got := len(sc.states) > 0; got != c.split {
+			t.Errorf("%d heads on %d threads, SplitMin %d: split %v, want %v", c.heads, tensor.Threads, c.splitMin, got, c.split)
+		}
+		f.check(t, rng, []int32{tokens - 1}, c.splitMin, nil, 1e-5)
+	}
+}
