@@ -381,14 +381,14 @@ func (b *Batch) classify(p *panel, q int32) uint8 {
 	return visSome
 }
 
-// keys returns panel p's keys as a [hd][16] score panel: in place when the
-// key codec stores panels (codec.KeyPanel), else packed, transposed, into
-// w.kpan.
-func (w *tile) keys(p *panel, hd int) []float32 {
+// keys returns panel p's keys as a [hd][16] score panel and the type of its
+// values: in place when the key codec stores panels (codec.KeyPanel), else
+// packed, transposed, as float32 into w.kpan.
+func (w *tile) keys(p *panel, hd int) ([]byte, tensor.DType) {
 	if p.single {
 		s := &w.segs[p.seg]
-		if k, ok := codec.KeyPanel(s.KC, s.K, s.Cap, hd, p.i0); ok {
-			return k
+		if k, t, ok := codec.KeyPanel(s.KC, s.K, s.Cap, hd, p.i0); ok {
+			return k, t
 		}
 		if t, ok := codec.Plain(s.KC); ok {
 			rb := hd * 4
@@ -400,7 +400,7 @@ func (w *tile) keys(p *panel, hd int) []float32 {
 				n = tensor.AttnLanes
 			}
 			tensor.PackKeys(w.kpan, s.K[p.i0*rb:], t, rb, n, hd)
-			return w.kpan
+			return f32Bytes(w.kpan), tensor.F32
 		}
 		codec.GetRows(s.KC, s.K, s.Cap, hd, p.i0, p.n, w.dec)
 	} else {
@@ -409,7 +409,7 @@ func (w *tile) keys(p *panel, hd int) []float32 {
 		})
 	}
 	tensor.PackKeys(w.kpan, f32Bytes(w.dec), tensor.F32, 4*hd, tensor.AttnLanes, hd)
-	return w.kpan
+	return f32Bytes(w.kpan), tensor.F32
 }
 
 // values returns panel p's value rows as the tensor kernels read them:
@@ -455,7 +455,8 @@ func (w *tile) scores(b *Batch, pi int) bool {
 		}
 		return false
 	}
-	tensor.AttnScores(col, ld, w.keys(p, b.HeadDim), w.qp, w.rows, b.HeadDim)
+	kp, kt := w.keys(p, b.HeadDim)
+	tensor.AttnScoresOf(col, ld, kp, kt, w.qp, w.rows, b.HeadDim)
 	if p.kmag {
 		w.scaleByMag(p, col, ld, func(s *kvcache.Segment) []float32 { return s.KMag })
 	}

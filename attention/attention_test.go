@@ -222,17 +222,24 @@ func TestPagedMatchesNaive(t *testing.T) {
 	}
 }
 
-// TestKeyPanelsMatchRows: keys stored in score panels (codec.F32Keys, read
-// in place) give, bit for bit, what the same keys stored in rows (packed
-// into panels each step) give: decode split or not, prefill exact and
+// TestKeyPanelsMatchRows: keys stored in score panels (codec.F32Keys,
+// F16Keys, BF16Keys, read in place) give, bit for bit, what the same keys
+// stored in rows (packed into panels each step) give: decode split or not, prefill exact and
 // online, with the attention mass, for blocks of whole panels and blocks
 // with a partial last group (gathered, or packed from the group).
 func TestKeyPanelsMatchRows(t *testing.T) {
-	for _, B := range []int{8, 16, 24, 64} {
-		t.Run(fmt.Sprintf("B%d", B), func(t *testing.T) {
+	for _, c := range []struct {
+		rows, pans codec.Codec
+		B          int
+	}{
+		{codec.F32, codec.F32Keys, 8}, {codec.F32, codec.F32Keys, 16}, {codec.F32, codec.F32Keys, 24}, {codec.F32, codec.F32Keys, 64},
+		{codec.F16, codec.F16Keys, 16}, {codec.F16, codec.F16Keys, 24}, {codec.BF16, codec.BF16Keys, 32},
+	} {
+		B := c.B
+		t.Run(fmt.Sprintf("%s_B%d", c.rows.Name(), B), func(t *testing.T) {
 			const heads, G, hd, tokens = 2, 4, 32, 150
-			rows := build(t, rand.New(rand.NewPCG(17, 18)), heads, G, hd, tokens, B, codec.F32, codec.F32)
-			pans := build(t, rand.New(rand.NewPCG(17, 18)), heads, G, hd, tokens, B, codec.F32Keys, codec.F32)
+			rows := build(t, rand.New(rand.NewPCG(17, 18)), heads, G, hd, tokens, B, c.rows, codec.F32)
+			pans := build(t, rand.New(rand.NewPCG(17, 18)), heads, G, hd, tokens, B, c.pans, codec.F32)
 			rng := rand.New(rand.NewPCG(19, 20))
 			stride := heads * G * hd
 			for _, tc := range []struct {
@@ -531,7 +538,7 @@ func TestKernelLevelsAgree(t *testing.T) {
 	for _, c := range []struct {
 		kc, vc codec.Codec
 		B      int
-	}{{codec.F32, codec.F32, 16}, {codec.F32Keys, codec.F32, 24}, {f16, q8, 8}, {codec.BF16, codec.F16, 64}} {
+	}{{codec.F32, codec.F32, 16}, {codec.F32Keys, codec.F32, 24}, {f16, q8, 8}, {codec.BF16, codec.F16, 64}, {codec.F16, codec.BF16, 16}, {codec.F16Keys, codec.F32, 32}, {codec.BF16Keys, codec.F16, 16}} {
 		const heads, G, hd, tokens = 2, 3, 80, 300
 		f := build(t, rng, heads, G, hd, tokens, c.B, c.kc, c.vc)
 		stride := heads * G * hd

@@ -98,37 +98,67 @@ func PackQueries(dst, q []float32, rows, d int) {
 // of panel (from PackKeys): each summed in c order from zero, a product then
 // a sum (run.c's order).
 func AttnScores(s []float32, lds int, panel, qp []float32, rows, d int) {
+	_ = panel[d*AttnLanes-1]
+	attnScores(s, lds, unsafe.Pointer(unsafe.SliceData(panel)), F32, qp, rows, d)
+}
+
+// AttnScoresOf is AttnScores over a panel of type t (F32, F16 or BF16)
+// stored as bytes, [d][16] values (a key cache that keeps its keys so): each
+// value converts exactly to float32, so a half-float panel scores as its
+// float32 image packed by PackKeys does, bit for bit.
+func AttnScoresOf(s []float32, lds int, panel []byte, t DType, qp []float32, rows, d int) {
+	_ = panel[d*AttnLanes*elemBytes(t)-1]
+	attnScores(s, lds, unsafe.Pointer(unsafe.SliceData(panel)), t, qp, rows, d)
+}
+
+// attnScores: p points at d·16 values of type t (bounds checked by the
+// callers).
+func attnScores(s []float32, lds int, p unsafe.Pointer, t DType, qp []float32, rows, d int) {
 	if rows == 0 {
 		return
 	}
 	_ = s[(rows-1)*lds+AttnLanes-1]
-	_ = panel[d*AttnLanes-1]
 	_ = qp[rows*d-1]
 	mr := attnMR()
-	k := qkKern()
+	k := qkKern(t)
 	for t0 := 0; t0 < rows; t0 += mr {
 		g := min(mr, rows-t0)
 		if k == nil || d == 0 {
-			attnScoresGo(s[t0*lds:], lds, panel, qp[t0*d:(t0+g)*d], g, d)
+			attnScoresGo(s[t0*lds:], lds, p, t, qp[t0*d:(t0+g)*d], g, d)
 			continue
 		}
-		k[g](&panel[0], &qp[t0*d], d, &s[t0*lds], 4*lds)
+		k[g](p, &qp[t0*d], d, &s[t0*lds], 4*lds)
 	}
 }
 
 // attnScoresGo is the twin of the score kernels for one group of g rows
-// packed d-major (qp[c·g + r]).
-func attnScoresGo(s []float32, lds int, panel, qp []float32, g, d int) {
-	for r := range g {
-		var acc [AttnLanes]float32
-		for c := range d {
-			q := qp[c*g+r]
-			p := panel[c*AttnLanes : (c+1)*AttnLanes]
-			for j := range acc {
-				acc[j] += float32(q * p[j])
+// packed d-major (qp[c·g + r]), over the panel of type t at p.
+func attnScoresGo(s []float32, lds int, p unsafe.Pointer, t DType, qp []float32, g, d int) {
+	panel := unsafe.Slice((*byte)(p), d*AttnLanes*elemBytes(t))
+	var f32 []float32
+	if t == F32 {
+		f32 = f32View(panel)
+	}
+	var acc [14][AttnLanes]float32 // g ≤ 14 rows (attnMR)
+	var row [AttnLanes]float32
+	for c := range d {
+		if f32 != nil {
+			copy(row[:], f32[c*AttnLanes:])
+		} else {
+			for j := range row {
+				row[j] = elemAt(panel, t, c*AttnLanes+j)
 			}
 		}
-		copy(s[r*lds:r*lds+AttnLanes], acc[:])
+		for r := range g {
+			q := qp[c*g+r]
+			a := &acc[r]
+			for j := range a {
+				a[j] += float32(q * row[j])
+			}
+		}
+	}
+	for r := range g {
+		copy(s[r*lds:r*lds+AttnLanes], acc[r][:])
 	}
 }
 

@@ -5,13 +5,21 @@ package tensor
 import "unsafe"
 
 type (
-	qkFunc func(p, xp *float32, k int, c *float32, ldc int)
+	qkFunc func(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 	pvFunc func(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
 )
 
 var (
-	qkZ = []qkFunc{nil, qkZm1, qkZm2, qkZm3, qkZm4, qkZm5, qkZm6, qkZm7, qkZm8, qkZm9, qkZm10, qkZm11, qkZm12, qkZm13, qkZm14}
-	qkY = []qkFunc{nil, qkYm1, qkYm2, qkYm3, qkYm4, qkYm5, qkYm6}
+	qkZ = [3][]qkFunc{
+		{nil, qkZm1, qkZm2, qkZm3, qkZm4, qkZm5, qkZm6, qkZm7, qkZm8, qkZm9, qkZm10, qkZm11, qkZm12, qkZm13, qkZm14},
+		{nil, qkF16Zm1, qkF16Zm2, qkF16Zm3, qkF16Zm4, qkF16Zm5, qkF16Zm6, qkF16Zm7, qkF16Zm8, qkF16Zm9, qkF16Zm10, qkF16Zm11, qkF16Zm12, qkF16Zm13, qkF16Zm14},
+		{nil, qkBF16Zm1, qkBF16Zm2, qkBF16Zm3, qkBF16Zm4, qkBF16Zm5, qkBF16Zm6, qkBF16Zm7, qkBF16Zm8, qkBF16Zm9, qkBF16Zm10, qkBF16Zm11, qkBF16Zm12, qkBF16Zm13, qkBF16Zm14},
+	}
+	qkY = [3][]qkFunc{
+		{nil, qkYm1, qkYm2, qkYm3, qkYm4, qkYm5, qkYm6},
+		{nil, qkF16Ym1, qkF16Ym2, qkF16Ym3, qkF16Ym4, qkF16Ym5, qkF16Ym6},
+		{nil, qkBF16Ym1, qkBF16Ym2, qkBF16Ym3, qkBF16Ym4, qkBF16Ym5, qkBF16Ym6},
+	}
 
 	pvZ = [3][]pvFunc{
 		{nil, pvF32Zm1, pvF32Zm2, pvF32Zm3, pvF32Zm4, pvF32Zm5, pvF32Zm6},
@@ -25,14 +33,14 @@ var (
 	}
 )
 
-// qkKern returns the score kernels of the level in use, indexed by rows
-// (nil: plain Go).
-func qkKern() []qkFunc {
+// qkKern returns the score kernels of the level in use for panels of type
+// t, indexed by rows (nil: plain Go).
+func qkKern(t DType) []qkFunc {
 	switch level {
 	case levelAVX512:
-		return qkZ
+		return qkZ[floatIndex(t)]
 	case levelAVX2:
-		return qkY
+		return qkY[floatIndex(t)]
 	}
 	return nil
 }

@@ -5,11 +5,11 @@ package tensor
 import "unsafe"
 
 type (
-	qkFunc func(p, xp *float32, k int, c *float32, ldc int)
+	qkFunc func(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 	pvFunc func(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)
 )
 
-func qkKern() []qkFunc { return nil }
+func qkKern(DType) []qkFunc { return nil }
 
 func pvKern(DType) []pvFunc { return nil }
 

@@ -31,7 +31,8 @@ func encodeRows(x []float32, t DType, n, d, ld int) []byte {
 // TestAttnKernelsExact: the attention kernels give the bits of their Go
 // twins at every kernel level, for head sizes with and without 16-value
 // tails, every row count of a tile and every key type; scores equal run.c's
-// in-order sums (dotSeq).
+// in-order sums (dotSeq), from packed panels and from panels of the keys'
+// own type (AttnScoresOf).
 func TestAttnKernelsExact(t *testing.T) {
 	r := rand.New(rand.NewPCG(21, 22))
 	for _, typ := range []DType{F32, F16, BF16} {
@@ -77,6 +78,22 @@ func TestAttnKernelsExact(t *testing.T) {
 						for j := range 16 {
 							if w := dotSeq(q[i*d:(i+1)*d], kd[j*d:(j+1)*d]); !sameBits(s[i*lds+j], w) {
 								t.Fatalf("%s d=%d rows=%d: score[%d][%d] = %g, want %g", typ, d, rows, i, j, s[i*lds+j], w)
+							}
+						}
+					}
+					// the same keys stored as a panel of their own type
+					tp := make([]byte, 16*d*es)
+					for j := range 16 {
+						for c := range d {
+							copy(tp[(c*16+j)*es:(c*16+j+1)*es], kb[j*ld+c*es:j*ld+(c+1)*es])
+						}
+					}
+					s2 := make([]float32, rows*lds)
+					AttnScoresOf(s2, lds, tp, typ, qp, rows, d)
+					for i := range rows {
+						for j := range 16 {
+							if !sameBits(s2[i*lds+j], s[i*lds+j]) {
+								t.Fatalf("%s d=%d rows=%d: typed panel score[%d][%d] = %g, packed %g", typ, d, rows, i, j, s2[i*lds+j], s[i*lds+j])
 							}
 						}
 					}

@@ -150,64 +150,184 @@ func attnExpZ(s *float32, n int, norm, mx float32)
 func attnExpY(s *float32, n int, norm, mx float32)
 
 //go:noescape
-func qkZm1(p, xp *float32, k int, c *float32, ldc int)
+func qkZm1(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm2(p, xp *float32, k int, c *float32, ldc int)
+func qkZm2(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm3(p, xp *float32, k int, c *float32, ldc int)
+func qkZm3(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm4(p, xp *float32, k int, c *float32, ldc int)
+func qkZm4(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm5(p, xp *float32, k int, c *float32, ldc int)
+func qkZm5(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm6(p, xp *float32, k int, c *float32, ldc int)
+func qkZm6(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm7(p, xp *float32, k int, c *float32, ldc int)
+func qkZm7(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm8(p, xp *float32, k int, c *float32, ldc int)
+func qkZm8(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm9(p, xp *float32, k int, c *float32, ldc int)
+func qkZm9(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm10(p, xp *float32, k int, c *float32, ldc int)
+func qkZm10(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm11(p, xp *float32, k int, c *float32, ldc int)
+func qkZm11(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm12(p, xp *float32, k int, c *float32, ldc int)
+func qkZm12(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm13(p, xp *float32, k int, c *float32, ldc int)
+func qkZm13(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkZm14(p, xp *float32, k int, c *float32, ldc int)
+func qkZm14(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkYm1(p, xp *float32, k int, c *float32, ldc int)
+func qkYm1(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkYm2(p, xp *float32, k int, c *float32, ldc int)
+func qkYm2(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkYm3(p, xp *float32, k int, c *float32, ldc int)
+func qkYm3(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkYm4(p, xp *float32, k int, c *float32, ldc int)
+func qkYm4(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkYm5(p, xp *float32, k int, c *float32, ldc int)
+func qkYm5(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func qkYm6(p, xp *float32, k int, c *float32, ldc int)
+func qkYm6(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm1(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm2(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm3(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm4(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm5(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm6(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm7(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm8(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm9(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm10(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm11(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm12(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm13(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Zm14(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Ym1(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Ym2(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Ym3(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Ym4(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Ym5(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkF16Ym6(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm1(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm2(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm3(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm4(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm5(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm6(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm7(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm8(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm9(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm10(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm11(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm12(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm13(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Zm14(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Ym1(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Ym2(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Ym3(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Ym4(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Ym5(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
+
+//go:noescape
+func qkBF16Ym6(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)
 
 //go:noescape
 func pvF32Zm1(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)

@@ -12,9 +12,10 @@
 // one 4-byte entry {f16 scale, f16 min}, x̂ = scale·q + min):
 //
 //	f32   [n][d]float32                                   32 bits/value
-//	      (keys: in groups of 16 slots, each [d][16], see F32Keys)
 //	f16   [n][d]uint16 IEEE half, round to nearest even    16
 //	bf16  [n][d]uint16 bfloat16, round to nearest even     16
+//	      (f32/f16/bf16 keys: the same values in groups of 16 slots, each
+//	      group [d][16], the score panel attention reads; see F32Keys)
 //	q8    payload [n][d]uint8, then meta [n]               8 + 32/d
 //	q4    payload [n][d/2]byte, then meta [n]              4 + 32/d
 //	kivi2/kivi4 (Values): payload [n][⌈d·b/8⌉]byte, then meta [n][⌈d/g⌉],
@@ -132,8 +133,14 @@ func Parse(name string, kind Kind) (Codec, error) {
 		}
 		return F32, nil
 	case "f16":
+		if kind == Keys {
+			return F16Keys, nil
+		}
 		return F16, nil
 	case "bf16":
+		if kind == Keys {
+			return BF16Keys, nil
+		}
 		return BF16, nil
 	case "q8":
 		return Q8, nil

@@ -9,11 +9,12 @@ func CopySlot(c Codec, dst []byte, dn, di int, src []byte, sn, si, d int) bool {
 	switch c := c.(type) {
 	case f32Codec:
 		copy(c.row(dst, d, di), c.row(src, d, si))
-	case f32Panels:
-		dv, dl := c.slot(dst, dn, d, di)
-		sv, sl := c.slot(src, sn, d, si)
+	case keyPanels:
+		dv, dst := c.slot(dst, dn, d, di)
+		sv, sst := c.slot(src, sn, d, si)
+		es := c.size()
 		for k := range d {
-			dv[k*dl] = sv[k*sl]
+			copy(dv[k*dst:k*dst+es], sv[k*sst:k*sst+es])
 		}
 	case f16Codec:
 		copy(c.row(dst, d, di), c.row(src, d, si))

@@ -1,93 +1,139 @@
 package codec
 
 import (
-	"unsafe"
+	"encoding/binary"
+	"math"
 
 	"github.com/kvlm/kvlm/tensor"
 )
 
-// f32Panels stores float32 keys the way attention's score kernels read
-// them, so that they read a block in place instead of transposing its keys
-// into a panel every step (tensor.PackKeys). The block's slots go in groups
-// of 16 (tensor.AttnLanes); each group is stored value-major:
+// keyPanels stores keys of a float type (f32, f16, bf16) the way
+// attention's score kernels read them, so that they read a block in place
+// instead of transposing its keys into a panel every step
+// (tensor.PackKeys). The block's slots go in groups of 16
+// (tensor.AttnLanes); each group is stored value-major:
 //
-//	group g (slots 16g … 16g+L−1, L = min(16, n−16g)) at float 16g·d:
-//	value c of slot 16g+j at float 16g·d + c·L + j
+//	group g (slots 16g … 16g+L−1, L = min(16, n−16g)) from element 16g·d:
+//	value c of slot 16g+j at element 16g·d + c·L + j
 //
-// A full group is exactly the [d][16] panel of tensor.AttnScores; the block
-// is still 4·n·d bytes, with no padding. Values of a slot are bit-for-bit
-// those stored, as with f32.
-type f32Panels struct{}
+// A full group is exactly the [d][16] panel of tensor.AttnScoresOf; the
+// block has the row codec's size, with no padding. Each value is encoded as
+// the row codec of its type encodes it (f16, bf16: round to nearest even),
+// so keys read back, score and sum as they do in rows.
+type keyPanels struct {
+	t   tensor.DType // F32, F16 or BF16
+	row Codec        // the row codec of the same type: F32, F16, BF16
+}
 
-// F32Keys is the f32 codec of keys: f32 values in score panels. Parse("f32",
-// Keys) returns it; its name is "f32".
-var F32Keys Codec = f32Panels{}
+// The key codecs of the float types: Parse("f32"|"f16"|"bf16", Keys)
+// returns them; they are named as their row codecs.
+var (
+	F32Keys  Codec = keyPanels{tensor.F32, F32}
+	F16Keys  Codec = keyPanels{tensor.F16, F16}
+	BF16Keys Codec = keyPanels{tensor.BF16, BF16}
+)
 
-func (f32Panels) Name() string                    { return "f32" }
-func (f32Panels) Bits() int                       { return 32 }
-func (f32Panels) BlockBytes(n, d int) int         { return 4 * n * d }
-func (c f32Panels) BitsPerValue(n, d int) float64 { return bitsPerValue(c, n, d) }
-func (f32Panels) PerToken() bool                  { return true }
+func (c keyPanels) Name() string                  { return c.row.Name() }
+func (c keyPanels) Bits() int                     { return c.row.Bits() }
+func (c keyPanels) BlockBytes(n, d int) int       { return c.row.BlockBytes(n, d) }
+func (c keyPanels) BitsPerValue(n, d int) float64 { return bitsPerValue(c, n, d) }
+func (keyPanels) PerToken() bool                  { return true }
 
-// slot returns the floats of slot i's group from its first value on, and the
-// stride L between its values.
-func (f32Panels) slot(b []byte, n, d, i int) ([]float32, int) {
+func (c keyPanels) size() int { return c.row.Bits() / 8 }
+
+// slot returns the bytes of slot i's group from its first value on, and
+// the stride in bytes between its values.
+func (c keyPanels) slot(b []byte, n, d, i int) ([]byte, int) {
+	es := c.size()
 	g := i &^ (tensor.AttnLanes - 1)
 	L := min(tensor.AttnLanes, n-g)
-	off := 4 * (g*d + i - g)
-	end := 4 * (g*d + (d-1)*L + i - g + 1)
-	b = b[off:end]
-	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4), L
+	off := es * (g*d + i - g)
+	return b[off : off+es*((d-1)*L+1)], es * L
 }
 
-func (c f32Panels) Put(dst []byte, n, d, i int, x []float32) {
-	v, L := c.slot(dst, n, d, i)
+func (c keyPanels) Put(dst []byte, n, d, i int, x []float32) {
+	v, st := c.slot(dst, n, d, i)
 	for k, x := range x[:d] {
-		v[k*L] = x
+		switch c.t {
+		case tensor.F32:
+			binary.LittleEndian.PutUint32(v[k*st:], math.Float32bits(x))
+		case tensor.F16:
+			binary.LittleEndian.PutUint16(v[k*st:], tensor.F32ToF16(x))
+		default:
+			binary.LittleEndian.PutUint16(v[k*st:], tensor.F32ToBF16(x))
+		}
 	}
 }
 
-func (c f32Panels) Get(src []byte, n, d, i int, out []float32) {
-	v, L := c.slot(src, n, d, i)
+func (c keyPanels) Get(src []byte, n, d, i int, out []float32) {
+	v, st := c.slot(src, n, d, i)
 	out = out[:d]
 	for k := range out {
-		out[k] = v[k*L]
+		switch c.t {
+		case tensor.F32:
+			out[k] = math.Float32frombits(binary.LittleEndian.Uint32(v[k*st:]))
+		case tensor.F16:
+			out[k] = halfTab[binary.LittleEndian.Uint16(v[k*st:])]
+		default:
+			out[k] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(v[k*st:])) << 16)
+		}
 	}
 }
 
-// Dot and Axpy gather the slot and run f32's kernels on it, so they give
-// f32's bits.
-func (c f32Panels) Dot(src []byte, n, d, i int, q []float32) float32 {
+// gather copies slot i's encoded values into row, as the row codec lays
+// out a one-slot block.
+func (c keyPanels) gather(src []byte, n, d, i int, row []byte) {
+	v, st := c.slot(src, n, d, i)
+	es := c.size()
+	for k := range d {
+		copy(row[k*es:(k+1)*es], v[k*st:k*st+es])
+	}
+}
+
+// Dot and Axpy gather the slot and run the row codec on it: the same bits
+// as keys stored in rows.
+func (c keyPanels) Dot(src []byte, n, d, i int, q []float32) float32 {
+	var buf [4 * maxStackDim]byte
+	row := buf[:]
 	if d > maxStackDim {
-		x := make([]float32, d)
-		c.Get(src, n, d, i, x)
-		return tensor.Dot(q[:d], x)
+		row = make([]byte, 4*d)
 	}
-	var buf [maxStackDim]float32
-	c.Get(src, n, d, i, buf[:d])
-	return tensor.Dot(q[:d], buf[:d])
+	c.gather(src, n, d, i, row)
+	switch c.t { // concrete calls, so that buf stays on the stack
+	case tensor.F32:
+		return f32Codec{}.Dot(row, 1, d, 0, q)
+	case tensor.F16:
+		return f16Codec{}.Dot(row, 1, d, 0, q)
+	}
+	return bf16Codec{}.Dot(row, 1, d, 0, q)
 }
 
-func (c f32Panels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
+func (c keyPanels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
+	var buf [4 * maxStackDim]byte
+	row := buf[:]
 	if d > maxStackDim {
-		x := make([]float32, d)
-		c.Get(src, n, d, i, x)
-		tensor.Axpy(out[:d], a, x)
-		return
+		row = make([]byte, 4*d)
 	}
-	var buf [maxStackDim]float32
-	c.Get(src, n, d, i, buf[:d])
-	tensor.Axpy(out[:d], a, buf[:d])
+	c.gather(src, n, d, i, row)
+	switch c.t {
+	case tensor.F32:
+		f32Codec{}.Axpy(row, 1, d, 0, a, out)
+	case tensor.F16:
+		f16Codec{}.Axpy(row, 1, d, 0, a, out)
+	default:
+		bf16Codec{}.Axpy(row, 1, d, 0, a, out)
+	}
 }
 
-// KeyPanel returns, in place, the [d][16] score panel (tensor.PackKeys's
-// layout) of slots i0 … i0+15 of a block of n slots, when c stores panels
-// (F32Keys) and those 16 slots are one full group of the block; false
-// otherwise.
-func KeyPanel(c Codec, src []byte, n, d, i0 int) ([]float32, bool) {
-	if _, ok := c.(f32Panels); !ok || i0 < 0 || i0%tensor.AttnLanes != 0 || i0+tensor.AttnLanes > n || d <= 0 {
-		return nil, false
+// KeyPanel returns, in place, the [d][16] score panel of slots i0 … i0+15
+// of a block of n slots and the type of its values (for
+// tensor.AttnScoresOf), when c stores panels (F32Keys, F16Keys, BF16Keys)
+// and those 16 slots are one full group of the block; false otherwise.
+func KeyPanel(c Codec, src []byte, n, d, i0 int) ([]byte, tensor.DType, bool) {
+	p, ok := c.(keyPanels)
+	if !ok || i0 < 0 || i0%tensor.AttnLanes != 0 || i0+tensor.AttnLanes > n || d <= 0 {
+		return nil, 0, false
 	}
-	b := src[4*i0*d : 4*(i0+tensor.AttnLanes)*d]
-	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), tensor.AttnLanes*d), true
+	es := p.size()
+	return src[es*i0*d : es*(i0+tensor.AttnLanes)*d], p.t, true
 }

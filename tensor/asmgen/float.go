@@ -594,11 +594,13 @@ func genMatVecPY(e *emitter, src string) {
 
 // genAttn writes the score, weighted-sum, maximum and division kernels.
 func genAttn(e *emitter) {
-	for m := 1; m <= 14; m++ {
-		genQKZ(e, m)
-	}
-	for m := 1; m <= 6; m++ {
-		genQKY(e, m)
+	for _, src := range []string{"F32", "F16", "BF16"} {
+		for m := 1; m <= 14; m++ {
+			genQKZ(e, src, m)
+		}
+		for m := 1; m <= 6; m++ {
+			genQKY(e, src, m)
+		}
 	}
 	for _, src := range []string{"F32", "F16", "BF16"} {
 		for m := 1; m <= 6; m++ {
@@ -611,12 +613,22 @@ func genAttn(e *emitter) {
 	genScaleBytes(e)
 }
 
-const qkSig = "(p, xp *float32, k int, c *float32, ldc int)"
+const qkSig = "(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)"
 
-// qkZm<M>(p, xp *float32, k int, c *float32, ldc int): as kernF32Zm<M>
-// from zero, row t of the result stored at c + t·ldc bytes.
-func genQKZ(e *emitter, m int) {
-	e.text(fmt.Sprintf("qkZm%d", m), qkSig, 40)
+// qkName is the score kernel over a panel of type src: qkZm<M> (F32),
+// qkF16Zm<M>, qkBF16Zm<M>, and the same with Y at the AVX2 level.
+func qkName(src, isa string, m int) string {
+	if src == "F32" {
+		src = ""
+	}
+	return fmt.Sprintf("qk%s%sm%d", src, isa, m)
+}
+
+// qk<src>Zm<M>(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int):
+// as kernF32Zm<M> from zero over a panel of type src, row t of the result
+// stored at c + t·ldc bytes.
+func genQKZ(e *emitter, src string, m int) {
+	e.text(qkName(src, "Z", m), qkSig, 40)
 	e.in("MOVQ p+0(FP), SI")
 	e.in("MOVQ xp+8(FP), DI")
 	e.in("MOVQ k+16(FP), CX")
@@ -627,7 +639,7 @@ func genQKZ(e *emitter, m int) {
 	}
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	panelLoopZ(e, m)
+	panelLoopZOf(e, m, src)
 	e.label("done")
 	for t := 0; t < m; t++ {
 		e.in("VMOVUPS Z%d, (DX)", t)
@@ -639,9 +651,9 @@ func genQKZ(e *emitter, m int) {
 	e.in("RET")
 }
 
-// qkYm<M>: the AVX2 twin of qkZm<M>.
-func genQKY(e *emitter, m int) {
-	e.text(fmt.Sprintf("qkYm%d", m), qkSig, 40)
+// qk<src>Ym<M>: the AVX2 twin of qk<src>Zm<M>.
+func genQKY(e *emitter, src string, m int) {
+	e.text(qkName(src, "Y", m), qkSig, 40)
 	e.in("MOVQ p+0(FP), SI")
 	e.in("MOVQ xp+8(FP), DI")
 	e.in("MOVQ k+16(FP), CX")
@@ -652,7 +664,7 @@ func genQKY(e *emitter, m int) {
 	}
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	panelLoopY(e, m)
+	panelLoopYOf(e, m, src)
 	e.label("done")
 	for t := 0; t < m; t++ {
 		e.in("VMOVUPS Y%d, (DX)", 2*t)
@@ -668,14 +680,18 @@ func genQKY(e *emitter, m int) {
 const pvSig = "(p *float32, ldp int, v unsafe.Pointer, ldv int, n int, o *float32, ldo int, cols int)"
 
 // pvLoad loads 16 values of type src at off(DI) as float32 into reg.
-func pvLoad(e *emitter, src string, off int, reg string) {
+func pvLoad(e *emitter, src string, off int, reg string) { loadAs(e, src, "DI", off, reg) }
+
+// loadAs loads the values of type src at element off of (base) as float32
+// into reg (a Z register: 16 values, a Y register: 8).
+func loadAs(e *emitter, src, base string, off int, reg string) {
 	switch src {
 	case "F32":
-		e.in("VMOVUPS %d(DI), %s", 4*off, reg)
+		e.in("VMOVUPS %d(%s), %s", 4*off, base, reg)
 	case "F16":
-		e.in("VCVTPH2PS %d(DI), %s", 2*off, reg)
+		e.in("VCVTPH2PS %d(%s), %s", 2*off, base, reg)
 	case "BF16":
-		e.in("VPMOVZXWD %d(DI), %s", 2*off, reg)
+		e.in("VPMOVZXWD %d(%s), %s", 2*off, base, reg)
 		e.in("VPSLLD $16, %s, %s", reg, reg)
 	}
 }
@@ -988,16 +1004,20 @@ func genScaleBytes(e *emitter) {
 // attention scores (AVX-512): per step, one 16-lane panel row from SI times
 // m broadcast values at DI, each product added to its accumulator Z0..Zm-1
 // (multiply then add, in k order, as run.c).
-func panelLoopZ(e *emitter, m int) {
+func panelLoopZ(e *emitter, m int) { panelLoopZOf(e, m, "F32") }
+
+// panelLoopZOf is panelLoopZ over a panel of type src (F32, F16 or BF16:
+// 16 values a row, each converted exactly to float32 as it is loaded).
+func panelLoopZOf(e *emitter, m int, src string) {
 	e.label("loop")
-	e.in("VMOVUPS (SI), Z31")
+	loadAs(e, src, "SI", 0, "Z31")
 	ntmp := 31 - m
 	for t := 0; t < m; t++ {
 		tmp := m + t%ntmp
 		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
 		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
 	}
-	e.in("ADDQ $64, SI")
+	e.in("ADDQ $%d, SI", 16*map[string]int{"F32": 4, "F16": 2, "BF16": 2}[src])
 	e.in("ADDQ $%d, DI", 4*m)
 	e.in("DECQ CX")
 	e.in("JNZ loop")
@@ -1005,10 +1025,13 @@ func panelLoopZ(e *emitter, m int) {
 
 // panelLoopY is panelLoopZ for AVX2: accumulators Y0..Y2m-1, two 8-lane
 // halves per row.
-func panelLoopY(e *emitter, m int) {
+func panelLoopY(e *emitter, m int) { panelLoopYOf(e, m, "F32") }
+
+// panelLoopYOf is panelLoopY over a panel of type src.
+func panelLoopYOf(e *emitter, m int, src string) {
 	e.label("loop")
-	e.in("VMOVUPS (SI), Y14")
-	e.in("VMOVUPS 32(SI), Y15")
+	loadAs(e, src, "SI", 0, "Y14")
+	loadAs(e, src, "SI", 8, "Y15")
 	tmp := []int{12, 13}
 	if m == 6 {
 		tmp = []int{12}
@@ -1027,7 +1050,7 @@ func panelLoopY(e *emitter, m int) {
 			e.in("VADDPS Y%d, Y%d, Y%d", tr, 2*t+h, 2*t+h)
 		}
 	}
-	e.in("ADDQ $64, SI")
+	e.in("ADDQ $%d, SI", 16*map[string]int{"F32": 4, "F16": 2, "BF16": 2}[src])
 	e.in("ADDQ $%d, DI", 4*m)
 	e.in("DECQ CX")
 	e.in("JNZ loop")
