@@ -527,3 +527,39 @@ func TestPruneDropsPrefixEntry(t *testing.T) {
 		t.Fatalf("after rewriting block 0 matched %d tokens, want none", n)
 	}
 }
+
+// TestCompactKeyPanels: removing a range moves keys stored as score
+// panels (f32, f16, bf16 keys) slot by slot across groups of 16 and blocks
+// with a partial last group, losslessly.
+func TestCompactKeyPanels(t *testing.T) {
+	for _, name := range []string{"f32", "f16", "bf16"} {
+		for _, B := range []int{16, 24} {
+			t.Run(fmt.Sprintf("%s/B%d", name, B), func(t *testing.T) {
+				kc, _ := codec.Parse(name, codec.Keys)
+				vc, _ := codec.Parse(name, codec.Values)
+				if _, _, ok := codec.KeyPanel(kc, make([]byte, kc.BlockBytes(16, 16)), 16, 16, 0); !ok {
+					t.Fatalf("%s keys are not in panels", name)
+				}
+				p, err := NewPool(PoolConfig{Layout: Layout{Layers: 1, KVHeads: 2, HeadDim: 16}, BlockTokens: B, K: kc, V: vc, Tokens: 128})
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := p.NewSequence()
+				if err := appendTokens(t, s, 0, 70); err != nil {
+					t.Fatal(err)
+				}
+				ref := snapshot(s)
+				if err := s.RemoveRange(5, 33); err != nil {
+					t.Fatal(err)
+				}
+				checkSnapshot(t, s, ref, append(seqRange(0, 5), seqRange(33, 70)...))
+				if err := s.Keep(0, 1, []int{0, 3, 17, 18, 19, 20, 21, 40}); err != nil {
+					t.Fatal(err)
+				}
+				checkInvariants(t, p, []*Paged{s})
+				s.Free()
+				checkInvariants(t, p, nil)
+			})
+		}
+	}
+}
