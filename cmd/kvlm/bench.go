@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/tensor"
 	"github.com/spf13/cobra"
@@ -23,7 +24,8 @@ type benchJSON struct {
 	PrefillTokS     float64 `json:"prefill_tok_s"`
 	DecodeTokS      float64 `json:"decode_tok_s"`
 	WeightsBytes    int64   `json:"weights_bytes"`
-	KVBytesPerToken int64   `json:"kv_bytes_per_token"`
+	KVType          string  `json:"kv_type"`            // codecs of keys/values, e.g. "f32/f32"
+	KVBytesPerToken int64   `json:"kv_bytes_per_token"` // in those codecs, per cached token
 	PeakRSSBytes    int64   `json:"peak_rss_bytes"`
 
 	Kernels string `json:"kernels"` // the tensor kernel set: go, avx2, avx512(+vnni)
@@ -57,7 +59,35 @@ type benchJSON struct {
 	CeilingTokS        float64        `json:"ceiling_tok_s,omitempty"`
 	CeilingFraction    float64        `json:"ceiling_fraction,omitempty"`
 	CeilingRounds      []benchCeiling `json:"ceiling_rounds,omitempty"`
+
+	// CompareKV: decode under two KV codecs in one process (--compare-kv).
+	CompareKV *benchCompareKV `json:"compare_kv,omitempty"`
 }
+
+// benchCompareKV compares decode speed under two KV codecs, A and B (each
+// for keys and values), in one process: two sequences take the same
+// prompt, then decode their own greedy continuations in turns, a token of
+// each (a round; A first in even rounds, B first in odd ones), so that both
+// see the machine in the same state to within a token. TimeRatio is the median over the rounds of A's
+// token time over B's (above 1: A slower), Q1 and Q3 its quartiles; the
+// speeds are the medians of each side's token times; the first
+// compareWarmup rounds are not counted.
+type benchCompareKV struct {
+	CodecA    string  `json:"a"`
+	CodecB    string  `json:"b"`
+	Rounds    int     `json:"rounds"`
+	Context   int     `json:"context"` // tokens in each cache when the rounds begin
+	ATokS     float64 `json:"a_tok_s"`
+	BTokS     float64 `json:"b_tok_s"`
+	TimeRatio float64 `json:"time_ratio"`
+	RatioQ1   float64 `json:"time_ratio_q1"`
+	RatioQ3   float64 `json:"time_ratio_q3"`
+	KVBytesA  int64   `json:"kv_bytes_per_token_a"`
+	KVBytesB  int64   `json:"kv_bytes_per_token_b"`
+}
+
+// compareWarmup is the rounds --compare-kv runs before it counts.
+const compareWarmup = 4
 
 // benchCeiling is one round of the paired ceiling measurement.
 type benchCeiling struct {
@@ -96,6 +126,7 @@ type benchFlags struct {
 	ctxGen              int
 	bandwidthMiB        int
 	kernels             string
+	compareKV           string
 }
 
 func newBench() *cobra.Command {
@@ -117,6 +148,19 @@ func newBench() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var cmp []string
+			if f.compareKV != "" {
+				cmp = strings.Split(f.compareKV, ",")
+				if len(cmp) != 2 {
+					return fmt.Errorf("--compare-kv wants two codecs, A,B, got %q", f.compareKV)
+				}
+				for i, name := range cmp {
+					cmp[i] = strings.TrimSpace(name)
+					if _, err := codec.Parse(cmp[i], codec.Keys); err != nil {
+						return fmt.Errorf("--compare-kv: %w", err)
+					}
+				}
+			}
 			if err := tensor.SetKernels(f.kernels); err != nil {
 				return err
 			}
@@ -132,6 +176,11 @@ func newBench() *cobra.Command {
 			res, err := runBench(&mf, &f, m, contexts, batches)
 			if err != nil {
 				return err
+			}
+			if cmp != nil {
+				if res.CompareKV, err = benchCompare(&mf, &f, m, cmp[0], cmp[1]); err != nil {
+					return err
+				}
 			}
 			if f.asJSON {
 				return writeJSON(cmd.OutOrStdout(), res)
@@ -150,6 +199,7 @@ func newBench() *cobra.Command {
 	c.Flags().StringVar(&f.batches, "batch", "1,4,16", "batch sizes for batched decode (model.DecodeBatch; ratios against batch 1 when listed)")
 	c.Flags().IntVar(&f.bandwidthMiB, "bandwidth-mib", 512, "buffer for the memory bandwidth measurement (0: skip it)")
 	c.Flags().StringVar(&f.kernels, "kernels", "auto", "tensor kernels: auto, avx512, avx2 or go (the plain Go twins)")
+	c.Flags().StringVar(&f.compareKV, "compare-kv", "", "A,B: also decode --gen tokens under KV codecs A and B (keys and values, e.g. f32,f16) in turns, token by token after the same --prompt, and report the ratio of their token times")
 	return c
 }
 
@@ -191,9 +241,14 @@ func argmaxF(x []float32) int {
 }
 
 func runBench(mf *modelFlags, f *benchFlags, m *model.Model, contexts, batches []int) (benchJSON, error) {
+	opt, err := mf.kvOptions()
+	if err != nil {
+		return benchJSON{}, err
+	}
 	res := benchJSON{
 		Model: mf.model, PromptTokens: f.promptN, GenTokens: f.genN, Reps: f.reps, Threads: threads(),
-		WeightsBytes: m.WeightsBytes(), KVBytesPerToken: m.KVBytesPerToken(), Kernels: tensor.Kernels(),
+		WeightsBytes: m.WeightsBytes(), Kernels: tensor.Kernels(),
+		KVType: opt.K.Name() + "/" + opt.V.Name(), KVBytesPerToken: kvBytesPerToken(m, opt),
 	}
 	prompt := benchPrompt(f.promptN, m.Vocab, 1)
 	var pre, dec []float64
@@ -289,7 +344,7 @@ func runBench(mf *modelFlags, f *benchFlags, m *model.Model, contexts, batches [
 		}
 	}
 
-	res.BytesPerToken = decodeBytes(m) + m.KVBytesPerToken()*int64(f.promptN+f.genN/2)
+	res.BytesPerToken = decodeBytes(m) + res.KVBytesPerToken*int64(f.promptN+f.genN/2)
 	if f.bandwidthMiB > 0 {
 		if err := benchCeilingRounds(mf, m, f, prompt, &res); err != nil {
 			return res, err
@@ -449,7 +504,7 @@ func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
 	w := cmd.OutOrStdout()
 	fmt.Fprintf(w, "model            %s\n", res.Model)
 	fmt.Fprintf(w, "weights          %s\n", human(res.WeightsBytes))
-	fmt.Fprintf(w, "KV per token     %d B (f32)\n", res.KVBytesPerToken)
+	fmt.Fprintf(w, "KV per token     %d B (%s)\n", res.KVBytesPerToken, res.KVType)
 	fmt.Fprintf(w, "threads          %d (kernels %s)\n", res.Threads, res.Kernels)
 	fmt.Fprintf(w, "prefill          %.1f tok/s  (%d tokens, median of %d; best %.1f)\n", res.PrefillTokS, f.promptN, f.reps, res.PrefillBestTokS)
 	fmt.Fprintf(w, "decode           %.1f tok/s  (%d tokens, median of %d; best %.1f)\n", res.DecodeTokS, f.genN, f.reps, res.DecodeBestTokS)
@@ -473,6 +528,90 @@ func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
 		}
 		fmt.Fprintf(w, " each decode then its bandwidth)\n")
 	}
+	if c := res.CompareKV; c != nil {
+		fmt.Fprintf(w, "compare KV       %s %.1f tok/s, %s %.1f tok/s: %s/%s token time %.3f (quartiles %.3f–%.3f; %d rounds from %d tokens of context, in turns; KV per token %d B, %d B)\n",
+			c.CodecA, c.ATokS, c.CodecB, c.BTokS, c.CodecA, c.CodecB, c.TimeRatio, c.RatioQ1, c.RatioQ3, c.Rounds, c.Context, c.KVBytesA, c.KVBytesB)
+	}
+}
+
+// kvBytesPerToken is the cache bytes one token takes in the codecs of opt
+// (blocks of opt.BlockTokens; metadata included).
+func kvBytesPerToken(m *model.Model, opt model.KVOptions) int64 {
+	B := max(opt.BlockTokens, 1)
+	per := int64(opt.K.BlockBytes(B, m.HeadDim) + opt.V.BlockBytes(B, m.HeadDim))
+	return per * int64(m.Config.Layers*m.KVHeads) / int64(B)
+}
+
+// benchCompare runs --compare-kv: see benchCompareKV.
+func benchCompare(mf *modelFlags, f *benchFlags, m *model.Model, a, b string) (*benchCompareKV, error) {
+	if f.promptN+f.genN+compareWarmup > m.CtxLen {
+		return nil, fmt.Errorf("--compare-kv: --prompt %d + --gen %d + %d warm-up tokens exceed the context length %d", f.promptN, f.genN, compareWarmup, m.CtxLen)
+	}
+	base, err := mf.kvOptions()
+	if err != nil {
+		return nil, err
+	}
+	res := &benchCompareKV{CodecA: a, CodecB: b, Context: f.promptN + compareWarmup}
+	var seqs [2]*model.Sequence
+	for i, name := range []string{a, b} {
+		opt := base
+		if opt.K, err = codec.Parse(name, codec.Keys); err != nil {
+			return nil, err
+		}
+		if opt.V, err = codec.Parse(name, codec.Values); err != nil {
+			return nil, err
+		}
+		if opt, err = mf.withKeyShift(m, opt); err != nil {
+			return nil, err
+		}
+		seq, err := m.NewStandaloneSequence(opt)
+		if err != nil {
+			return nil, err
+		}
+		defer seq.Close()
+		seq.Chunk = mf.chunk
+		seqs[i] = seq
+		if i == 0 {
+			res.KVBytesA = kvBytesPerToken(m, opt)
+		} else {
+			res.KVBytesB = kvBytesPerToken(m, opt)
+		}
+	}
+	prompt := benchPrompt(f.promptN, m.Vocab, 5)
+	var next [2]int
+	for i, seq := range seqs {
+		logits, err := seq.Forward(prompt, false)
+		if err != nil {
+			return nil, err
+		}
+		next[i] = argmaxF(logits)
+	}
+	var times [2][]float64
+	var ratios []float64
+	for r := 0; r < compareWarmup+f.genN; r++ {
+		var d [2]float64
+		for k := range seqs {
+			i := k ^ r&1 // A first in even rounds, B first in odd ones
+			seq := seqs[i]
+			t0 := time.Now()
+			logits, err := seq.Forward([]int{next[i]}, false)
+			if err != nil {
+				return nil, err
+			}
+			d[i] = time.Since(t0).Seconds()
+			next[i] = argmaxF(logits)
+		}
+		if r >= compareWarmup {
+			times[0], times[1] = append(times[0], d[0]), append(times[1], d[1])
+			ratios = append(ratios, d[0]/d[1])
+		}
+	}
+	slices.Sort(ratios)
+	n := len(ratios)
+	res.Rounds = n
+	res.TimeRatio, res.RatioQ1, res.RatioQ3 = ratios[n/2], ratios[n/4], ratios[(3*n)/4]
+	res.ATokS, res.BTokS = 1/median(times[0]), 1/median(times[1])
+	return res, nil
 }
 
 func median(x []float64) float64 {

@@ -49,3 +49,44 @@ func TestBenchBatch(t *testing.T) {
 		t.Fatalf("batch results %+v", b.Batch)
 	}
 }
+
+// TestBenchCompareKV: --compare-kv decodes under two codecs in turns and
+// reports both speeds, the median ratio of their token times inside its
+// quartiles, and each codec's bytes per token; the KV codec in use is
+// reported with its size; bad comparisons are refused.
+func TestBenchCompareKV(t *testing.T) {
+	s := storiesFiles(t)
+	base := []string{"bench", "-m", s.gguf, "--prompt", "8", "--gen", "6", "--reps", "1", "--contexts", "", "--bandwidth-mib", "0", "--batch", ""}
+	out, errOut, code := kvlm(t, append(base, "--kv-type", "f16", "--compare-kv", "f32, f16", "--json")...)
+	if code != 0 {
+		t.Fatalf("bench exit %d: %s", code, errOut)
+	}
+	var b benchJSON
+	if err := json.Unmarshal([]byte(out), &b); err != nil {
+		t.Fatal(err)
+	}
+	c := b.CompareKV
+	if c == nil || c.CodecA != "f32" || c.CodecB != "f16" || c.Rounds != 6 || c.Context != 8+compareWarmup {
+		t.Fatalf("compare %+v", c)
+	}
+	if c.ATokS <= 0 || c.BTokS <= 0 || c.RatioQ1 <= 0 || c.RatioQ1 > c.TimeRatio || c.TimeRatio > c.RatioQ3 {
+		t.Fatalf("compare %+v", c)
+	}
+	if c.KVBytesA != 2*c.KVBytesB || b.KVType != "f16/f16" || b.KVBytesPerToken != c.KVBytesB {
+		t.Fatalf("KV bytes: %+v, run %s %d", c, b.KVType, b.KVBytesPerToken)
+	}
+	out, errOut, code = kvlm(t, append(base, "--compare-kv", "q8,f32")...)
+	if code != 0 || !strings.Contains(out, "compare KV       q8 ") || !strings.Contains(out, "q8/f32 token time") || !strings.Contains(out, "(f32/f32)") {
+		t.Fatalf("bench exit %d: %s%s", code, out, errOut)
+	}
+	for _, bad := range [][]string{
+		{"--compare-kv", "f32"},
+		{"--compare-kv", "f32,zz"},
+		{"--compare-kv", "f32,f16,q8"},
+		{"--compare-kv", "f32,f16", "--prompt", "500", "--gen", "10"},
+	} {
+		if _, errOut, code := kvlm(t, append(base, bad...)...); code == 0 || !strings.Contains(errOut, "compare-kv") {
+			t.Errorf("%v: exit %d, %s", bad, code, errOut)
+		}
+	}
+}
