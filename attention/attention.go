@@ -348,6 +348,15 @@ func (w *tile) buildPanels(slot0 int) {
 		p := &w.panels[pi]
 		pos := w.pos[pi*tensor.AttnLanes : (pi+1)*tensor.AttnLanes]
 		p.lo, p.hi = math.MaxInt32, math.MinInt32
+		if p.single { // the common case, without the per-slot closure
+			s := &w.segs[p.seg]
+			for j, q := range s.Pos[p.i0 : p.i0+p.n] {
+				pos[j] = q
+				p.lo, p.hi = min(p.lo, q), max(p.hi, q)
+			}
+			p.kmag, p.vmag = s.KMag != nil, s.VMag != nil
+			continue
+		}
 		w.walk(p, func(j int, s *kvcache.Segment, i int) {
 			q := s.Pos[i]
 			pos[j] = q
