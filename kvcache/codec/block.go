@@ -43,10 +43,9 @@ func GetRows(c Codec, src []byte, n, d, i0, cnt int, out []float32) {
 		if g := c.GroupChannels(d); g*c.bits%8 == 0 && (c.bits == 8 || c.bits == 4 || c.bits == 2) {
 			c.tokenQuant.getRows(src, n, d, i0, cnt, g, out)
 			for i := range cnt {
-				o := out[i*d : (i+1)*d]
-				for j, m := range c.shift[:d] {
-					o[j] += m
-				}
+				// out += 1·shift: the product is exact, so these are the
+				// bits of the plain sum, in SIMD
+				tensor.Axpy(out[i*d:(i+1)*d], 1, c.shift[:d])
 			}
 			return
 		}

@@ -3,6 +3,8 @@ package codec
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/kvlm/kvlm/tensor"
 )
 
 // tokenQuant is asymmetric min-max quantization per token, in groups of
@@ -89,9 +91,7 @@ func (c *shiftedQuant) Put(dst []byte, n, d, i int, x []float32) {
 
 func (c *shiftedQuant) Get(src []byte, n, d, i int, out []float32) {
 	c.tokenQuant.Get(src, n, d, i, out)
-	for j, m := range c.shift[:d] {
-		out[j] += m
-	}
+	tensor.Axpy(out[:d], 1, c.shift[:d]) // out += shift: 1·m is exact
 }
 
 func (c *shiftedQuant) Dot(src []byte, n, d, i int, q []float32) float32 {
