@@ -391,13 +391,17 @@ func (b *Batch) classify(p *panel, q int32) uint8 {
 }
 
 // keys returns panel p's keys as a [hd][16] score panel and the type of its
-// values: in place when the key codec stores panels (codec.KeyPanel), else
-// packed, transposed, as float32 into w.kpan.
+// values: in place when the key codec stores float panels
+// (codec.KeyPanel), decoded into w.kpan when it stores quantized ones
+// (codec.DecodeKeyPanel), else packed, transposed, as float32 into w.kpan.
 func (w *tile) keys(p *panel, hd int) ([]byte, tensor.DType) {
 	if p.single {
 		s := &w.segs[p.seg]
 		if k, t, ok := codec.KeyPanel(s.KC, s.K, s.Cap, hd, p.i0); ok {
 			return k, t
+		}
+		if codec.DecodeKeyPanel(s.KC, s.K, s.Cap, hd, p.i0, w.kpan) {
+			return f32Bytes(w.kpan), tensor.F32
 		}
 		if t, ok := codec.Plain(s.KC); ok {
 			rb := hd * 4

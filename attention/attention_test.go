@@ -223,20 +223,26 @@ func TestPagedMatchesNaive(t *testing.T) {
 }
 
 // TestKeyPanelsMatchRows: keys stored in score panels (codec.F32Keys,
-// F16Keys, BF16Keys, read in place) give, bit for bit, what the same keys
+// F16Keys, BF16Keys, read in place; Q8Keys, shifted or not, decoded
+// straight into the panel) give, bit for bit, what the same keys
 // stored in rows (packed into panels each step) give: decode split or not, prefill exact and
 // online, with the attention mass, for blocks of whole panels and blocks
 // with a partial last group (gathered, or packed from the group).
 func TestKeyPanelsMatchRows(t *testing.T) {
+	mu := make([]float32, 32)
+	for i := range mu {
+		mu[i] = float32(i%5) - 1.5
+	}
 	for _, c := range []struct {
 		rows, pans codec.Codec
 		B          int
 	}{
 		{codec.F32, codec.F32Keys, 8}, {codec.F32, codec.F32Keys, 16}, {codec.F32, codec.F32Keys, 24}, {codec.F32, codec.F32Keys, 64},
 		{codec.F16, codec.F16Keys, 16}, {codec.F16, codec.F16Keys, 24}, {codec.BF16, codec.BF16Keys, 32},
+		{codec.Q8, codec.Q8Keys, 16}, {codec.Q8, codec.Q8Keys, 24}, {codec.Shifted(codec.Q8, mu), codec.Shifted(codec.Q8Keys, mu), 16},
 	} {
 		B := c.B
-		t.Run(fmt.Sprintf("%s_B%d", c.rows.Name(), B), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s_%v_B%d", c.rows.Name(), codec.Shift(c.rows) != nil, B), func(t *testing.T) {
 			const heads, G, hd, tokens = 2, 4, 32, 150
 			rows := build(t, rand.New(rand.NewPCG(17, 18)), heads, G, hd, tokens, B, c.rows, codec.F32)
 			pans := build(t, rand.New(rand.NewPCG(17, 18)), heads, G, hd, tokens, B, c.pans, codec.F32)
@@ -538,7 +544,7 @@ func TestKernelLevelsAgree(t *testing.T) {
 	for _, c := range []struct {
 		kc, vc codec.Codec
 		B      int
-	}{{codec.F32, codec.F32, 16}, {codec.F32Keys, codec.F32, 24}, {f16, q8, 8}, {codec.BF16, codec.F16, 64}, {codec.F16, codec.BF16, 16}, {codec.F16Keys, codec.F32, 32}, {codec.BF16Keys, codec.F16, 16}} {
+	}{{codec.F32, codec.F32, 16}, {codec.F32Keys, codec.F32, 24}, {f16, q8, 8}, {codec.BF16, codec.F16, 64}, {codec.F16, codec.BF16, 16}, {codec.F16Keys, codec.F32, 32}, {codec.BF16Keys, codec.F16, 16}, {codec.Q8Keys, codec.F32, 16}} {
 		const heads, G, hd, tokens = 2, 3, 80, 300
 		f := build(t, rng, heads, G, hd, tokens, c.B, c.kc, c.vc)
 		stride := heads * G * hd

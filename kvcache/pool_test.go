@@ -529,15 +529,16 @@ func TestPruneDropsPrefixEntry(t *testing.T) {
 }
 
 // TestCompactKeyPanels: removing a range moves keys stored as score
-// panels (f32, f16, bf16 keys) slot by slot across groups of 16 and blocks
+// panels (f32, f16, bf16 and q8 keys) slot by slot across groups of 16 and blocks
 // with a partial last group, losslessly.
 func TestCompactKeyPanels(t *testing.T) {
-	for _, name := range []string{"f32", "f16", "bf16"} {
+	for _, name := range []string{"f32", "f16", "bf16", "q8"} {
 		for _, B := range []int{16, 24} {
 			t.Run(fmt.Sprintf("%s/B%d", name, B), func(t *testing.T) {
 				kc, _ := codec.Parse(name, codec.Keys)
 				vc, _ := codec.Parse(name, codec.Values)
-				if _, _, ok := codec.KeyPanel(kc, make([]byte, kc.BlockBytes(16, 16)), 16, 16, 0); !ok {
+				blk := make([]byte, kc.BlockBytes(16, 16))
+				if _, _, ok := codec.KeyPanel(kc, blk, 16, 16, 0); !ok && !codec.DecodeKeyPanel(kc, blk, 16, 16, 0, make([]float32, 256)) {
 					t.Fatalf("%s keys are not in panels", name)
 				}
 				p, err := NewPool(PoolConfig{Layout: Layout{Layers: 1, KVHeads: 2, HeadDim: 16}, BlockTokens: B, K: kc, V: vc, Tokens: 128})

@@ -309,6 +309,37 @@ func ScaleBytes(dst []float32, u []byte, s, m float32) {
 	scaleBytesGo(dst[n16:], u[n16:], s, m)
 }
 
+// ScalePanel decodes a panel of 16 quantized slots stored value-major
+// (u[c·16 + j]: value c of slot j): dst[c·16 + j] = sm[j]·u[c·16 + j] +
+// sm[16 + j] (a product then a sum, each rounded to float32, as ScaleBytes),
+// then + shift[c] (a sum) when shift is not nil, for c < d. sm holds the
+// slots' scales, then their minimums.
+func ScalePanel(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
+	if d <= 0 {
+		return
+	}
+	_ = dst[d*AttnLanes-1]
+	_ = u[d*AttnLanes-1]
+	if shift != nil {
+		_ = shift[d-1]
+	}
+	scalePanelLanes(dst, u, sm, shift, d)
+}
+
+func scalePanelGo(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
+	for c := range d {
+		o, b := dst[c*AttnLanes:(c+1)*AttnLanes], u[c*AttnLanes:(c+1)*AttnLanes]
+		for j := range o {
+			o[j] = float32(sm[j]*float32(b[j])) + sm[AttnLanes+j]
+		}
+		if shift != nil {
+			for j := range o {
+				o[j] += shift[c]
+			}
+		}
+	}
+}
+
 func scaleBytesGo(dst []float32, u []byte, s, m float32) {
 	u = u[:len(dst)]
 	for j, b := range u {

@@ -99,3 +99,22 @@ func scaleBytesLanes(dst []float32, u []byte, s, m float32) {
 		scaleBytesGo(dst, u, s, m)
 	}
 }
+
+func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
+	var mu *float32
+	if shift != nil {
+		mu = &shift[0]
+	}
+	switch {
+	case level == levelAVX512 && shift == nil:
+		scalePanelZ(&dst[0], &u[0], &sm[0], nil, d)
+	case level == levelAVX512:
+		scalePanelZShift(&dst[0], &u[0], &sm[0], mu, d)
+	case level == levelAVX2 && shift == nil:
+		scalePanelY(&dst[0], &u[0], &sm[0], nil, d)
+	case level == levelAVX2:
+		scalePanelYShift(&dst[0], &u[0], &sm[0], mu, d)
+	default:
+		scalePanelGo(dst, u, sm, shift, d)
+	}
+}

@@ -20,3 +20,7 @@ func attnExpLanes(s []float32, norm, mx float32) { attnExpGo(s, norm, mx) }
 func vdivLanes(s []float32, d float32) { vdivGo(s, d) }
 
 func scaleBytesLanes(dst []float32, u []byte, s, m float32) { scaleBytesGo(dst, u, s, m) }
+
+func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
+	scalePanelGo(dst, u, sm, shift, d)
+}

@@ -190,6 +190,54 @@ func TestScaleBytes(t *testing.T) {
 	}
 }
 
+// TestScalePanel: the panel decoding kernels give their twin's bits, with
+// and without a shift, and the twin decodes each lane as ScaleBytes decodes
+// its slot (plus the shift as a separate sum).
+func TestScalePanel(t *testing.T) {
+	r := rand.New(rand.NewPCG(27, 28))
+	for _, d := range []int{1, 8, 64, 72} {
+		u := make([]byte, 16*d)
+		for i := range u {
+			u[i] = byte(r.IntN(256))
+		}
+		var sm [32]float32
+		for j := range 16 {
+			sm[j], sm[16+j] = float32(r.Float64()/100), float32(-r.Float64())
+		}
+		sm[16+3] = float32(math.Copysign(0, -1)) // a −0 minimum: x̂ = −0 at u = 0
+		u[3] = 0
+		shift := randF32(r, d)
+		for _, sh := range [][]float32{nil, shift} {
+			want := make([]float32, 16*d)
+			scalePanelGo(want, u, &sm, sh, d)
+			for j := range 16 {
+				col, lane := make([]byte, d), make([]float32, d)
+				for c := range d {
+					col[c] = u[c*16+j]
+				}
+				scaleBytesGo(lane, col, sm[j], sm[16+j])
+				for c := range d {
+					if sh != nil {
+						lane[c] += sh[c]
+					}
+					if !sameBits(lane[c], want[c*16+j]) {
+						t.Fatalf("d=%d lane %d value %d: twin %g, ScaleBytes %g", d, j, c, want[c*16+j], lane[c])
+					}
+				}
+			}
+			forEachLevel(t, func(t *testing.T) {
+				got := make([]float32, 16*d)
+				ScalePanel(got, u, &sm, sh, d)
+				for i := range got {
+					if !sameBits(got[i], want[i]) {
+						t.Fatalf("d=%d shift %v: [%d] = %g, want %g", d, sh != nil, i, got[i], want[i])
+					}
+				}
+			})
+		}
+	}
+}
+
 func BenchmarkAttnKernels(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 2))
 	const d, rows = 64, 128

@@ -456,6 +456,18 @@ func scaleBytesZ(dst *float32, u *byte, n int, s, m float32)
 func scaleBytesY(dst *float32, u *byte, n int, s, m float32)
 
 //go:noescape
+func scalePanelZ(dst *float32, u *byte, sm *float32, mu *float32, d int)
+
+//go:noescape
+func scalePanelZShift(dst *float32, u *byte, sm *float32, mu *float32, d int)
+
+//go:noescape
+func scalePanelY(dst *float32, u *byte, sm *float32, mu *float32, d int)
+
+//go:noescape
+func scalePanelYShift(dst *float32, u *byte, sm *float32, mu *float32, d int)
+
+//go:noescape
 func actQ32Z(x *float32, dst *byte, nb, stride int, negCorr int32) uint32
 
 //go:noescape

@@ -11418,6 +11418,126 @@ done:
 	VZEROUPPER
 	RET
 
+// func scalePanelZ(dst *float32, u *byte, sm *float32, mu *float32, d int)
+TEXT ·scalePanelZ(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ u+8(FP), SI
+	MOVQ sm+16(FP), AX
+	MOVQ mu+24(FP), BX
+	MOVQ d+32(FP), CX
+	TESTQ CX, CX
+	JZ done
+	VMOVUPS (AX), Z1
+	VMOVUPS 64(AX), Z2
+loop:
+	VPMOVZXBD (SI), Z0
+	VCVTDQ2PS Z0, Z0
+	VMULPS Z1, Z0, Z0
+	VADDPS Z2, Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $16, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func scalePanelZShift(dst *float32, u *byte, sm *float32, mu *float32, d int)
+TEXT ·scalePanelZShift(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ u+8(FP), SI
+	MOVQ sm+16(FP), AX
+	MOVQ mu+24(FP), BX
+	MOVQ d+32(FP), CX
+	TESTQ CX, CX
+	JZ done
+	VMOVUPS (AX), Z1
+	VMOVUPS 64(AX), Z2
+loop:
+	VPMOVZXBD (SI), Z0
+	VCVTDQ2PS Z0, Z0
+	VMULPS Z1, Z0, Z0
+	VADDPS Z2, Z0, Z0
+	VADDPS.BCST (BX), Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $4, BX
+	ADDQ $16, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func scalePanelY(dst *float32, u *byte, sm *float32, mu *float32, d int)
+TEXT ·scalePanelY(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ u+8(FP), SI
+	MOVQ sm+16(FP), AX
+	MOVQ mu+24(FP), BX
+	MOVQ d+32(FP), CX
+	TESTQ CX, CX
+	JZ done
+	VMOVUPS (AX), Y1
+	VMOVUPS 32(AX), Y4
+	VMOVUPS 64(AX), Y2
+	VMOVUPS 96(AX), Y5
+loop:
+	VPMOVZXBD (SI), Y0
+	VPMOVZXBD 8(SI), Y3
+	VCVTDQ2PS Y0, Y0
+	VCVTDQ2PS Y3, Y3
+	VMULPS Y1, Y0, Y0
+	VMULPS Y4, Y3, Y3
+	VADDPS Y2, Y0, Y0
+	VADDPS Y5, Y3, Y3
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y3, 32(DI)
+	ADDQ $16, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func scalePanelYShift(dst *float32, u *byte, sm *float32, mu *float32, d int)
+TEXT ·scalePanelYShift(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ u+8(FP), SI
+	MOVQ sm+16(FP), AX
+	MOVQ mu+24(FP), BX
+	MOVQ d+32(FP), CX
+	TESTQ CX, CX
+	JZ done
+	VMOVUPS (AX), Y1
+	VMOVUPS 32(AX), Y4
+	VMOVUPS 64(AX), Y2
+	VMOVUPS 96(AX), Y5
+loop:
+	VPMOVZXBD (SI), Y0
+	VPMOVZXBD 8(SI), Y3
+	VCVTDQ2PS Y0, Y0
+	VCVTDQ2PS Y3, Y3
+	VMULPS Y1, Y0, Y0
+	VMULPS Y4, Y3, Y3
+	VADDPS Y2, Y0, Y0
+	VADDPS Y5, Y3, Y3
+	VBROADCASTSS (BX), Y6
+	VADDPS Y6, Y0, Y0
+	VADDPS Y6, Y3, Y3
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y3, 32(DI)
+	ADDQ $4, BX
+	ADDQ $16, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
 // func actQ32Z(x *float32, dst *byte, nb, stride int, negCorr int32) uint32
 TEXT ·actQ32Z(SB), NOSPLIT, $0-44
 	MOVQ x+0(FP), SI

@@ -17,6 +17,7 @@
 //	      (f32/f16/bf16 keys: the same values in groups of 16 slots, each
 //	      group [d][16], the score panel attention reads; see F32Keys)
 //	q8    payload [n][d]uint8, then meta [n]               8 + 32/d
+//	      (keys: the payload in groups of 16 slots, each [d][16]; Q8Keys)
 //	q4    payload [n][d/2]byte, then meta [n]              4 + 32/d
 //	kivi2/kivi4 (Values): payload [n][⌈d·b/8⌉]byte, then meta [n][⌈d/g⌉],
 //	      g = min(G, d) channels per group                 b + 32/g
@@ -143,6 +144,9 @@ func Parse(name string, kind Kind) (Codec, error) {
 		}
 		return BF16, nil
 	case "q8":
+		if kind == Keys {
+			return Q8Keys, nil
+		}
 		return Q8, nil
 	case "q4":
 		return Q4, nil

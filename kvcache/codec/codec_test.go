@@ -238,7 +238,10 @@ func checkTokens(t *testing.T, c Codec, b []byte, x, xh []float32, n, d int) {
 		}
 		return
 	}
-	tq := c.(*tokenQuant)
+	tq, ok := c.(*tokenQuant)
+	if !ok { // Q8Keys: Q8's quantizer and meta layout, the payload in panels
+		tq = q8tq
+	}
 	g, ng, rb := tq.GroupChannels(d), tq.groups(d), tq.rowBytes(d)
 	top := 1<<c.Bits() - 1
 	for i := range n {
@@ -429,6 +432,11 @@ func minAbs(c Codec, b []byte, n, d, i int) []float64 {
 		g, ng, rb := c.GroupChannels(d), c.groups(d), c.rowBytes(d)
 		for ch := range d {
 			_, m := metaAt(b, n*rb+4*(i*ng+ch/g))
+			out[ch] = math.Abs(m)
+		}
+	case q8Panels:
+		for ch := range d {
+			_, m := metaAt(b, n*d+4*i)
 			out[ch] = math.Abs(m)
 		}
 	case *kiviKeys:

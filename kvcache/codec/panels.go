@@ -137,3 +137,146 @@ func KeyPanel(c Codec, src []byte, n, d, i0 int) ([]byte, tensor.DType, bool) {
 	es := p.size()
 	return src[es*i0*d : es*(i0+tensor.AttnLanes)*d], p.t, true
 }
+
+// q8Panels stores q8 keys (the per-token quantizer of Q8) with their
+// payload laid out in score panels: slot 16g+j's level of channel c at byte
+// 16g·d + c·L + j (groups of L = min(16, n−16g) slots, as keyPanels), and
+// each slot's metadata {f16 scale, f16 min} where Q8 keeps it, at n·d + 4i.
+// Every slot quantizes and decodes exactly as Q8's; attention decodes a
+// full group straight into its float32 score panel (DecodeKeyPanel)
+// instead of decoding rows and transposing them.
+type q8Panels struct{}
+
+// Q8Keys is the q8 codec of keys, in panels; Parse("q8", Keys) returns it.
+var Q8Keys Codec = q8Panels{}
+
+// q8tq is Q8's quantizer, called directly (not through the interface) so
+// that the slot buffers below stay on the stack.
+var q8tq = Q8.(*tokenQuant)
+
+func (q8Panels) Name() string                    { return "q8" }
+func (q8Panels) Bits() int                       { return 8 }
+func (q8Panels) BlockBytes(n, d int) int         { return q8tq.BlockBytes(n, d) }
+func (c q8Panels) BitsPerValue(n, d int) float64 { return bitsPerValue(c, n, d) }
+func (q8Panels) PerToken() bool                  { return true }
+
+// slot returns slot i's levels from its first on, their stride, and its
+// metadata.
+func (q8Panels) slot(b []byte, n, d, i int) (u []byte, st int, meta []byte) {
+	g := i &^ (tensor.AttnLanes - 1)
+	L := min(tensor.AttnLanes, n-g)
+	off := g*d + i - g
+	return b[off : off+(d-1)*L+1], L, b[n*d+4*i : n*d+4*i+4]
+}
+
+// one returns a one-slot Q8 block of d levels and a meta entry.
+func one(buf *[maxStackDim + 4]byte, d int) []byte {
+	if d > maxStackDim {
+		return make([]byte, d+4)
+	}
+	return buf[:d+4]
+}
+
+func (c q8Panels) Put(dst []byte, n, d, i int, x []float32) {
+	var buf [maxStackDim + 4]byte
+	b := one(&buf, d)
+	q8tq.Put(b, 1, d, 0, x)
+	u, st, meta := c.slot(dst, n, d, i)
+	for k, v := range b[:d] {
+		u[k*st] = v
+	}
+	copy(meta, b[d:])
+}
+
+// gather copies slot i into the one-slot Q8 block b.
+func (c q8Panels) gather(src []byte, n, d, i int, b []byte) {
+	u, st, meta := c.slot(src, n, d, i)
+	for k := range d {
+		b[k] = u[k*st]
+	}
+	copy(b[d:], meta)
+}
+
+func (c q8Panels) Get(src []byte, n, d, i int, out []float32) {
+	var buf [maxStackDim + 4]byte
+	b := one(&buf, d)
+	c.gather(src, n, d, i, b)
+	q8tq.Get(b, 1, d, 0, out)
+}
+
+func (c q8Panels) Dot(src []byte, n, d, i int, q []float32) float32 {
+	var buf [maxStackDim + 4]byte
+	b := one(&buf, d)
+	c.gather(src, n, d, i, b)
+	return q8tq.Dot(b, 1, d, 0, q)
+}
+
+func (c q8Panels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
+	var buf [maxStackDim + 4]byte
+	b := one(&buf, d)
+	c.gather(src, n, d, i, b)
+	q8tq.Axpy(b, 1, d, 0, a, out)
+}
+
+// shiftedQ8Panels is q8Panels over x − shift, read back as shiftedQuant
+// reads Q8 (see Shifted).
+type shiftedQ8Panels struct {
+	q8Panels
+	shift []float32 // [d]
+}
+
+func (c *shiftedQ8Panels) Put(dst []byte, n, d, i int, x []float32) {
+	var buf [maxShiftStack]float32
+	var y []float32
+	if d <= maxShiftStack {
+		y = buf[:d]
+	} else {
+		y = make([]float32, d)
+	}
+	for j, m := range c.shift[:d] {
+		y[j] = x[j] - m
+	}
+	c.q8Panels.Put(dst, n, d, i, y)
+}
+
+func (c *shiftedQ8Panels) Get(src []byte, n, d, i int, out []float32) {
+	c.q8Panels.Get(src, n, d, i, out)
+	tensor.Axpy(out[:d], 1, c.shift[:d]) // out += shift: 1·m is exact
+}
+
+func (c *shiftedQ8Panels) Dot(src []byte, n, d, i int, q []float32) float32 {
+	return c.q8Panels.Dot(src, n, d, i, q) + dotF32(q[:d], c.shift[:d])
+}
+
+func (c *shiftedQ8Panels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
+	c.q8Panels.Axpy(src, n, d, i, a, out)
+	for j, m := range c.shift[:d] {
+		out[j] += a * m
+	}
+}
+
+// DecodeKeyPanel decodes slots i0 … i0+15 of a block of n slots into the
+// [d][16] float32 score panel out (tensor.AttnScores's layout), each value
+// exactly as Get decodes it, when c stores quantized keys in panels (q8
+// keys, shifted or not) and those slots are one full group of the block;
+// it reports false otherwise.
+func DecodeKeyPanel(c Codec, src []byte, n, d, i0 int, out []float32) bool {
+	var shift []float32
+	switch c := c.(type) {
+	case q8Panels:
+	case *shiftedQ8Panels:
+		shift = c.shift[:d]
+	default:
+		return false
+	}
+	if i0 < 0 || i0%tensor.AttnLanes != 0 || i0+tensor.AttnLanes > n || d <= 0 {
+		return false
+	}
+	var sm [2 * tensor.AttnLanes]float32
+	meta := src[n*d+4*i0 : n*d+4*(i0+tensor.AttnLanes)]
+	for j := range tensor.AttnLanes {
+		sm[j], sm[tensor.AttnLanes+j] = unmeta(binary.LittleEndian.Uint32(meta[4*j:]))
+	}
+	tensor.ScalePanel(out, src[i0*d:(i0+tensor.AttnLanes)*d], &sm, shift, d)
+	return true
+}

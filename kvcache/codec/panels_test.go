@@ -1,6 +1,7 @@
 package codec
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 	"unsafe"
@@ -106,4 +107,82 @@ func elem(p []byte, t tensor.DType, k int) float32 {
 
 func f32Bytes(x []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
+}
+
+// Q8Keys is Q8 with the payload in panels: per slot the same bytes (levels
+// and metadata, by hand), the same decoded, scored and added bits, shifted
+// or not; DecodeKeyPanel gives the panel PackKeys makes of the decoded
+// rows, for full groups only.
+func TestQ8Keys(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	const n, d = 40, 48
+	mu := datasets[1].gen(r, 1, d)
+	for _, c := range []struct {
+		name       string
+		rows, pans Codec
+	}{{"q8", Q8, Q8Keys}, {"q8 shifted", Shifted(Q8, mu), Shifted(Q8Keys, mu)}} {
+		if c.pans == Q8Keys {
+			if k, _ := Parse("q8", Keys); k != Q8Keys {
+				t.Fatalf("Parse(q8, Keys) = %#v", k)
+			}
+		} else if Base(c.pans) != Q8Keys || &Shift(c.pans)[0] == &mu[0] || Shift(c.pans)[5] != mu[5] {
+			t.Fatalf("%s: Base %#v, Shift %v", c.name, Base(c.pans), Shift(c.pans))
+		}
+		x := datasets[1].gen(r, n, d)
+		rb, pb := encode(c.rows, n, d, x), encode(c.pans, n, d, x)
+		if len(rb) != len(pb) || string(rb[n*d:]) != string(pb[n*d:]) {
+			t.Fatalf("%s: metadata differ", c.name)
+		}
+		for i := range n {
+			g, L := i/16*16, min(16, n-i/16*16)
+			for v := range d {
+				if pb[g*d+v*L+i-g] != rb[i*d+v] {
+					t.Fatalf("%s slot %d value %d: level %d in panels, %d in rows", c.name, i, v, pb[g*d+v*L+i-g], rb[i*d+v])
+				}
+			}
+		}
+		q := datasets[1].gen(r, 1, d)
+		wr, wp := make([]float32, d), make([]float32, d)
+		for i := range n {
+			c.rows.Get(rb, n, d, i, wr)
+			c.pans.Get(pb, n, d, i, wp)
+			for v := range d {
+				if math.Float32bits(wr[v]) != math.Float32bits(wp[v]) {
+					t.Fatalf("%s slot %d: Get %g, rows %g", c.name, i, wp[v], wr[v])
+				}
+			}
+			if a, b := c.rows.Dot(rb, n, d, i, q), c.pans.Dot(pb, n, d, i, q); math.Float32bits(a) != math.Float32bits(b) {
+				t.Fatalf("%s slot %d: Dot %g, rows %g", c.name, i, b, a)
+			}
+			c.rows.Axpy(rb, n, d, i, 0.7, wr)
+			c.pans.Axpy(pb, n, d, i, 0.7, wp)
+			for v := range d {
+				if math.Float32bits(wr[v]) != math.Float32bits(wp[v]) {
+					t.Fatalf("%s slot %d: Axpy %g, rows %g", c.name, i, wp[v], wr[v])
+				}
+			}
+		}
+		rows := decodeAll(c.rows, rb, n, d)
+		want := make([]float32, tensor.AttnLanes*d)
+		got := make([]float32, tensor.AttnLanes*d)
+		for _, tc := range []struct {
+			i0 int
+			ok bool
+		}{{0, true}, {16, true}, {32, false}, {4, false}, {-16, false}} {
+			if ok := DecodeKeyPanel(c.pans, pb, n, d, tc.i0, got); ok != tc.ok {
+				t.Fatalf("%s i0 %d: ok %v", c.name, tc.i0, ok)
+			} else if !ok {
+				continue
+			}
+			tensor.PackKeys(want, f32Bytes(rows[tc.i0*d:]), tensor.F32, 4*d, tensor.AttnLanes, d)
+			for k := range want {
+				if math.Float32bits(got[k]) != math.Float32bits(want[k]) {
+					t.Fatalf("%s i0 %d: panel[%d] = %g, want %g", c.name, tc.i0, k, got[k], want[k])
+				}
+			}
+		}
+		if DecodeKeyPanel(c.rows, rb, n, d, 0, got) {
+			t.Fatalf("%s rows decode as panels", c.name)
+		}
+	}
 }

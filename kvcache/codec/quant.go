@@ -37,6 +37,9 @@ type tokenQuant struct {
 // does not change). mu must hold finite values, one per channel of the
 // vectors it will store; it is copied.
 func Shifted(c Codec, mu []float32) Codec {
+	if _, ok := c.(q8Panels); ok && mu != nil {
+		return &shiftedQ8Panels{shift: append([]float32(nil), mu...)}
+	}
 	tq, ok := c.(*tokenQuant)
 	if !ok || tq.group != 0 || mu == nil {
 		return c
@@ -46,7 +49,10 @@ func Shifted(c Codec, mu []float32) Codec {
 
 // Shift returns the mean a Shifted codec subtracts, or nil.
 func Shift(c Codec) []float32 {
-	if s, ok := c.(*shiftedQuant); ok {
+	switch s := c.(type) {
+	case *shiftedQuant:
+		return s.shift
+	case *shiftedQ8Panels:
 		return s.shift
 	}
 	return nil
@@ -56,8 +62,11 @@ func Shift(c Codec) []float32 {
 // plain codec of a Shifted one. Slot bytes copied with CopySlot(Base(c), …)
 // between blocks of the same c stay valid.
 func Base(c Codec) Codec {
-	if s, ok := c.(*shiftedQuant); ok {
+	switch s := c.(type) {
+	case *shiftedQuant:
 		return s.tokenQuant
+	case *shiftedQ8Panels:
+		return s.q8Panels
 	}
 	return c
 }

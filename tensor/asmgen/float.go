@@ -611,6 +611,7 @@ func genAttn(e *emitter) {
 	genVMax(e)
 	genVDiv(e)
 	genScaleBytes(e)
+	genScalePanel(e)
 }
 
 const qkSig = "(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)"
@@ -955,6 +956,77 @@ func genVDiv(e *emitter) {
 
 // scaleBytes<isa>(dst *float32, u *byte, n int, s, m float32): dst[j] =
 // s·float32(u[j]) + m (a multiply then an add) for n a multiple of 16.
+// genScalePanel: scalePanel<isa>[Shift](dst *float32, u *byte, sm *float32,
+// mu *float32, d int): for c < d, the 16 lanes dst[c·16 + j] =
+// float32(u[c·16 + j])·sm[j] + sm[16 + j] (a multiply, then an add), plus
+// mu[c] (an add) in the Shift variant — a panel of 16 quantized slots
+// decoded as scaleBytes decodes one, with the slots' scales and minimums in
+// the lanes.
+func genScalePanel(e *emitter) {
+	for _, isa := range []string{"Z", "Y"} {
+		for _, shift := range []bool{false, true} {
+			name := "scalePanel" + isa
+			if shift {
+				name += "Shift"
+			}
+			e.text(name, "(dst *float32, u *byte, sm *float32, mu *float32, d int)", 40)
+			e.in("MOVQ dst+0(FP), DI")
+			e.in("MOVQ u+8(FP), SI")
+			e.in("MOVQ sm+16(FP), AX")
+			e.in("MOVQ mu+24(FP), BX")
+			e.in("MOVQ d+32(FP), CX")
+			e.in("TESTQ CX, CX")
+			e.in("JZ done")
+			if isa == "Z" {
+				e.in("VMOVUPS (AX), Z1")
+				e.in("VMOVUPS 64(AX), Z2")
+			} else {
+				e.in("VMOVUPS (AX), Y1")
+				e.in("VMOVUPS 32(AX), Y4")
+				e.in("VMOVUPS 64(AX), Y2")
+				e.in("VMOVUPS 96(AX), Y5")
+			}
+			e.label("loop")
+			if isa == "Z" {
+				e.in("VPMOVZXBD (SI), Z0")
+				e.in("VCVTDQ2PS Z0, Z0")
+				e.in("VMULPS Z1, Z0, Z0")
+				e.in("VADDPS Z2, Z0, Z0")
+				if shift {
+					e.in("VADDPS.BCST (BX), Z0, Z0")
+				}
+				e.in("VMOVUPS Z0, (DI)")
+			} else {
+				e.in("VPMOVZXBD (SI), Y0")
+				e.in("VPMOVZXBD 8(SI), Y3")
+				e.in("VCVTDQ2PS Y0, Y0")
+				e.in("VCVTDQ2PS Y3, Y3")
+				e.in("VMULPS Y1, Y0, Y0")
+				e.in("VMULPS Y4, Y3, Y3")
+				e.in("VADDPS Y2, Y0, Y0")
+				e.in("VADDPS Y5, Y3, Y3")
+				if shift {
+					e.in("VBROADCASTSS (BX), Y6")
+					e.in("VADDPS Y6, Y0, Y0")
+					e.in("VADDPS Y6, Y3, Y3")
+				}
+				e.in("VMOVUPS Y0, (DI)")
+				e.in("VMOVUPS Y3, 32(DI)")
+			}
+			if shift {
+				e.in("ADDQ $4, BX")
+			}
+			e.in("ADDQ $16, SI")
+			e.in("ADDQ $64, DI")
+			e.in("DECQ CX")
+			e.in("JNZ loop")
+			e.label("done")
+			e.in("VZEROUPPER")
+			e.in("RET")
+		}
+	}
+}
+
 func genScaleBytes(e *emitter) {
 	for _, isa := range []string{"Z", "Y"} {
 		e.text("scaleBytes"+isa, "(dst *float32, u *byte, n int, s, m float32)", 32)
