@@ -223,8 +223,8 @@ func TestPagedMatchesNaive(t *testing.T) {
 }
 
 // TestKeyPanelsMatchRows: keys stored in score panels (codec.F32Keys,
-// F16Keys, BF16Keys, read in place; Q8Keys, shifted or not, decoded
-// straight into the panel) give, bit for bit, what the same keys
+// F16Keys, BF16Keys, read in place; Q8Keys and Q4Keys, shifted or not,
+// decoded straight into the panel) give, bit for bit, what the same keys
 // stored in rows (packed into panels each step) give: decode split or not, prefill exact and
 // online, with the attention mass, for blocks of whole panels and blocks
 // with a partial last group (gathered, or packed from the group).
@@ -240,6 +240,7 @@ func TestKeyPanelsMatchRows(t *testing.T) {
 		{codec.F32, codec.F32Keys, 8}, {codec.F32, codec.F32Keys, 16}, {codec.F32, codec.F32Keys, 24}, {codec.F32, codec.F32Keys, 64},
 		{codec.F16, codec.F16Keys, 16}, {codec.F16, codec.F16Keys, 24}, {codec.BF16, codec.BF16Keys, 32},
 		{codec.Q8, codec.Q8Keys, 16}, {codec.Q8, codec.Q8Keys, 24}, {codec.Shifted(codec.Q8, mu), codec.Shifted(codec.Q8Keys, mu), 16},
+		{codec.Q4, codec.Q4Keys, 16}, {codec.Q4, codec.Q4Keys, 40}, {codec.Shifted(codec.Q4, mu), codec.Shifted(codec.Q4Keys, mu), 32},
 	} {
 		B := c.B
 		t.Run(fmt.Sprintf("%s_%v_B%d", c.rows.Name(), codec.Shift(c.rows) != nil, B), func(t *testing.T) {
@@ -544,7 +545,7 @@ func TestKernelLevelsAgree(t *testing.T) {
 	for _, c := range []struct {
 		kc, vc codec.Codec
 		B      int
-	}{{codec.F32, codec.F32, 16}, {codec.F32Keys, codec.F32, 24}, {f16, q8, 8}, {codec.BF16, codec.F16, 64}, {codec.F16, codec.BF16, 16}, {codec.F16Keys, codec.F32, 32}, {codec.BF16Keys, codec.F16, 16}, {codec.Q8Keys, codec.F32, 16}} {
+	}{{codec.F32, codec.F32, 16}, {codec.F32Keys, codec.F32, 24}, {f16, q8, 8}, {codec.BF16, codec.F16, 64}, {codec.F16, codec.BF16, 16}, {codec.F16Keys, codec.F32, 32}, {codec.BF16Keys, codec.F16, 16}, {codec.Q8Keys, codec.F32, 16}, {codec.Q4Keys, codec.Q8, 32}} {
 		const heads, G, hd, tokens = 2, 3, 80, 300
 		f := build(t, rng, heads, G, hd, tokens, c.B, c.kc, c.vc)
 		stride := heads * G * hd

@@ -529,10 +529,10 @@ func TestPruneDropsPrefixEntry(t *testing.T) {
 }
 
 // TestCompactKeyPanels: removing a range moves keys stored as score
-// panels (f32, f16, bf16 and q8 keys) slot by slot across groups of 16 and blocks
+// panels (f32, f16, bf16, q8 and q4 keys) slot by slot across groups of 16 and blocks
 // with a partial last group, losslessly.
 func TestCompactKeyPanels(t *testing.T) {
-	for _, name := range []string{"f32", "f16", "bf16", "q8"} {
+	for _, name := range []string{"f32", "f16", "bf16", "q8", "q4"} {
 		for _, B := range []int{16, 24} {
 			t.Run(fmt.Sprintf("%s/B%d", name, B), func(t *testing.T) {
 				kc, _ := codec.Parse(name, codec.Keys)

@@ -340,6 +340,36 @@ func scalePanelGo(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []f
 	}
 }
 
+// ScalePanel4 is ScalePanel over 4-bit levels: value c of slot j is nibble
+// j of the 8 bytes u[8c:8c+8] (slot 2k in the low nibble of byte k, 2k+1 in
+// the high one).
+func ScalePanel4(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
+	if d <= 0 {
+		return
+	}
+	_ = dst[d*AttnLanes-1]
+	_ = u[d*AttnLanes/2-1]
+	if shift != nil {
+		_ = shift[d-1]
+	}
+	scalePanel4Lanes(dst, u, sm, shift, d)
+}
+
+func scalePanel4Go(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
+	for c := range d {
+		o, b := dst[c*AttnLanes:(c+1)*AttnLanes], u[c*AttnLanes/2:(c+1)*AttnLanes/2]
+		for j := range o {
+			v := b[j>>1] >> (4 * (j & 1)) & 15
+			o[j] = float32(sm[j]*float32(v)) + sm[AttnLanes+j]
+		}
+		if shift != nil {
+			for j := range o {
+				o[j] += shift[c]
+			}
+		}
+	}
+}
+
 func scaleBytesGo(dst []float32, u []byte, s, m float32) {
 	u = u[:len(dst)]
 	for j, b := range u {

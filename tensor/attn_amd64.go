@@ -118,3 +118,22 @@ func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift 
 		scalePanelGo(dst, u, sm, shift, d)
 	}
 }
+
+func scalePanel4Lanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
+	var mu *float32
+	if shift != nil {
+		mu = &shift[0]
+	}
+	switch {
+	case level == levelAVX512 && shift == nil:
+		scalePanel4Z(&dst[0], &u[0], &sm[0], nil, d)
+	case level == levelAVX512:
+		scalePanel4ZShift(&dst[0], &u[0], &sm[0], mu, d)
+	case level == levelAVX2 && shift == nil:
+		scalePanel4Y(&dst[0], &u[0], &sm[0], nil, d)
+	case level == levelAVX2:
+		scalePanel4YShift(&dst[0], &u[0], &sm[0], mu, d)
+	default:
+		scalePanel4Go(dst, u, sm, shift, d)
+	}
+}

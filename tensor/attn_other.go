@@ -24,3 +24,7 @@ func scaleBytesLanes(dst []float32, u []byte, s, m float32) { scaleBytesGo(dst, 
 func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
 	scalePanelGo(dst, u, sm, shift, d)
 }
+
+func scalePanel4Lanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
+	scalePanel4Go(dst, u, sm, shift, d)
+}

@@ -238,6 +238,52 @@ func TestScalePanel(t *testing.T) {
 	}
 }
 
+// TestScalePanel4: the 4-bit panel kernels give their twin's bits, with and
+// without a shift, and the twin decodes each lane's nibbles as ScaleBytes
+// decodes those levels (plus the shift as a separate sum).
+func TestScalePanel4(t *testing.T) {
+	r := rand.New(rand.NewPCG(29, 30))
+	for _, d := range []int{1, 8, 64, 72} {
+		u := make([]byte, 8*d)
+		for i := range u {
+			u[i] = byte(r.IntN(256))
+		}
+		var sm [32]float32
+		for j := range 16 {
+			sm[j], sm[16+j] = float32(r.Float64()/10), float32(-r.Float64())
+		}
+		shift := randF32(r, d)
+		for _, sh := range [][]float32{nil, shift} {
+			want := make([]float32, 16*d)
+			scalePanel4Go(want, u, &sm, sh, d)
+			for j := range 16 {
+				col, lane := make([]byte, d), make([]float32, d)
+				for c := range d {
+					col[c] = u[8*c+j/2] >> (4 * (j % 2)) & 15
+				}
+				scaleBytesGo(lane, col, sm[j], sm[16+j])
+				for c := range d {
+					if sh != nil {
+						lane[c] += sh[c]
+					}
+					if !sameBits(lane[c], want[c*16+j]) {
+						t.Fatalf("d=%d lane %d value %d: twin %g, ScaleBytes %g", d, j, c, want[c*16+j], lane[c])
+					}
+				}
+			}
+			forEachLevel(t, func(t *testing.T) {
+				got := make([]float32, 16*d)
+				ScalePanel4(got, u, &sm, sh, d)
+				for i := range got {
+					if !sameBits(got[i], want[i]) {
+						t.Fatalf("d=%d shift %v: [%d] = %g, want %g", d, sh != nil, i, got[i], want[i])
+					}
+				}
+			})
+		}
+	}
+}
+
 func BenchmarkAttnKernels(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 2))
 	const d, rows = 64, 128

@@ -468,6 +468,18 @@ func scalePanelY(dst *float32, u *byte, sm *float32, mu *float32, d int)
 func scalePanelYShift(dst *float32, u *byte, sm *float32, mu *float32, d int)
 
 //go:noescape
+func scalePanel4Z(dst *float32, u *byte, sm *float32, mu *float32, d int)
+
+//go:noescape
+func scalePanel4ZShift(dst *float32, u *byte, sm *float32, mu *float32, d int)
+
+//go:noescape
+func scalePanel4Y(dst *float32, u *byte, sm *float32, mu *float32, d int)
+
+//go:noescape
+func scalePanel4YShift(dst *float32, u *byte, sm *float32, mu *float32, d int)
+
+//go:noescape
 func actQ32Z(x *float32, dst *byte, nb, stride int, negCorr int32) uint32
 
 //go:noescape

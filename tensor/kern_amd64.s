@@ -11538,6 +11538,152 @@ done:
 	VZEROUPPER
 	RET
 
+// func scalePanel4Z(dst *float32, u *byte, sm *float32, mu *float32, d int)
+TEXT ·scalePanel4Z(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ u+8(FP), SI
+	MOVQ sm+16(FP), AX
+	MOVQ mu+24(FP), BX
+	MOVQ d+32(FP), CX
+	TESTQ CX, CX
+	JZ done
+	VPBROADCASTD qmask0F<>(SB), X7
+	VMOVUPS (AX), Z1
+	VMOVUPS 64(AX), Z2
+loop:
+	VMOVQ (SI), X0
+	VPSRLW $4, X0, X3
+	VPAND X7, X0, X0
+	VPAND X7, X3, X3
+	VPUNPCKLBW X3, X0, X0
+	VPMOVZXBD X0, Z0
+	VCVTDQ2PS Z0, Z0
+	VMULPS Z1, Z0, Z0
+	VADDPS Z2, Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $8, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func scalePanel4ZShift(dst *float32, u *byte, sm *float32, mu *float32, d int)
+TEXT ·scalePanel4ZShift(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ u+8(FP), SI
+	MOVQ sm+16(FP), AX
+	MOVQ mu+24(FP), BX
+	MOVQ d+32(FP), CX
+	TESTQ CX, CX
+	JZ done
+	VPBROADCASTD qmask0F<>(SB), X7
+	VMOVUPS (AX), Z1
+	VMOVUPS 64(AX), Z2
+loop:
+	VMOVQ (SI), X0
+	VPSRLW $4, X0, X3
+	VPAND X7, X0, X0
+	VPAND X7, X3, X3
+	VPUNPCKLBW X3, X0, X0
+	VPMOVZXBD X0, Z0
+	VCVTDQ2PS Z0, Z0
+	VMULPS Z1, Z0, Z0
+	VADDPS Z2, Z0, Z0
+	VADDPS.BCST (BX), Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $4, BX
+	ADDQ $8, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func scalePanel4Y(dst *float32, u *byte, sm *float32, mu *float32, d int)
+TEXT ·scalePanel4Y(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ u+8(FP), SI
+	MOVQ sm+16(FP), AX
+	MOVQ mu+24(FP), BX
+	MOVQ d+32(FP), CX
+	TESTQ CX, CX
+	JZ done
+	VPBROADCASTD qmask0F<>(SB), X7
+	VMOVUPS (AX), Y1
+	VMOVUPS 32(AX), Y4
+	VMOVUPS 64(AX), Y2
+	VMOVUPS 96(AX), Y5
+loop:
+	VMOVQ (SI), X0
+	VPSRLW $4, X0, X3
+	VPAND X7, X0, X0
+	VPAND X7, X3, X3
+	VPUNPCKLBW X3, X0, X0
+	VPSRLDQ $8, X0, X3
+	VPMOVZXBD X0, Y0
+	VPMOVZXBD X3, Y3
+	VCVTDQ2PS Y0, Y0
+	VCVTDQ2PS Y3, Y3
+	VMULPS Y1, Y0, Y0
+	VMULPS Y4, Y3, Y3
+	VADDPS Y2, Y0, Y0
+	VADDPS Y5, Y3, Y3
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y3, 32(DI)
+	ADDQ $8, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func scalePanel4YShift(dst *float32, u *byte, sm *float32, mu *float32, d int)
+TEXT ·scalePanel4YShift(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ u+8(FP), SI
+	MOVQ sm+16(FP), AX
+	MOVQ mu+24(FP), BX
+	MOVQ d+32(FP), CX
+	TESTQ CX, CX
+	JZ done
+	VPBROADCASTD qmask0F<>(SB), X7
+	VMOVUPS (AX), Y1
+	VMOVUPS 32(AX), Y4
+	VMOVUPS 64(AX), Y2
+	VMOVUPS 96(AX), Y5
+loop:
+	VMOVQ (SI), X0
+	VPSRLW $4, X0, X3
+	VPAND X7, X0, X0
+	VPAND X7, X3, X3
+	VPUNPCKLBW X3, X0, X0
+	VPSRLDQ $8, X0, X3
+	VPMOVZXBD X0, Y0
+	VPMOVZXBD X3, Y3
+	VCVTDQ2PS Y0, Y0
+	VCVTDQ2PS Y3, Y3
+	VMULPS Y1, Y0, Y0
+	VMULPS Y4, Y3, Y3
+	VADDPS Y2, Y0, Y0
+	VADDPS Y5, Y3, Y3
+	VBROADCASTSS (BX), Y6
+	VADDPS Y6, Y0, Y0
+	VADDPS Y6, Y3, Y3
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y3, 32(DI)
+	ADDQ $4, BX
+	ADDQ $8, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
 // func actQ32Z(x *float32, dst *byte, nb, stride int, negCorr int32) uint32
 TEXT ·actQ32Z(SB), NOSPLIT, $0-44
 	MOVQ x+0(FP), SI

@@ -17,7 +17,8 @@
 //	      (f32/f16/bf16 keys: the same values in groups of 16 slots, each
 //	      group [d][16], the score panel attention reads; see F32Keys)
 //	q8    payload [n][d]uint8, then meta [n]               8 + 32/d
-//	      (keys: the payload in groups of 16 slots, each [d][16]; Q8Keys)
+//	      (q8, q4 keys: the levels in groups of 16 slots, each [d][16];
+//	      Q8Keys, Q4Keys)
 //	q4    payload [n][d/2]byte, then meta [n]              4 + 32/d
 //	kivi2/kivi4 (Values): payload [n][⌈d·b/8⌉]byte, then meta [n][⌈d/g⌉],
 //	      g = min(G, d) channels per group                 b + 32/g
@@ -149,6 +150,9 @@ func Parse(name string, kind Kind) (Codec, error) {
 		}
 		return Q8, nil
 	case "q4":
+		if kind == Keys {
+			return Q4Keys, nil
+		}
 		return Q4, nil
 	case "kivi2":
 		return newKIVI(2, DefaultGroup, kind)

@@ -239,8 +239,8 @@ func checkTokens(t *testing.T, c Codec, b []byte, x, xh []float32, n, d int) {
 		return
 	}
 	tq, ok := c.(*tokenQuant)
-	if !ok { // Q8Keys: Q8's quantizer and meta layout, the payload in panels
-		tq = q8tq
+	if !ok { // Q8Keys, Q4Keys: the row codec's quantizer and metadata, the levels in panels
+		tq = c.(quantPanels).tq
 	}
 	g, ng, rb := tq.GroupChannels(d), tq.groups(d), tq.rowBytes(d)
 	top := 1<<c.Bits() - 1
@@ -434,9 +434,9 @@ func minAbs(c Codec, b []byte, n, d, i int) []float64 {
 			_, m := metaAt(b, n*rb+4*(i*ng+ch/g))
 			out[ch] = math.Abs(m)
 		}
-	case q8Panels:
+	case quantPanels:
 		for ch := range d {
-			_, m := metaAt(b, n*d+4*i)
+			_, m := metaAt(b, n*c.tq.rowBytes(d)+4*i)
 			out[ch] = math.Abs(m)
 		}
 	case *kiviKeys:

@@ -16,13 +16,8 @@ func CopySlot(c Codec, dst []byte, dn, di int, src []byte, sn, si, d int) bool {
 		for k := range d {
 			copy(dv[k*dst:k*dst+es], sv[k*sst:k*sst+es])
 		}
-	case q8Panels:
-		du, dst, dm := c.slot(dst, dn, d, di)
-		su, sst, sm := c.slot(src, sn, d, si)
-		for k := range d {
-			du[k*dst] = su[k*sst]
-		}
-		copy(dm, sm)
+	case quantPanels:
+		c.copySlot(dst, dn, di, src, sn, si, d)
 	case f16Codec:
 		copy(c.row(dst, d, di), c.row(src, d, si))
 	case bf16Codec:

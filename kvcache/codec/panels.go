@@ -138,94 +138,128 @@ func KeyPanel(c Codec, src []byte, n, d, i0 int) ([]byte, tensor.DType, bool) {
 	return src[es*i0*d : es*(i0+tensor.AttnLanes)*d], p.t, true
 }
 
-// q8Panels stores q8 keys (the per-token quantizer of Q8) with their
-// payload laid out in score panels: slot 16g+j's level of channel c at byte
-// 16g·d + c·L + j (groups of L = min(16, n−16g) slots, as keyPanels), and
-// each slot's metadata {f16 scale, f16 min} where Q8 keeps it, at n·d + 4i.
-// Every slot quantizes and decodes exactly as Q8's; attention decodes a
-// full group straight into its float32 score panel (DecodeKeyPanel)
+// quantPanels stores q8 or q4 keys (the per-token quantizer of Q8 or Q4)
+// with their levels laid out in score panels: level c of slot 16g+j is
+// element 16g·d + c·L + j of the payload (groups of L = min(16, n−16g)
+// slots, as keyPanels; an element is a byte for q8, a nibble for q4, low
+// nibble first), and each slot's metadata {f16 scale, f16 min} where the
+// row codec keeps it, at n·rb + 4i (rb: the row codec's bytes a row). Every
+// slot quantizes and decodes exactly as the row codec's; attention decodes
+// a full group straight into its float32 score panel (DecodeKeyPanel)
 // instead of decoding rows and transposing them.
-type q8Panels struct{}
+type quantPanels struct {
+	tq *tokenQuant // Q8 or Q4: the quantizer, the metadata, the block size
+}
 
-// Q8Keys is the q8 codec of keys, in panels; Parse("q8", Keys) returns it.
-var Q8Keys Codec = q8Panels{}
+// Q8Keys and Q4Keys are the q8 and q4 codecs of keys, in panels;
+// Parse("q8"|"q4", Keys) returns them, and Shifted wraps them as it wraps
+// Q8 and Q4.
+var (
+	Q8Keys Codec = quantPanels{Q8.(*tokenQuant)}
+	Q4Keys Codec = quantPanels{Q4.(*tokenQuant)}
+)
 
-// q8tq is Q8's quantizer, called directly (not through the interface) so
-// that the slot buffers below stay on the stack.
-var q8tq = Q8.(*tokenQuant)
+func (c quantPanels) Name() string                  { return c.tq.name }
+func (c quantPanels) Bits() int                     { return c.tq.bits }
+func (c quantPanels) BlockBytes(n, d int) int       { return c.tq.BlockBytes(n, d) }
+func (c quantPanels) BitsPerValue(n, d int) float64 { return bitsPerValue(c, n, d) }
+func (quantPanels) PerToken() bool                  { return true }
 
-func (q8Panels) Name() string                    { return "q8" }
-func (q8Panels) Bits() int                       { return 8 }
-func (q8Panels) BlockBytes(n, d int) int         { return q8tq.BlockBytes(n, d) }
-func (c q8Panels) BitsPerValue(n, d int) float64 { return bitsPerValue(c, n, d) }
-func (q8Panels) PerToken() bool                  { return true }
-
-// slot returns slot i's levels from its first on, their stride, and its
-// metadata.
-func (q8Panels) slot(b []byte, n, d, i int) (u []byte, st int, meta []byte) {
+// at returns the element of slot i's first level and the stride between
+// its levels, and slot i's metadata.
+func (c quantPanels) at(b []byte, n, d, i int) (e, st int, meta []byte) {
 	g := i &^ (tensor.AttnLanes - 1)
 	L := min(tensor.AttnLanes, n-g)
-	off := g*d + i - g
-	return b[off : off+(d-1)*L+1], L, b[n*d+4*i : n*d+4*i+4]
+	m := n*c.tq.rowBytes(d) + 4*i
+	return g*d + i - g, L, b[m : m+4]
 }
 
-// one returns a one-slot Q8 block of d levels and a meta entry.
-func one(buf *[maxStackDim + 4]byte, d int) []byte {
-	if d > maxStackDim {
-		return make([]byte, d+4)
+func (c quantPanels) level(b []byte, e int) byte {
+	if c.tq.bits == 8 {
+		return b[e]
 	}
-	return buf[:d+4]
+	return b[e>>1] >> (4 * (e & 1)) & 15
 }
 
-func (c q8Panels) Put(dst []byte, n, d, i int, x []float32) {
+func (c quantPanels) setLevel(b []byte, e int, v byte) {
+	if c.tq.bits == 8 {
+		b[e] = v
+		return
+	}
+	sh := 4 * (e & 1)
+	b[e>>1] = b[e>>1]&^(15<<sh) | v<<sh
+}
+
+// one returns a one-slot row-codec block: d levels' row and a meta entry.
+func (c quantPanels) one(buf *[maxStackDim + 4]byte, d int) []byte {
+	n := c.tq.rowBytes(d) + 4
+	if n > len(buf) {
+		return make([]byte, n)
+	}
+	b := buf[:n]
+	clear(b)
+	return b
+}
+
+func (c quantPanels) Put(dst []byte, n, d, i int, x []float32) {
 	var buf [maxStackDim + 4]byte
-	b := one(&buf, d)
-	q8tq.Put(b, 1, d, 0, x)
-	u, st, meta := c.slot(dst, n, d, i)
-	for k, v := range b[:d] {
-		u[k*st] = v
-	}
-	copy(meta, b[d:])
-}
-
-// gather copies slot i into the one-slot Q8 block b.
-func (c q8Panels) gather(src []byte, n, d, i int, b []byte) {
-	u, st, meta := c.slot(src, n, d, i)
+	b := c.one(&buf, d)
+	c.tq.Put(b, 1, d, 0, x)
+	e, st, meta := c.at(dst, n, d, i)
 	for k := range d {
-		b[k] = u[k*st]
+		c.setLevel(dst, e+k*st, byte(unpack(b, c.tq.bits, k)))
 	}
-	copy(b[d:], meta)
+	copy(meta, b[c.tq.rowBytes(d):])
 }
 
-func (c q8Panels) Get(src []byte, n, d, i int, out []float32) {
+// gather copies slot i into the one-slot row-codec block b (zeroed).
+func (c quantPanels) gather(src []byte, n, d, i int, b []byte) {
+	e, st, meta := c.at(src, n, d, i)
+	for k := range d {
+		pack(b, c.tq.bits, k, uint32(c.level(src, e+k*st)))
+	}
+	copy(b[c.tq.rowBytes(d):], meta)
+}
+
+func (c quantPanels) Get(src []byte, n, d, i int, out []float32) {
 	var buf [maxStackDim + 4]byte
-	b := one(&buf, d)
+	b := c.one(&buf, d)
 	c.gather(src, n, d, i, b)
-	q8tq.Get(b, 1, d, 0, out)
+	c.tq.Get(b, 1, d, 0, out)
 }
 
-func (c q8Panels) Dot(src []byte, n, d, i int, q []float32) float32 {
+func (c quantPanels) Dot(src []byte, n, d, i int, q []float32) float32 {
 	var buf [maxStackDim + 4]byte
-	b := one(&buf, d)
+	b := c.one(&buf, d)
 	c.gather(src, n, d, i, b)
-	return q8tq.Dot(b, 1, d, 0, q)
+	return c.tq.Dot(b, 1, d, 0, q)
 }
 
-func (c q8Panels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
+func (c quantPanels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
 	var buf [maxStackDim + 4]byte
-	b := one(&buf, d)
+	b := c.one(&buf, d)
 	c.gather(src, n, d, i, b)
-	q8tq.Axpy(b, 1, d, 0, a, out)
+	c.tq.Axpy(b, 1, d, 0, a, out)
 }
 
-// shiftedQ8Panels is q8Panels over x − shift, read back as shiftedQuant
-// reads Q8 (see Shifted).
-type shiftedQ8Panels struct {
-	q8Panels
+// copySlot copies slot si of src (sn slots) into slot di of dst (dn).
+func (c quantPanels) copySlot(dst []byte, dn, di int, src []byte, sn, si, d int) {
+	de, dst2, dm := c.at(dst, dn, d, di)
+	se, sst, sm := c.at(src, sn, d, si)
+	for k := range d {
+		c.setLevel(dst, de+k*dst2, c.level(src, se+k*sst))
+	}
+	copy(dm, sm)
+}
+
+// shiftedPanels is quantPanels over x − shift, read back as shiftedQuant
+// reads the row codec (see Shifted).
+type shiftedPanels struct {
+	quantPanels
 	shift []float32 // [d]
 }
 
-func (c *shiftedQ8Panels) Put(dst []byte, n, d, i int, x []float32) {
+func (c *shiftedPanels) Put(dst []byte, n, d, i int, x []float32) {
 	var buf [maxShiftStack]float32
 	var y []float32
 	if d <= maxShiftStack {
@@ -236,20 +270,20 @@ func (c *shiftedQ8Panels) Put(dst []byte, n, d, i int, x []float32) {
 	for j, m := range c.shift[:d] {
 		y[j] = x[j] - m
 	}
-	c.q8Panels.Put(dst, n, d, i, y)
+	c.quantPanels.Put(dst, n, d, i, y)
 }
 
-func (c *shiftedQ8Panels) Get(src []byte, n, d, i int, out []float32) {
-	c.q8Panels.Get(src, n, d, i, out)
+func (c *shiftedPanels) Get(src []byte, n, d, i int, out []float32) {
+	c.quantPanels.Get(src, n, d, i, out)
 	tensor.Axpy(out[:d], 1, c.shift[:d]) // out += shift: 1·m is exact
 }
 
-func (c *shiftedQ8Panels) Dot(src []byte, n, d, i int, q []float32) float32 {
-	return c.q8Panels.Dot(src, n, d, i, q) + dotF32(q[:d], c.shift[:d])
+func (c *shiftedPanels) Dot(src []byte, n, d, i int, q []float32) float32 {
+	return c.quantPanels.Dot(src, n, d, i, q) + dotF32(q[:d], c.shift[:d])
 }
 
-func (c *shiftedQ8Panels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
-	c.q8Panels.Axpy(src, n, d, i, a, out)
+func (c *shiftedPanels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
+	c.quantPanels.Axpy(src, n, d, i, a, out)
 	for j, m := range c.shift[:d] {
 		out[j] += a * m
 	}
@@ -257,15 +291,17 @@ func (c *shiftedQ8Panels) Axpy(src []byte, n, d, i int, a float32, out []float32
 
 // DecodeKeyPanel decodes slots i0 … i0+15 of a block of n slots into the
 // [d][16] float32 score panel out (tensor.AttnScores's layout), each value
-// exactly as Get decodes it, when c stores quantized keys in panels (q8
-// keys, shifted or not) and those slots are one full group of the block;
-// it reports false otherwise.
+// exactly as Get decodes it, when c stores quantized keys in panels (q8 or
+// q4 keys, shifted or not) and those slots are one full group of the
+// block; it reports false otherwise.
 func DecodeKeyPanel(c Codec, src []byte, n, d, i0 int, out []float32) bool {
 	var shift []float32
+	var qp quantPanels
 	switch c := c.(type) {
-	case q8Panels:
-	case *shiftedQ8Panels:
-		shift = c.shift[:d]
+	case quantPanels:
+		qp = c
+	case *shiftedPanels:
+		qp, shift = c.quantPanels, c.shift[:d]
 	default:
 		return false
 	}
@@ -273,10 +309,15 @@ func DecodeKeyPanel(c Codec, src []byte, n, d, i0 int, out []float32) bool {
 		return false
 	}
 	var sm [2 * tensor.AttnLanes]float32
-	meta := src[n*d+4*i0 : n*d+4*(i0+tensor.AttnLanes)]
+	m := n*qp.tq.rowBytes(d) + 4*i0
+	meta := src[m : m+4*tensor.AttnLanes]
 	for j := range tensor.AttnLanes {
 		sm[j], sm[tensor.AttnLanes+j] = unmeta(binary.LittleEndian.Uint32(meta[4*j:]))
 	}
-	tensor.ScalePanel(out, src[i0*d:(i0+tensor.AttnLanes)*d], &sm, shift, d)
+	if qp.tq.bits == 8 {
+		tensor.ScalePanel(out, src[i0*d:(i0+tensor.AttnLanes)*d], &sm, shift, d)
+	} else {
+		tensor.ScalePanel4(out, src[i0*d/2:(i0+tensor.AttnLanes)*d/2], &sm, shift, d)
+	}
 	return true
 }

@@ -109,35 +109,43 @@ func f32Bytes(x []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
 }
 
-// Q8Keys is Q8 with the payload in panels: per slot the same bytes (levels
-// and metadata, by hand), the same decoded, scored and added bits, shifted
-// or not; DecodeKeyPanel gives the panel PackKeys makes of the decoded
-// rows, for full groups only.
-func TestQ8Keys(t *testing.T) {
+// Q8Keys and Q4Keys are Q8 and Q4 with the levels in panels: per slot the
+// same levels and metadata (by hand), the same decoded, scored and added
+// bits, shifted or not; DecodeKeyPanel gives the panel PackKeys makes of
+// the decoded rows, for full groups only.
+func TestQuantKeys(t *testing.T) {
 	r := rand.New(rand.NewPCG(13, 14))
 	const n, d = 40, 48
 	mu := datasets[1].gen(r, 1, d)
 	for _, c := range []struct {
 		name       string
 		rows, pans Codec
-	}{{"q8", Q8, Q8Keys}, {"q8 shifted", Shifted(Q8, mu), Shifted(Q8Keys, mu)}} {
-		if c.pans == Q8Keys {
-			if k, _ := Parse("q8", Keys); k != Q8Keys {
-				t.Fatalf("Parse(q8, Keys) = %#v", k)
-			}
-		} else if Base(c.pans) != Q8Keys || &Shift(c.pans)[0] == &mu[0] || Shift(c.pans)[5] != mu[5] {
-			t.Fatalf("%s: Base %#v, Shift %v", c.name, Base(c.pans), Shift(c.pans))
+	}{
+		{"q8", Q8, Q8Keys}, {"q8 shifted", Shifted(Q8, mu), Shifted(Q8Keys, mu)},
+		{"q4", Q4, Q4Keys}, {"q4 shifted", Shifted(Q4, mu), Shifted(Q4Keys, mu)},
+	} {
+		qp, ok := Base(c.pans).(quantPanels)
+		if !ok || (Shift(c.rows) != nil) != (Shift(c.pans) != nil) {
+			t.Fatalf("%s: %#v", c.name, c.pans)
+		}
+		if k, _ := Parse(qp.Name(), Keys); k != Base(c.pans) {
+			t.Fatalf("Parse(%s, Keys) = %#v", qp.Name(), k)
+		}
+		if s := Shift(c.pans); s != nil && (&s[0] == &mu[0] || s[5] != mu[5]) {
+			t.Fatalf("%s: Shift %v", c.name, s)
 		}
 		x := datasets[1].gen(r, n, d)
 		rb, pb := encode(c.rows, n, d, x), encode(c.pans, n, d, x)
-		if len(rb) != len(pb) || string(rb[n*d:]) != string(pb[n*d:]) {
+		rw := qp.tq.rowBytes(d)
+		if len(rb) != len(pb) || string(rb[n*rw:]) != string(pb[n*rw:]) {
 			t.Fatalf("%s: metadata differ", c.name)
 		}
 		for i := range n {
 			g, L := i/16*16, min(16, n-i/16*16)
 			for v := range d {
-				if pb[g*d+v*L+i-g] != rb[i*d+v] {
-					t.Fatalf("%s slot %d value %d: level %d in panels, %d in rows", c.name, i, v, pb[g*d+v*L+i-g], rb[i*d+v])
+				e := g*d + v*L + i - g
+				if got, want := qp.level(pb, e), byte(unpack(rb[i*rw:], qp.Bits(), v)); got != want {
+					t.Fatalf("%s slot %d value %d: level %d in panels, %d in rows", c.name, i, v, got, want)
 				}
 			}
 		}

@@ -37,8 +37,8 @@ type tokenQuant struct {
 // does not change). mu must hold finite values, one per channel of the
 // vectors it will store; it is copied.
 func Shifted(c Codec, mu []float32) Codec {
-	if _, ok := c.(q8Panels); ok && mu != nil {
-		return &shiftedQ8Panels{shift: append([]float32(nil), mu...)}
+	if qp, ok := c.(quantPanels); ok && mu != nil {
+		return &shiftedPanels{quantPanels: qp, shift: append([]float32(nil), mu...)}
 	}
 	tq, ok := c.(*tokenQuant)
 	if !ok || tq.group != 0 || mu == nil {
@@ -52,7 +52,7 @@ func Shift(c Codec) []float32 {
 	switch s := c.(type) {
 	case *shiftedQuant:
 		return s.shift
-	case *shiftedQ8Panels:
+	case *shiftedPanels:
 		return s.shift
 	}
 	return nil
@@ -65,8 +65,8 @@ func Base(c Codec) Codec {
 	switch s := c.(type) {
 	case *shiftedQuant:
 		return s.tokenQuant
-	case *shiftedQ8Panels:
-		return s.q8Panels
+	case *shiftedPanels:
+		return s.quantPanels
 	}
 	return c
 }

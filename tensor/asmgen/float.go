@@ -612,6 +612,7 @@ func genAttn(e *emitter) {
 	genVDiv(e)
 	genScaleBytes(e)
 	genScalePanel(e)
+	genScalePanel4(e)
 }
 
 const qkSig = "(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)"
@@ -1017,6 +1018,82 @@ func genScalePanel(e *emitter) {
 				e.in("ADDQ $4, BX")
 			}
 			e.in("ADDQ $16, SI")
+			e.in("ADDQ $64, DI")
+			e.in("DECQ CX")
+			e.in("JNZ loop")
+			e.label("done")
+			e.in("VZEROUPPER")
+			e.in("RET")
+		}
+	}
+}
+
+// genScalePanel4: scalePanel4<isa>[Shift], genScalePanel's kernels over
+// 4-bit levels: value c of slot j is nibble j of the 8 bytes at u + 8c
+// (slot 2k in the low nibble of byte k, 2k+1 in the high one).
+func genScalePanel4(e *emitter) {
+	for _, isa := range []string{"Z", "Y"} {
+		for _, shift := range []bool{false, true} {
+			name := "scalePanel4" + isa
+			if shift {
+				name += "Shift"
+			}
+			e.text(name, "(dst *float32, u *byte, sm *float32, mu *float32, d int)", 40)
+			e.in("MOVQ dst+0(FP), DI")
+			e.in("MOVQ u+8(FP), SI")
+			e.in("MOVQ sm+16(FP), AX")
+			e.in("MOVQ mu+24(FP), BX")
+			e.in("MOVQ d+32(FP), CX")
+			e.in("TESTQ CX, CX")
+			e.in("JZ done")
+			e.in("VPBROADCASTD qmask0F<>(SB), X7")
+			if isa == "Z" {
+				e.in("VMOVUPS (AX), Z1")
+				e.in("VMOVUPS 64(AX), Z2")
+			} else {
+				e.in("VMOVUPS (AX), Y1")
+				e.in("VMOVUPS 32(AX), Y4")
+				e.in("VMOVUPS 64(AX), Y2")
+				e.in("VMOVUPS 96(AX), Y5")
+			}
+			e.label("loop")
+			// the 16 nibbles as 16 bytes, slot order
+			e.in("VMOVQ (SI), X0")
+			e.in("VPSRLW $4, X0, X3")
+			e.in("VPAND X7, X0, X0")
+			e.in("VPAND X7, X3, X3")
+			e.in("VPUNPCKLBW X3, X0, X0")
+			if isa == "Z" {
+				e.in("VPMOVZXBD X0, Z0")
+				e.in("VCVTDQ2PS Z0, Z0")
+				e.in("VMULPS Z1, Z0, Z0")
+				e.in("VADDPS Z2, Z0, Z0")
+				if shift {
+					e.in("VADDPS.BCST (BX), Z0, Z0")
+				}
+				e.in("VMOVUPS Z0, (DI)")
+			} else {
+				e.in("VPSRLDQ $8, X0, X3")
+				e.in("VPMOVZXBD X0, Y0")
+				e.in("VPMOVZXBD X3, Y3")
+				e.in("VCVTDQ2PS Y0, Y0")
+				e.in("VCVTDQ2PS Y3, Y3")
+				e.in("VMULPS Y1, Y0, Y0")
+				e.in("VMULPS Y4, Y3, Y3")
+				e.in("VADDPS Y2, Y0, Y0")
+				e.in("VADDPS Y5, Y3, Y3")
+				if shift {
+					e.in("VBROADCASTSS (BX), Y6")
+					e.in("VADDPS Y6, Y0, Y0")
+					e.in("VADDPS Y6, Y3, Y3")
+				}
+				e.in("VMOVUPS Y0, (DI)")
+				e.in("VMOVUPS Y3, 32(DI)")
+			}
+			if shift {
+				e.in("ADDQ $4, BX")
+			}
+			e.in("ADDQ $8, SI")
 			e.in("ADDQ $64, DI")
 			e.in("DECQ CX")
 			e.in("JNZ loop")
