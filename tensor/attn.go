@@ -315,51 +315,39 @@ func ScaleBytes(dst []float32, u []byte, s, m float32) {
 // then + shift[c] (a sum) when shift is not nil, for c < d. sm holds the
 // slots' scales, then their minimums.
 func ScalePanel(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
-	if d <= 0 {
-		return
-	}
-	_ = dst[d*AttnLanes-1]
-	_ = u[d*AttnLanes-1]
-	if shift != nil {
-		_ = shift[d-1]
-	}
-	scalePanelLanes(dst, u, sm, shift, d)
-}
-
-func scalePanelGo(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
-	for c := range d {
-		o, b := dst[c*AttnLanes:(c+1)*AttnLanes], u[c*AttnLanes:(c+1)*AttnLanes]
-		for j := range o {
-			o[j] = float32(sm[j]*float32(b[j])) + sm[AttnLanes+j]
-		}
-		if shift != nil {
-			for j := range o {
-				o[j] += shift[c]
-			}
-		}
-	}
+	scalePanel(dst, u, sm, shift, d, 8)
 }
 
 // ScalePanel4 is ScalePanel over 4-bit levels: value c of slot j is nibble
 // j of the 8 bytes u[8c:8c+8] (slot 2k in the low nibble of byte k, 2k+1 in
 // the high one).
 func ScalePanel4(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
+	scalePanel(dst, u, sm, shift, d, 4)
+}
+
+func scalePanel(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d, bits int) {
 	if d <= 0 {
 		return
 	}
 	_ = dst[d*AttnLanes-1]
-	_ = u[d*AttnLanes/2-1]
+	_ = u[d*AttnLanes*bits/8-1]
 	if shift != nil {
 		_ = shift[d-1]
 	}
-	scalePanel4Lanes(dst, u, sm, shift, d)
+	scalePanelLanes(dst, u, sm, shift, d, bits)
 }
 
-func scalePanel4Go(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
+// scalePanelGo is the twin of the panel decoding kernels (bits 8 or 4).
+func scalePanelGo(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d, bits int) {
 	for c := range d {
-		o, b := dst[c*AttnLanes:(c+1)*AttnLanes], u[c*AttnLanes/2:(c+1)*AttnLanes/2]
+		o := dst[c*AttnLanes : (c+1)*AttnLanes]
 		for j := range o {
-			v := b[j>>1] >> (4 * (j & 1)) & 15
+			var v byte
+			if bits == 8 {
+				v = u[c*AttnLanes+j]
+			} else {
+				v = u[c*AttnLanes/2+j>>1] >> (4 * (j & 1)) & 15
+			}
 			o[j] = float32(sm[j]*float32(v)) + sm[AttnLanes+j]
 		}
 		if shift != nil {

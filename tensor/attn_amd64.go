@@ -100,40 +100,31 @@ func scaleBytesLanes(dst []float32, u []byte, s, m float32) {
 	}
 }
 
-func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
-	var mu *float32
-	if shift != nil {
-		mu = &shift[0]
-	}
-	switch {
-	case level == levelAVX512 && shift == nil:
-		scalePanelZ(&dst[0], &u[0], &sm[0], nil, d)
-	case level == levelAVX512:
-		scalePanelZShift(&dst[0], &u[0], &sm[0], mu, d)
-	case level == levelAVX2 && shift == nil:
-		scalePanelY(&dst[0], &u[0], &sm[0], nil, d)
-	case level == levelAVX2:
-		scalePanelYShift(&dst[0], &u[0], &sm[0], mu, d)
-	default:
-		scalePanelGo(dst, u, sm, shift, d)
-	}
-}
+type scalePanelFunc func(dst *float32, u *byte, sm *float32, mu *float32, d int)
 
-func scalePanel4Lanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
-	var mu *float32
-	if shift != nil {
-		mu = &shift[0]
-	}
-	switch {
-	case level == levelAVX512 && shift == nil:
-		scalePanel4Z(&dst[0], &u[0], &sm[0], nil, d)
-	case level == levelAVX512:
-		scalePanel4ZShift(&dst[0], &u[0], &sm[0], mu, d)
-	case level == levelAVX2 && shift == nil:
-		scalePanel4Y(&dst[0], &u[0], &sm[0], nil, d)
-	case level == levelAVX2:
-		scalePanel4YShift(&dst[0], &u[0], &sm[0], mu, d)
+// The panel decoding kernels of each level: [4-bit levels][shift].
+var (
+	scalePanelZs = [2][2]scalePanelFunc{{scalePanelZ, scalePanelZShift}, {scalePanel4Z, scalePanel4ZShift}}
+	scalePanelYs = [2][2]scalePanelFunc{{scalePanelY, scalePanelYShift}, {scalePanel4Y, scalePanel4YShift}}
+)
+
+func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d, bits int) {
+	var k [2][2]scalePanelFunc
+	switch level {
+	case levelAVX512:
+		k = scalePanelZs
+	case levelAVX2:
+		k = scalePanelYs
 	default:
-		scalePanel4Go(dst, u, sm, shift, d)
+		scalePanelGo(dst, u, sm, shift, d, bits)
+		return
 	}
+	b, sh, mu := 0, 0, (*float32)(nil)
+	if bits == 4 {
+		b = 1
+	}
+	if shift != nil {
+		sh, mu = 1, &shift[0]
+	}
+	k[b][sh](&dst[0], &u[0], &sm[0], mu, d)
 }

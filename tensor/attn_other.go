@@ -21,10 +21,6 @@ func vdivLanes(s []float32, d float32) { vdivGo(s, d) }
 
 func scaleBytesLanes(dst []float32, u []byte, s, m float32) { scaleBytesGo(dst, u, s, m) }
 
-func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
-	scalePanelGo(dst, u, sm, shift, d)
-}
-
-func scalePanel4Lanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d int) {
-	scalePanel4Go(dst, u, sm, shift, d)
+func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d, bits int) {
+	scalePanelGo(dst, u, sm, shift, d, bits)
 }

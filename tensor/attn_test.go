@@ -190,96 +190,67 @@ func TestScaleBytes(t *testing.T) {
 	}
 }
 
-// TestScalePanel: the panel decoding kernels give their twin's bits, with
-// and without a shift, and the twin decodes each lane as ScaleBytes decodes
-// its slot (plus the shift as a separate sum).
+// TestScalePanel: the panel decoding kernels (8- and 4-bit levels) give
+// their twin's bits, with and without a shift, and the twin decodes each
+// lane as ScaleBytes decodes its slot's levels (plus the shift as a separate
+// sum).
 func TestScalePanel(t *testing.T) {
 	r := rand.New(rand.NewPCG(27, 28))
-	for _, d := range []int{1, 8, 64, 72} {
-		u := make([]byte, 16*d)
-		for i := range u {
-			u[i] = byte(r.IntN(256))
-		}
-		var sm [32]float32
-		for j := range 16 {
-			sm[j], sm[16+j] = float32(r.Float64()/100), float32(-r.Float64())
-		}
-		sm[16+3] = float32(math.Copysign(0, -1)) // a −0 minimum: x̂ = −0 at u = 0
-		u[3] = 0
-		shift := randF32(r, d)
-		for _, sh := range [][]float32{nil, shift} {
-			want := make([]float32, 16*d)
-			scalePanelGo(want, u, &sm, sh, d)
-			for j := range 16 {
-				col, lane := make([]byte, d), make([]float32, d)
-				for c := range d {
-					col[c] = u[c*16+j]
-				}
-				scaleBytesGo(lane, col, sm[j], sm[16+j])
-				for c := range d {
-					if sh != nil {
-						lane[c] += sh[c]
-					}
-					if !sameBits(lane[c], want[c*16+j]) {
-						t.Fatalf("d=%d lane %d value %d: twin %g, ScaleBytes %g", d, j, c, want[c*16+j], lane[c])
-					}
-				}
+	for _, bits := range []int{8, 4} {
+		decode := map[int]func([]float32, []byte, *[32]float32, []float32, int){8: ScalePanel, 4: ScalePanel4}[bits]
+		for _, d := range []int{1, 8, 64, 72} {
+			u := make([]byte, 16*d*bits/8)
+			for i := range u {
+				u[i] = byte(r.IntN(256))
 			}
-			forEachLevel(t, func(t *testing.T) {
-				got := make([]float32, 16*d)
-				ScalePanel(got, u, &sm, sh, d)
-				for i := range got {
-					if !sameBits(got[i], want[i]) {
-						t.Fatalf("d=%d shift %v: [%d] = %g, want %g", d, sh != nil, i, got[i], want[i])
-					}
+			level := func(c, j int) byte { // value c of slot j
+				if bits == 8 {
+					return u[c*16+j]
 				}
-			})
-		}
-	}
-}
-
-// TestScalePanel4: the 4-bit panel kernels give their twin's bits, with and
-// without a shift, and the twin decodes each lane's nibbles as ScaleBytes
-// decodes those levels (plus the shift as a separate sum).
-func TestScalePanel4(t *testing.T) {
-	r := rand.New(rand.NewPCG(29, 30))
-	for _, d := range []int{1, 8, 64, 72} {
-		u := make([]byte, 8*d)
-		for i := range u {
-			u[i] = byte(r.IntN(256))
-		}
-		var sm [32]float32
-		for j := range 16 {
-			sm[j], sm[16+j] = float32(r.Float64()/10), float32(-r.Float64())
-		}
-		shift := randF32(r, d)
-		for _, sh := range [][]float32{nil, shift} {
-			want := make([]float32, 16*d)
-			scalePanel4Go(want, u, &sm, sh, d)
-			for j := range 16 {
-				col, lane := make([]byte, d), make([]float32, d)
-				for c := range d {
-					col[c] = u[8*c+j/2] >> (4 * (j % 2)) & 15
-				}
-				scaleBytesGo(lane, col, sm[j], sm[16+j])
-				for c := range d {
-					if sh != nil {
-						lane[c] += sh[c]
-					}
-					if !sameBits(lane[c], want[c*16+j]) {
-						t.Fatalf("d=%d lane %d value %d: twin %g, ScaleBytes %g", d, j, c, want[c*16+j], lane[c])
-					}
-				}
+				return u[8*c+j/2] >> (4 * (j % 2)) & 15
 			}
-			forEachLevel(t, func(t *testing.T) {
-				got := make([]float32, 16*d)
-				ScalePanel4(got, u, &sm, sh, d)
-				for i := range got {
-					if !sameBits(got[i], want[i]) {
-						t.Fatalf("d=%d shift %v: [%d] = %g, want %g", d, sh != nil, i, got[i], want[i])
+			var sm [32]float32
+			for j := range 16 {
+				sm[j], sm[16+j] = float32(r.Float64()/100), float32(-r.Float64())
+			}
+			sm[16+3] = float32(math.Copysign(0, -1)) // a −0 minimum: x̂ = −0 at level 0
+			if bits == 8 {                           // slot 3's level of value 0 is 0
+				u[3] = 0
+			} else {
+				u[1] &^= 0xF0
+			}
+			if level(0, 3) != 0 {
+				t.Fatal("slot 3's level not cleared")
+			}
+			shift := randF32(r, d)
+			for _, sh := range [][]float32{nil, shift} {
+				want := make([]float32, 16*d)
+				scalePanelGo(want, u, &sm, sh, d, bits)
+				for j := range 16 {
+					col, lane := make([]byte, d), make([]float32, d)
+					for c := range d {
+						col[c] = level(c, j)
+					}
+					scaleBytesGo(lane, col, sm[j], sm[16+j])
+					for c := range d {
+						if sh != nil {
+							lane[c] += sh[c]
+						}
+						if !sameBits(lane[c], want[c*16+j]) {
+							t.Fatalf("%d bits d=%d lane %d value %d: twin %g, ScaleBytes %g", bits, d, j, c, want[c*16+j], lane[c])
+						}
 					}
 				}
-			})
+				forEachLevel(t, func(t *testing.T) {
+					got := make([]float32, 16*d)
+					decode(got, u, &sm, sh, d)
+					for i := range got {
+						if !sameBits(got[i], want[i]) {
+							t.Fatalf("%d bits d=%d shift %v: [%d] = %g, want %g", bits, d, sh != nil, i, got[i], want[i])
+						}
+					}
+				})
+			}
 		}
 	}
 }

@@ -261,16 +261,7 @@ type shiftedPanels struct {
 
 func (c *shiftedPanels) Put(dst []byte, n, d, i int, x []float32) {
 	var buf [maxShiftStack]float32
-	var y []float32
-	if d <= maxShiftStack {
-		y = buf[:d]
-	} else {
-		y = make([]float32, d)
-	}
-	for j, m := range c.shift[:d] {
-		y[j] = x[j] - m
-	}
-	c.quantPanels.Put(dst, n, d, i, y)
+	c.quantPanels.Put(dst, n, d, i, minusShift(&buf, x, c.shift, d))
 }
 
 func (c *shiftedPanels) Get(src []byte, n, d, i int, out []float32) {
@@ -284,9 +275,7 @@ func (c *shiftedPanels) Dot(src []byte, n, d, i int, q []float32) float32 {
 
 func (c *shiftedPanels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
 	c.quantPanels.Axpy(src, n, d, i, a, out)
-	for j, m := range c.shift[:d] {
-		out[j] += a * m
-	}
+	plusShift(out, a, c.shift, d)
 }
 
 // DecodeKeyPanel decodes slots i0 … i0+15 of a block of n slots into the

@@ -86,16 +86,28 @@ const maxShiftStack = 256
 
 func (c *shiftedQuant) Put(dst []byte, n, d, i int, x []float32) {
 	var buf [maxShiftStack]float32
+	c.tokenQuant.Put(dst, n, d, i, minusShift(&buf, x, c.shift, d))
+}
+
+// minusShift returns x − shift over d values, in buf when it has room.
+func minusShift(buf *[maxShiftStack]float32, x, shift []float32, d int) []float32 {
 	var y []float32
 	if d <= maxShiftStack {
 		y = buf[:d]
 	} else {
 		y = make([]float32, d)
 	}
-	for j, m := range c.shift[:d] {
+	for j, m := range shift[:d] {
 		y[j] = x[j] - m
 	}
-	c.tokenQuant.Put(dst, n, d, i, y)
+	return y
+}
+
+// plusShift adds a·shift to out (d values), a product then a sum each.
+func plusShift(out []float32, a float32, shift []float32, d int) {
+	for j, m := range shift[:d] {
+		out[j] += a * m
+	}
 }
 
 func (c *shiftedQuant) Get(src []byte, n, d, i int, out []float32) {
@@ -117,9 +129,7 @@ func (c *shiftedQuant) DotBlock(src []byte, n, d int, q []float32, out []float32
 
 func (c *shiftedQuant) Axpy(src []byte, n, d, i int, a float32, out []float32) {
 	c.tokenQuant.Axpy(src, n, d, i, a, out)
-	for j, m := range c.shift[:d] {
-		out[j] += a * m
-	}
+	plusShift(out, a, c.shift, d)
 }
 
 func dotF32(a, b []float32) float32 {

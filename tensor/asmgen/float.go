@@ -612,7 +612,6 @@ func genAttn(e *emitter) {
 	genVDiv(e)
 	genScaleBytes(e)
 	genScalePanel(e)
-	genScalePanel4(e)
 }
 
 const qkSig = "(p unsafe.Pointer, xp *float32, k int, c *float32, ldc int)"
@@ -962,146 +961,100 @@ func genVDiv(e *emitter) {
 // float32(u[c·16 + j])·sm[j] + sm[16 + j] (a multiply, then an add), plus
 // mu[c] (an add) in the Shift variant — a panel of 16 quantized slots
 // decoded as scaleBytes decodes one, with the slots' scales and minimums in
-// the lanes.
+// the lanes. scalePanel4<isa>[Shift] do the same over 4-bit levels: value
+// c of slot j is nibble j of the 8 bytes at u + 8c (slot 2k in the low
+// nibble of byte k, 2k+1 in the high one), spread to bytes first.
 func genScalePanel(e *emitter) {
-	for _, isa := range []string{"Z", "Y"} {
-		for _, shift := range []bool{false, true} {
-			name := "scalePanel" + isa
-			if shift {
-				name += "Shift"
+	for _, bits := range []int{8, 4} {
+		for _, isa := range []string{"Z", "Y"} {
+			for _, shift := range []bool{false, true} {
+				genScalePanelOne(e, bits, isa, shift)
 			}
-			e.text(name, "(dst *float32, u *byte, sm *float32, mu *float32, d int)", 40)
-			e.in("MOVQ dst+0(FP), DI")
-			e.in("MOVQ u+8(FP), SI")
-			e.in("MOVQ sm+16(FP), AX")
-			e.in("MOVQ mu+24(FP), BX")
-			e.in("MOVQ d+32(FP), CX")
-			e.in("TESTQ CX, CX")
-			e.in("JZ done")
-			if isa == "Z" {
-				e.in("VMOVUPS (AX), Z1")
-				e.in("VMOVUPS 64(AX), Z2")
-			} else {
-				e.in("VMOVUPS (AX), Y1")
-				e.in("VMOVUPS 32(AX), Y4")
-				e.in("VMOVUPS 64(AX), Y2")
-				e.in("VMOVUPS 96(AX), Y5")
-			}
-			e.label("loop")
-			if isa == "Z" {
-				e.in("VPMOVZXBD (SI), Z0")
-				e.in("VCVTDQ2PS Z0, Z0")
-				e.in("VMULPS Z1, Z0, Z0")
-				e.in("VADDPS Z2, Z0, Z0")
-				if shift {
-					e.in("VADDPS.BCST (BX), Z0, Z0")
-				}
-				e.in("VMOVUPS Z0, (DI)")
-			} else {
-				e.in("VPMOVZXBD (SI), Y0")
-				e.in("VPMOVZXBD 8(SI), Y3")
-				e.in("VCVTDQ2PS Y0, Y0")
-				e.in("VCVTDQ2PS Y3, Y3")
-				e.in("VMULPS Y1, Y0, Y0")
-				e.in("VMULPS Y4, Y3, Y3")
-				e.in("VADDPS Y2, Y0, Y0")
-				e.in("VADDPS Y5, Y3, Y3")
-				if shift {
-					e.in("VBROADCASTSS (BX), Y6")
-					e.in("VADDPS Y6, Y0, Y0")
-					e.in("VADDPS Y6, Y3, Y3")
-				}
-				e.in("VMOVUPS Y0, (DI)")
-				e.in("VMOVUPS Y3, 32(DI)")
-			}
-			if shift {
-				e.in("ADDQ $4, BX")
-			}
-			e.in("ADDQ $16, SI")
-			e.in("ADDQ $64, DI")
-			e.in("DECQ CX")
-			e.in("JNZ loop")
-			e.label("done")
-			e.in("VZEROUPPER")
-			e.in("RET")
 		}
 	}
 }
 
-// genScalePanel4: scalePanel4<isa>[Shift], genScalePanel's kernels over
-// 4-bit levels: value c of slot j is nibble j of the 8 bytes at u + 8c
-// (slot 2k in the low nibble of byte k, 2k+1 in the high one).
-func genScalePanel4(e *emitter) {
-	for _, isa := range []string{"Z", "Y"} {
-		for _, shift := range []bool{false, true} {
-			name := "scalePanel4" + isa
-			if shift {
-				name += "Shift"
-			}
-			e.text(name, "(dst *float32, u *byte, sm *float32, mu *float32, d int)", 40)
-			e.in("MOVQ dst+0(FP), DI")
-			e.in("MOVQ u+8(FP), SI")
-			e.in("MOVQ sm+16(FP), AX")
-			e.in("MOVQ mu+24(FP), BX")
-			e.in("MOVQ d+32(FP), CX")
-			e.in("TESTQ CX, CX")
-			e.in("JZ done")
-			e.in("VPBROADCASTD qmask0F<>(SB), X7")
-			if isa == "Z" {
-				e.in("VMOVUPS (AX), Z1")
-				e.in("VMOVUPS 64(AX), Z2")
-			} else {
-				e.in("VMOVUPS (AX), Y1")
-				e.in("VMOVUPS 32(AX), Y4")
-				e.in("VMOVUPS 64(AX), Y2")
-				e.in("VMOVUPS 96(AX), Y5")
-			}
-			e.label("loop")
-			// the 16 nibbles as 16 bytes, slot order
-			e.in("VMOVQ (SI), X0")
-			e.in("VPSRLW $4, X0, X3")
-			e.in("VPAND X7, X0, X0")
-			e.in("VPAND X7, X3, X3")
-			e.in("VPUNPCKLBW X3, X0, X0")
-			if isa == "Z" {
-				e.in("VPMOVZXBD X0, Z0")
-				e.in("VCVTDQ2PS Z0, Z0")
-				e.in("VMULPS Z1, Z0, Z0")
-				e.in("VADDPS Z2, Z0, Z0")
-				if shift {
-					e.in("VADDPS.BCST (BX), Z0, Z0")
-				}
-				e.in("VMOVUPS Z0, (DI)")
-			} else {
-				e.in("VPSRLDQ $8, X0, X3")
-				e.in("VPMOVZXBD X0, Y0")
-				e.in("VPMOVZXBD X3, Y3")
-				e.in("VCVTDQ2PS Y0, Y0")
-				e.in("VCVTDQ2PS Y3, Y3")
-				e.in("VMULPS Y1, Y0, Y0")
-				e.in("VMULPS Y4, Y3, Y3")
-				e.in("VADDPS Y2, Y0, Y0")
-				e.in("VADDPS Y5, Y3, Y3")
-				if shift {
-					e.in("VBROADCASTSS (BX), Y6")
-					e.in("VADDPS Y6, Y0, Y0")
-					e.in("VADDPS Y6, Y3, Y3")
-				}
-				e.in("VMOVUPS Y0, (DI)")
-				e.in("VMOVUPS Y3, 32(DI)")
-			}
-			if shift {
-				e.in("ADDQ $4, BX")
-			}
-			e.in("ADDQ $8, SI")
-			e.in("ADDQ $64, DI")
-			e.in("DECQ CX")
-			e.in("JNZ loop")
-			e.label("done")
-			e.in("VZEROUPPER")
-			e.in("RET")
-		}
+func genScalePanelOne(e *emitter, bits int, isa string, shift bool) {
+	name := "scalePanel"
+	if bits == 4 {
+		name += "4"
 	}
+	name += isa
+	if shift {
+		name += "Shift"
+	}
+	e.text(name, "(dst *float32, u *byte, sm *float32, mu *float32, d int)", 40)
+	e.in("MOVQ dst+0(FP), DI")
+	e.in("MOVQ u+8(FP), SI")
+	e.in("MOVQ sm+16(FP), AX")
+	e.in("MOVQ mu+24(FP), BX")
+	e.in("MOVQ d+32(FP), CX")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	if bits == 4 {
+		e.in("VPBROADCASTD qmask0F<>(SB), X7")
+	}
+	if isa == "Z" {
+		e.in("VMOVUPS (AX), Z1")
+		e.in("VMOVUPS 64(AX), Z2")
+	} else {
+		e.in("VMOVUPS (AX), Y1")
+		e.in("VMOVUPS 32(AX), Y4")
+		e.in("VMOVUPS 64(AX), Y2")
+		e.in("VMOVUPS 96(AX), Y5")
+	}
+	e.label("loop")
+	src := "(SI)" // the 16 levels as bytes: in memory (8 bits) or in X0 (4 bits)
+	if bits == 4 {
+		e.in("VMOVQ (SI), X0")
+		e.in("VPSRLW $4, X0, X3")
+		e.in("VPAND X7, X0, X0")
+		e.in("VPAND X7, X3, X3")
+		e.in("VPUNPCKLBW X3, X0, X0")
+		src = "X0"
+	}
+	if isa == "Z" {
+		e.in("VPMOVZXBD %s, Z0", src)
+		e.in("VCVTDQ2PS Z0, Z0")
+		e.in("VMULPS Z1, Z0, Z0")
+		e.in("VADDPS Z2, Z0, Z0")
+		if shift {
+			e.in("VADDPS.BCST (BX), Z0, Z0")
+		}
+		e.in("VMOVUPS Z0, (DI)")
+	} else {
+		if bits == 4 {
+			e.in("VPSRLDQ $8, X0, X3")
+			e.in("VPMOVZXBD X0, Y0")
+			e.in("VPMOVZXBD X3, Y3")
+		} else {
+			e.in("VPMOVZXBD (SI), Y0")
+			e.in("VPMOVZXBD 8(SI), Y3")
+		}
+		e.in("VCVTDQ2PS Y0, Y0")
+		e.in("VCVTDQ2PS Y3, Y3")
+		e.in("VMULPS Y1, Y0, Y0")
+		e.in("VMULPS Y4, Y3, Y3")
+		e.in("VADDPS Y2, Y0, Y0")
+		e.in("VADDPS Y5, Y3, Y3")
+		if shift {
+			e.in("VBROADCASTSS (BX), Y6")
+			e.in("VADDPS Y6, Y0, Y0")
+			e.in("VADDPS Y6, Y3, Y3")
+		}
+		e.in("VMOVUPS Y0, (DI)")
+		e.in("VMOVUPS Y3, 32(DI)")
+	}
+	if shift {
+		e.in("ADDQ $4, BX")
+	}
+	e.in("ADDQ $%d, SI", 2*bits)
+	e.in("ADDQ $64, DI")
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	e.in("VZEROUPPER")
+	e.in("RET")
 }
 
 func genScaleBytes(e *emitter) {
