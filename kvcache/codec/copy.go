@@ -10,12 +10,7 @@ func CopySlot(c Codec, dst []byte, dn, di int, src []byte, sn, si, d int) bool {
 	case f32Codec:
 		copy(c.row(dst, d, di), c.row(src, d, si))
 	case keyPanels:
-		dv, dst := c.slot(dst, dn, d, di)
-		sv, sst := c.slot(src, sn, d, si)
-		es := c.size()
-		for k := range d {
-			copy(dv[k*dst:k*dst+es], sv[k*sst:k*sst+es])
-		}
+		c.copySlot(dst, dn, di, src, sn, si, d)
 	case quantPanels:
 		c.copySlot(dst, dn, di, src, sn, si, d)
 	case f16Codec:

@@ -41,14 +41,31 @@ func (keyPanels) PerToken() bool                  { return true }
 
 func (c keyPanels) size() int { return c.row.Bits() / 8 }
 
+// panelSlot returns, for slot i of a block of n slots of d values laid out
+// in panels, the element of its first value and the stride L between its
+// values (the width of its group).
+func panelSlot(n, d, i int) (e, L int) {
+	g := i &^ (tensor.AttnLanes - 1)
+	L = min(tensor.AttnLanes, n-g)
+	return g*d + i - g, L
+}
+
 // slot returns the bytes of slot i's group from its first value on, and
 // the stride in bytes between its values.
 func (c keyPanels) slot(b []byte, n, d, i int) ([]byte, int) {
 	es := c.size()
-	g := i &^ (tensor.AttnLanes - 1)
-	L := min(tensor.AttnLanes, n-g)
-	off := es * (g*d + i - g)
-	return b[off : off+es*((d-1)*L+1)], es * L
+	e, L := panelSlot(n, d, i)
+	return b[es*e : es*(e+(d-1)*L+1)], es * L
+}
+
+// copySlot copies slot si of src (sn slots) into slot di of dst (dn).
+func (c keyPanels) copySlot(dst []byte, dn, di int, src []byte, sn, si, d int) {
+	dv, dst2 := c.slot(dst, dn, d, di)
+	sv, sst := c.slot(src, sn, d, si)
+	es := c.size()
+	for k := range d {
+		copy(dv[k*dst2:k*dst2+es], sv[k*sst:k*sst+es])
+	}
 }
 
 func (c keyPanels) Put(dst []byte, n, d, i int, x []float32) {
@@ -168,10 +185,9 @@ func (quantPanels) PerToken() bool                  { return true }
 // at returns the element of slot i's first level and the stride between
 // its levels, and slot i's metadata.
 func (c quantPanels) at(b []byte, n, d, i int) (e, st int, meta []byte) {
-	g := i &^ (tensor.AttnLanes - 1)
-	L := min(tensor.AttnLanes, n-g)
+	e, st = panelSlot(n, d, i)
 	m := n*c.tq.rowBytes(d) + 4*i
-	return g*d + i - g, L, b[m : m+4]
+	return e, st, b[m : m+4]
 }
 
 func (c quantPanels) level(b []byte, e int) byte {
