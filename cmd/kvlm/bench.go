@@ -68,10 +68,10 @@ type benchJSON struct {
 // for keys and values), in one process: two sequences take the same
 // prompt, then decode their own greedy continuations in turns, a token of
 // each (a round; A first in even rounds, B first in odd ones), so that both
-// see the machine in the same state to within a token. TimeRatio is the median over the rounds of A's
-// token time over B's (above 1: A slower), Q1 and Q3 its quartiles; the
-// speeds are the medians of each side's token times; the first
-// compareWarmup rounds are not counted.
+// see the machine in the same state to within a token. TimeRatio is the
+// median over the rounds of A's token time over B's (above 1: A slower),
+// Q1 and Q3 its quartiles; the speeds are the medians of each side's token
+// times; the first compareWarmup rounds are not counted.
 type benchCompareKV struct {
 	CodecA    string  `json:"a"`
 	CodecB    string  `json:"b"`
@@ -172,6 +172,9 @@ func newBench() *cobra.Command {
 			defer m.Close()
 			if f.promptN+f.genN > m.CtxLen {
 				return fmt.Errorf("--prompt %d + --gen %d exceed the context length %d", f.promptN, f.genN, m.CtxLen)
+			}
+			if cmp != nil && f.promptN+f.genN+compareWarmup > m.CtxLen {
+				return fmt.Errorf("--compare-kv: --prompt %d + --gen %d + %d warm-up tokens exceed the context length %d", f.promptN, f.genN, compareWarmup, m.CtxLen)
 			}
 			res, err := runBench(&mf, &f, m, contexts, batches)
 			if err != nil {
@@ -543,10 +546,9 @@ func kvBytesPerToken(m *model.Model, opt model.KVOptions) int64 {
 }
 
 // benchCompare runs --compare-kv: see benchCompareKV.
+// The caller checked that the context has room for --prompt, --gen and
+// the warm-up.
 func benchCompare(mf *modelFlags, f *benchFlags, m *model.Model, a, b string) (*benchCompareKV, error) {
-	if f.promptN+f.genN+compareWarmup > m.CtxLen {
-		return nil, fmt.Errorf("--compare-kv: --prompt %d + --gen %d + %d warm-up tokens exceed the context length %d", f.promptN, f.genN, compareWarmup, m.CtxLen)
-	}
 	base, err := mf.kvOptions()
 	if err != nil {
 		return nil, err
