@@ -555,6 +555,7 @@ func benchCompare(mf *modelFlags, f *benchFlags, m *model.Model, a, b string) (*
 	}
 	res := &benchCompareKV{CodecA: a, CodecB: b, Context: f.promptN + compareWarmup}
 	var seqs [2]*model.Sequence
+	var kvBytes [2]int64
 	for i, name := range []string{a, b} {
 		opt := base
 		if opt.K, err = codec.Parse(name, codec.Keys); err != nil {
@@ -563,22 +564,14 @@ func benchCompare(mf *modelFlags, f *benchFlags, m *model.Model, a, b string) (*
 		if opt.V, err = codec.Parse(name, codec.Values); err != nil {
 			return nil, err
 		}
-		if opt, err = mf.withKeyShift(m, opt); err != nil {
-			return nil, err
-		}
-		seq, err := m.NewStandaloneSequence(opt)
+		seq, err := mf.sequenceWith(m, opt)
 		if err != nil {
 			return nil, err
 		}
 		defer seq.Close()
-		seq.Chunk = mf.chunk
-		seqs[i] = seq
-		if i == 0 {
-			res.KVBytesA = kvBytesPerToken(m, opt)
-		} else {
-			res.KVBytesB = kvBytesPerToken(m, opt)
-		}
+		seqs[i], kvBytes[i] = seq, kvBytesPerToken(m, opt)
 	}
+	res.KVBytesA, res.KVBytesB = kvBytes[0], kvBytes[1]
 	prompt := benchPrompt(f.promptN, m.Vocab, 5)
 	var next [2]int
 	for i, seq := range seqs {

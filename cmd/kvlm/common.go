@@ -174,7 +174,14 @@ func (f *modelFlags) sequence(m *model.Model) (*model.Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opt, err = f.withKeyShift(m, opt); err != nil {
+	return f.sequenceWith(m, opt)
+}
+
+// sequenceWith starts a standalone sequence with the cache options opt
+// (key means added where its key codec wants them) and the --chunk.
+func (f *modelFlags) sequenceWith(m *model.Model, opt model.KVOptions) (*model.Sequence, error) {
+	opt, err := f.withKeyShift(m, opt)
+	if err != nil {
 		return nil, err
 	}
 	seq, err := m.NewStandaloneSequence(opt)
