@@ -50,6 +50,12 @@ func panelSlot(n, d, i int) (e, L int) {
 	return g*d + i - g, L
 }
 
+// fullGroup reports whether slots i0 … i0+15 of a block of n slots are one
+// full group of its panels (and there are values to read).
+func fullGroup(n, d, i0 int) bool {
+	return i0 >= 0 && i0%tensor.AttnLanes == 0 && i0+tensor.AttnLanes <= n && d > 0
+}
+
 // slot returns the bytes of slot i's group from its first value on, and
 // the stride in bytes between its values.
 func (c keyPanels) slot(b []byte, n, d, i int) ([]byte, int) {
@@ -148,7 +154,7 @@ func (c keyPanels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
 // and those 16 slots are one full group of the block; false otherwise.
 func KeyPanel(c Codec, src []byte, n, d, i0 int) ([]byte, tensor.DType, bool) {
 	p, ok := c.(keyPanels)
-	if !ok || i0 < 0 || i0%tensor.AttnLanes != 0 || i0+tensor.AttnLanes > n || d <= 0 {
+	if !ok || !fullGroup(n, d, i0) {
 		return nil, 0, false
 	}
 	es := p.size()
@@ -310,7 +316,7 @@ func DecodeKeyPanel(c Codec, src []byte, n, d, i0 int, out []float32) bool {
 	default:
 		return false
 	}
-	if i0 < 0 || i0%tensor.AttnLanes != 0 || i0+tensor.AttnLanes > n || d <= 0 {
+	if !fullGroup(n, d, i0) {
 		return false
 	}
 	var sm [2 * tensor.AttnLanes]float32
