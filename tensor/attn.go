@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"fmt"
 	"math"
 	"unsafe"
 )
@@ -307,6 +308,62 @@ func ScaleBytes(dst []float32, u []byte, s, m float32) {
 		scaleBytesLanes(dst[:n16], u[:n16], s, m)
 	}
 	scaleBytesGo(dst[n16:], u[n16:], s, m)
+}
+
+// ScaleLevels sets dst[j] = s·u_j + m (a product then a sum, each rounded
+// to float32, as ScaleBytes) for j < len(dst), u_j the levels of bits 8, 4
+// or 2 packed in u, low bits first (4 bits: u_2k is the low nibble of byte
+// k): the decoding of the KV cache's q4, kivi4 and kivi2 rows.
+func ScaleLevels(dst []float32, u []byte, bits int, s, m float32) {
+	if bits == 8 {
+		ScaleBytes(dst, u, s, m)
+		return
+	}
+	checkLevels(dst, u, bits)
+	n16 := len(dst) &^ 15
+	if n16 > 0 {
+		scaleLevelsLanes(dst[:n16], u, bits, &s, &m, false)
+	}
+	for j := n16; j < len(dst); j++ {
+		pos := j * bits
+		dst[j] = float32(s*float32(u[pos>>3]>>(pos&7)&(1<<bits-1))) + m
+	}
+}
+
+// ScaleLevelsV is ScaleLevels with a scale and minimum per value: dst[j] =
+// s[j]·u_j + m[j] (bits 4 or 2), the decoding of KIVI's keys (a scale and
+// minimum per channel).
+func ScaleLevelsV(dst []float32, u []byte, bits int, s, m []float32) {
+	checkLevels(dst, u, bits)
+	s, m = s[:len(dst)], m[:len(dst)]
+	n16 := len(dst) &^ 15
+	if n16 > 0 {
+		scaleLevelsLanes(dst[:n16], u, bits, &s[0], &m[0], true)
+	}
+	scaleLevelsGo(dst[n16:], u[n16*bits/8:], bits, s[n16:], m[n16:], true)
+}
+
+func checkLevels(dst []float32, u []byte, bits int) {
+	if bits != 4 && bits != 2 {
+		panic(fmt.Sprintf("tensor: levels of %d bits", bits))
+	}
+	if len(dst) > 0 {
+		_ = u[(len(dst)*bits+7)/8-1]
+	}
+}
+
+// scaleLevelsGo is the twin of the level decoding kernels: with vec, s and
+// m hold a value each, else one for all.
+func scaleLevelsGo(dst []float32, u []byte, bits int, s, m []float32, vec bool) {
+	for j := range dst {
+		pos := j * bits
+		v := u[pos>>3] >> (pos & 7) & (1<<bits - 1)
+		k := 0
+		if vec {
+			k = j
+		}
+		dst[j] = float32(s[k]*float32(v)) + m[k]
+	}
 }
 
 // ScalePanel decodes a panel of 16 quantized slots stored value-major

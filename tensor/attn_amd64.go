@@ -100,31 +100,61 @@ func scaleBytesLanes(dst []float32, u []byte, s, m float32) {
 	}
 }
 
-type scalePanelFunc func(dst *float32, u *byte, sm *float32, mu *float32, d int)
-
-// The panel decoding kernels of each level: [4-bit levels][shift].
-var (
-	scalePanelZs = [2][2]scalePanelFunc{{scalePanelZ, scalePanelZShift}, {scalePanel4Z, scalePanel4ZShift}}
-	scalePanelYs = [2][2]scalePanelFunc{{scalePanelY, scalePanelYShift}, {scalePanel4Y, scalePanel4YShift}}
-)
+// scaleLevelsLanes runs the level decoding kernel of the level in use over
+// len(dst), a multiple of 16, levels.
+func scaleLevelsLanes(dst []float32, u []byte, bits int, s, m *float32, vec bool) {
+	d, p, n := &dst[0], &u[0], len(dst)
+	switch {
+	case level == levelAVX512 && bits == 4 && vec:
+		scaleLevels4ZV(d, p, n, s, m)
+	case level == levelAVX512 && bits == 4:
+		scaleLevels4Z(d, p, n, s, m)
+	case level == levelAVX512 && vec:
+		scaleLevels2ZV(d, p, n, s, m)
+	case level == levelAVX512:
+		scaleLevels2Z(d, p, n, s, m)
+	case level == levelAVX2 && bits == 4 && vec:
+		scaleLevels4YV(d, p, n, s, m)
+	case level == levelAVX2 && bits == 4:
+		scaleLevels4Y(d, p, n, s, m)
+	case level == levelAVX2 && vec:
+		scaleLevels2YV(d, p, n, s, m)
+	case level == levelAVX2:
+		scaleLevels2Y(d, p, n, s, m)
+	default:
+		k := 1
+		if vec {
+			k = n
+		}
+		scaleLevelsGo(dst, u, bits, unsafe.Slice(s, k), unsafe.Slice(m, k), vec)
+	}
+}
 
 func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d, bits int) {
-	var k [2][2]scalePanelFunc
-	switch level {
-	case levelAVX512:
-		k = scalePanelZs
-	case levelAVX2:
-		k = scalePanelYs
+	o, p, q := &dst[0], &u[0], &sm[0]
+	var mu *float32
+	if shift != nil {
+		mu = &shift[0]
+	}
+	// direct calls, so that escape analysis sees the kernels' go:noescape
+	switch {
+	case level == levelAVX512 && bits == 8 && mu == nil:
+		scalePanelZ(o, p, q, mu, d)
+	case level == levelAVX512 && bits == 8:
+		scalePanelZShift(o, p, q, mu, d)
+	case level == levelAVX512 && mu == nil:
+		scalePanel4Z(o, p, q, mu, d)
+	case level == levelAVX512:
+		scalePanel4ZShift(o, p, q, mu, d)
+	case level == levelAVX2 && bits == 8 && mu == nil:
+		scalePanelY(o, p, q, mu, d)
+	case level == levelAVX2 && bits == 8:
+		scalePanelYShift(o, p, q, mu, d)
+	case level == levelAVX2 && mu == nil:
+		scalePanel4Y(o, p, q, mu, d)
+	case level == levelAVX2:
+		scalePanel4YShift(o, p, q, mu, d)
 	default:
 		scalePanelGo(dst, u, sm, shift, d, bits)
-		return
 	}
-	b, sh, mu := 0, 0, (*float32)(nil)
-	if bits == 4 {
-		b = 1
-	}
-	if shift != nil {
-		sh, mu = 1, &shift[0]
-	}
-	k[b][sh](&dst[0], &u[0], &sm[0], mu, d)
 }

@@ -21,6 +21,14 @@ func vdivLanes(s []float32, d float32) { vdivGo(s, d) }
 
 func scaleBytesLanes(dst []float32, u []byte, s, m float32) { scaleBytesGo(dst, u, s, m) }
 
+func scaleLevelsLanes(dst []float32, u []byte, bits int, s, m *float32, vec bool) {
+	n := 1
+	if vec {
+		n = len(dst)
+	}
+	scaleLevelsGo(dst, u, bits, unsafe.Slice(s, n), unsafe.Slice(m, n), vec)
+}
+
 func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d, bits int) {
 	scalePanelGo(dst, u, sm, shift, d, bits)
 }

@@ -255,6 +255,64 @@ func TestScalePanel(t *testing.T) {
 	}
 }
 
+// TestScaleLevels: 4- and 2-bit levels decoded with one scale and minimum
+// (ScaleLevels) or one per value (ScaleLevelsV) give, at every kernel
+// level and length (SIMD groups of 16 and the tail), the bits of the
+// levels unpacked one by one and decoded as ScaleBytes decodes bytes;
+// bits 8 is ScaleBytes.
+func TestScaleLevels(t *testing.T) {
+	r := rand.New(rand.NewPCG(29, 30))
+	for _, bits := range []int{8, 4, 2} {
+		for _, n := range []int{0, 1, 5, 15, 16, 17, 32, 64, 100} {
+			u := make([]byte, (n*bits+7)/8+1)
+			for i := range u {
+				u[i] = byte(r.IntN(256))
+			}
+			levels := make([]byte, n) // level j: bits bits from bit j·bits on
+			for j := range levels {
+				var v uint
+				for b := range bits {
+					bit := j*bits + b
+					v |= uint(u[bit/8]>>(bit%8)&1) << b
+				}
+				levels[j] = byte(v)
+			}
+			s, m := randF32(r, n+1), randF32(r, n+1)
+			for j := range s {
+				s[j] /= 10
+			}
+			m[0] = float32(math.Copysign(0, -1)) // −0 at level 0 stays −0
+			if n > 0 {
+				u[0] &^= 1<<bits - 1
+				levels[0] = 0
+			}
+			want, wantV := make([]float32, n), make([]float32, n)
+			scaleBytesGo(want, levels, s[0], m[0])
+			for j := range wantV {
+				scaleBytesGo(wantV[j:j+1], levels[j:j+1], s[j], m[j])
+			}
+			forEachLevel(t, func(t *testing.T) {
+				got := make([]float32, n)
+				ScaleLevels(got, u, bits, s[0], m[0])
+				for j := range got {
+					if !sameBits(got[j], want[j]) {
+						t.Fatalf("%d bits n=%d: [%d] = %g, want %g", bits, n, j, got[j], want[j])
+					}
+				}
+				if bits == 8 {
+					return
+				}
+				ScaleLevelsV(got, u, bits, s, m)
+				for j := range got {
+					if !sameBits(got[j], wantV[j]) {
+						t.Fatalf("V %d bits n=%d: [%d] = %g, want %g", bits, n, j, got[j], wantV[j])
+					}
+				}
+			})
+		}
+	}
+}
+
 func BenchmarkAttnKernels(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 2))
 	const d, rows = 64, 128

@@ -79,34 +79,9 @@ func (c *tokenQuant) getRows(src []byte, n, d, i0, cnt, g int, out []float32) {
 }
 
 // decodeLevels sets out[j] = s·u_j + m for the levels u_j of bits bits
-// packed in p from its first byte.
+// packed in p from its first byte (tensor.ScaleLevels).
 func decodeLevels(p []byte, bits int, s, m float32, out []float32) {
-	switch bits {
-	case 8:
-		tensor.ScaleBytes(out, p[:len(out)], s, m)
-	case 4:
-		j := 0
-		for ; j+2 <= len(out); j += 2 {
-			x := &lut4[p[j>>1]]
-			out[j] = s*x[0] + m
-			out[j+1] = s*x[1] + m
-		}
-		for ; j < len(out); j++ {
-			out[j] = s*float32(unpack(p, 4, j)) + m
-		}
-	default:
-		j := 0
-		for ; j+4 <= len(out); j += 4 {
-			x := &lut2[p[j>>2]]
-			out[j] = s*x[0] + m
-			out[j+1] = s*x[1] + m
-			out[j+2] = s*x[2] + m
-			out[j+3] = s*x[3] + m
-		}
-		for ; j < len(out); j++ {
-			out[j] = s*float32(unpack(p, 2, j)) + m
-		}
-	}
+	tensor.ScaleLevels(out, p, bits, s, m)
 }
 
 // getRows is Get for cnt slots, the per-channel metadata decoded once.
@@ -119,10 +94,6 @@ func (c *kiviKeys) getRows(src []byte, n, d, i0, cnt int, out []float32) {
 		sc[ch], mn[ch] = unmeta(binary.LittleEndian.Uint32(metas[4*ch:]))
 	}
 	for i := range cnt {
-		row := src[(i0+i)*rb : (i0+i+1)*rb]
-		o := out[i*d : (i+1)*d]
-		for ch := range o {
-			o[ch] = sc[ch]*float32(unpack(row, c.bits, ch)) + mn[ch]
-		}
+		tensor.ScaleLevelsV(out[i*d:(i+1)*d], src[(i0+i)*rb:(i0+i+1)*rb], c.bits, sc, mn)
 	}
 }

@@ -611,6 +611,7 @@ func genAttn(e *emitter) {
 	genVMax(e)
 	genVDiv(e)
 	genScaleBytes(e)
+	genScaleLevels(e)
 	genScalePanel(e)
 }
 
@@ -1047,6 +1048,113 @@ func genScalePanelOne(e *emitter, bits int, isa string, shift bool) {
 	}
 	if shift {
 		e.in("ADDQ $4, BX")
+	}
+	e.in("ADDQ $%d, SI", 2*bits)
+	e.in("ADDQ $64, DI")
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// genScaleLevels writes scaleLevels<bits><isa>[V](dst *float32, u *byte,
+// n int, s, m *float32): dst[j] = s·u_j + m (a product then a sum, each
+// rounded, as scaleBytes) for the n (a multiple of 16) levels of bits 4 or
+// 2 packed in u, low bits first; s and m are one scale and minimum for
+// all, or with V one per value (s[j], m[j]).
+func genScaleLevels(e *emitter) {
+	for _, bits := range []int{4, 2} {
+		for _, isa := range []string{"Z", "Y"} {
+			for _, vec := range []bool{false, true} {
+				genScaleLevelsOne(e, bits, isa, vec)
+			}
+		}
+	}
+}
+
+func genScaleLevelsOne(e *emitter, bits int, isa string, vec bool) {
+	name := fmt.Sprintf("scaleLevels%d%s", bits, isa)
+	if vec {
+		name += "V"
+	}
+	e.text(name, "(dst *float32, u *byte, n int, s, m *float32)", 40)
+	e.in("MOVQ dst+0(FP), DI")
+	e.in("MOVQ u+8(FP), SI")
+	e.in("MOVQ n+16(FP), CX")
+	e.in("MOVQ s+24(FP), AX")
+	e.in("MOVQ m+32(FP), BX")
+	e.in("SHRQ $4, CX")
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	if bits == 4 {
+		e.in("VPBROADCASTD qmask0F<>(SB), X7")
+	} else {
+		e.in("VPBROADCASTD qmask03<>(SB), X7")
+	}
+	if !vec {
+		if isa == "Z" {
+			e.in("VBROADCASTSS (AX), Z1")
+			e.in("VBROADCASTSS (BX), Z2")
+		} else {
+			e.in("VBROADCASTSS (AX), Y1")
+			e.in("VBROADCASTSS (BX), Y2")
+		}
+	}
+	e.label("loop")
+	// the 16 levels as bytes, in order, into X0
+	if bits == 4 {
+		e.in("VMOVQ (SI), X0")
+		e.in("VPSRLW $4, X0, X3")
+		e.in("VPAND X7, X0, X0")
+		e.in("VPAND X7, X3, X3")
+		e.in("VPUNPCKLBW X3, X0, X0")
+	} else {
+		e.in("VMOVD (SI), X0")
+		e.in("VPSRLW $2, X0, X3")
+		e.in("VPSRLW $4, X0, X4")
+		e.in("VPSRLW $6, X0, X5")
+		for _, r := range []int{0, 3, 4, 5} {
+			e.in("VPAND X7, X%d, X%d", r, r)
+		}
+		e.in("VPUNPCKLBW X3, X0, X0") // byte k: levels 4k, 4k+1
+		e.in("VPUNPCKLBW X5, X4, X4") // byte k: levels 4k+2, 4k+3
+		e.in("VPUNPCKLWD X4, X0, X0")
+	}
+	if isa == "Z" {
+		e.in("VPMOVZXBD X0, Z0")
+		e.in("VCVTDQ2PS Z0, Z0")
+		if vec {
+			e.in("VMULPS (AX), Z0, Z0")
+			e.in("VADDPS (BX), Z0, Z0")
+		} else {
+			e.in("VMULPS Z1, Z0, Z0")
+			e.in("VADDPS Z2, Z0, Z0")
+		}
+		e.in("VMOVUPS Z0, (DI)")
+	} else {
+		e.in("VPSRLDQ $8, X0, X3")
+		e.in("VPMOVZXBD X0, Y0")
+		e.in("VPMOVZXBD X3, Y3")
+		e.in("VCVTDQ2PS Y0, Y0")
+		e.in("VCVTDQ2PS Y3, Y3")
+		if vec {
+			e.in("VMULPS (AX), Y0, Y0")
+			e.in("VMULPS 32(AX), Y3, Y3")
+			e.in("VADDPS (BX), Y0, Y0")
+			e.in("VADDPS 32(BX), Y3, Y3")
+		} else {
+			e.in("VMULPS Y1, Y0, Y0")
+			e.in("VMULPS Y1, Y3, Y3")
+			e.in("VADDPS Y2, Y0, Y0")
+			e.in("VADDPS Y2, Y3, Y3")
+		}
+		e.in("VMOVUPS Y0, (DI)")
+		e.in("VMOVUPS Y3, 32(DI)")
+	}
+	if vec {
+		e.in("ADDQ $64, AX")
+		e.in("ADDQ $64, BX")
 	}
 	e.in("ADDQ $%d, SI", 2*bits)
 	e.in("ADDQ $64, DI")
