@@ -519,6 +519,14 @@ func TestNoAllocs(t *testing.T) {
 		if a := testing.AllocsPerRun(100, func() { DotAll(cc.c, b, n, d, q, scores) }); a != 0 {
 			t.Errorf("%s: DotAll allocates %v", cc.name, a)
 		}
+		// the block decoding that attention runs every step
+		rows := make([]float32, n*d)
+		if a := testing.AllocsPerRun(100, func() { GetRows(cc.c, b, n, d, 0, n, rows) }); a != 0 {
+			t.Errorf("%s: GetRows allocates %v", cc.name, a)
+		}
+		if a := testing.AllocsPerRun(100, func() { DecodeKeyPanel(cc.c, b, n, d, 0, rows) }); a != 0 {
+			t.Errorf("%s: DecodeKeyPanel allocates %v", cc.name, a)
+		}
 		_ = sink
 	}
 }
