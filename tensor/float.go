@@ -9,10 +9,13 @@ import (
 // panels: 16 weight rows at a time are converted to float32 and transposed
 // into P[k][16] (weight rows in SIMD lanes, panelK columns per panel), and a
 // micro-kernel multiplies a panel by up to mr activation rows at once,
-// packed as Xp[k][mr], accumulating C[t][16]. Each lane adds its products
-// one by one in k order with a separate multiply and add, exactly as Dot
-// does, so the results are bit for bit those of the plain Go path (and of
-// llama2.c's run.c).
+// packed as Xp[k][mr], accumulating C[t][16]. The panels of a half-float
+// panel matrix (NewPanelMatrix) are stored that way already, as F16 or
+// BF16 values: their kernels read them in place and convert as they load.
+// Each lane adds its products one by one in k order: for F32 weights with
+// a separate multiply and add (dotSeq: llama2.c's run.c), for half floats
+// with a fused multiply-add (dotFMA), so the results are bit for bit those
+// of the plain Go path.
 
 const (
 	panelRows = 16
@@ -20,14 +23,17 @@ const (
 )
 
 type (
-	kernFunc func(p, xp *float32, k int, c *float32, load int)
-	packFunc func(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)
+	kernFunc     func(p, xp *float32, k int, c *float32, load int)
+	halfKernFunc func(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+	packFunc     func(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)
 )
 
 type floatKernels struct {
-	mr   int        // most activation rows per micro-kernel call
-	kern []kernFunc // kern[m] handles m rows, 1 <= m <= mr
-	pack [3]packFunc
+	mr    int               // most activation rows per micro-kernel call
+	kern  []kernFunc        // kern[m] handles m rows, 1 <= m <= mr: F32 weights
+	kernF []kernFunc        // the same with FMA: half-float rows packed as float32
+	half  [2][]halfKernFunc // the same with FMA over F16 and BF16 panels ([floatIndex-1])
+	pack  [3]packFunc
 }
 
 func floatIndex(t DType) int {
@@ -88,14 +94,21 @@ func (m *Matrix) floatRows(fk *floatKernels, dst, xp []float32, n, lo, hi int) {
 	if m.Type != F32 {
 		es = 2
 	}
+	kern := fk.kern
+	if m.Type != F32 {
+		kern = fk.kernF
+	}
 	pb := getBuf(panelK*panelRows + n*panelRows)
 	panel, c := (*pb)[:panelK*panelRows], (*pb)[panelK*panelRows:]
 	for b := lo; b < hi; b++ {
 		r0 := b * panelRows
 		nr := min(panelRows, rows-r0)
+		inPanels := r0 < panelRows*m.panels
 		for k0 := 0; k0 < cols; k0 += panelK {
 			kk := min(panelK, cols-k0)
-			m.packPanel(fk, panel, r0, nr, k0, kk)
+			if !inPanels {
+				m.packPanel(fk, panel, r0, nr, k0, kk)
+			}
 			// Fetch the next panel's weights while this one computes.
 			if nk := k0 + panelK; nk < cols {
 				m.prefetchPanel(r0, nr, nk, min(panelK, cols-nk), es)
@@ -108,7 +121,12 @@ func (m *Matrix) floatRows(fk *floatKernels, dst, xp []float32, n, lo, hi int) {
 			}
 			for t0 := 0; t0 < n; t0 += mr {
 				g := min(mr, n-t0)
-				fk.kern[g](&panel[0], &xp[t0*cols+k0*g], kk, &c[t0*panelRows], load)
+				if inPanels {
+					w := unsafe.Pointer(&m.Data[m.tileOffset(r0, k0)])
+					fk.half[floatIndex(m.Type)-1][g](w, &xp[t0*cols+k0*g], kk, &c[t0*panelRows], load)
+					continue
+				}
+				kern[g](&panel[0], &xp[t0*cols+k0*g], kk, &c[t0*panelRows], load)
 			}
 		}
 		for t := 0; t < n; t++ {
@@ -135,17 +153,11 @@ func packActivations(xp, x []float32, n, cols, mr int) {
 }
 
 // packPanel writes rows r0..r0+nr-1, columns k0..k0+kk-1 of W as float32 to
-// panel[k][16] (rows past nr are zero).
+// panel[k][16] (rows past nr are zero); rows stored row by row.
 func (m *Matrix) packPanel(fk *floatKernels, panel []float32, r0, nr, k0, kk int) {
 	es := 4
 	if m.Type != F32 {
 		es = 2
-	}
-	if r0 < panelRows*m.panels {
-		// A panel of a panel matrix: its 16-column tiles lie 512 bytes
-		// apart, each row's 16 values 32 bytes apart (NewPanelMatrix).
-		fk.pack[floatIndex(m.Type)](&panel[0], unsafe.Pointer(&m.Data[m.tileOffset(r0, k0)]), 32, kk/16, 512)
-		return
 	}
 	full := 0
 	if nr == panelRows {
@@ -185,9 +197,9 @@ func (m *Matrix) prefetchPanel(r0, nr, k0, kk, es int) {
 }
 
 // matvecHalf computes dst = W·x for F16 or BF16 weights in Dot's order per
-// row: panels of a panel matrix with the panel kernel, other rows one at a
-// time with k (the first 16·⌊Cols/16⌋ values; the rest are added here one
-// by one).
+// row: panels of a panel matrix with the panel kernel (at other levels than
+// AVX-512, row by row through Dot), other rows one at a time with k (the
+// first 16·⌊Cols/16⌋ values; the rest are added here one by one).
 func (m *Matrix) matvecHalf(k matvecHFunc, dst, x []float32) {
 	Parallel(m.blocks16(), halfGrain(m.Cols), func(lo, hi int) { m.matvecHalfBlocks(k, dst, x, lo, hi) })
 }
@@ -201,9 +213,17 @@ func (m *Matrix) matvecHalfBlocks(k matvecHFunc, dst, x []float32, lo, hi int) {
 	cols := m.Cols
 	r0, r1 := lo*panelRows, min(hi*panelRows, m.Rows)
 	if p := min(hi, m.panels); lo < p {
-		kp, rows := matvecP(m.Type)
-		for r := lo * panelRows; r < p*panelRows; r += rows {
-			kp(unsafe.Pointer(&m.Data[m.tileOffset(r, 0)]), &x[0], cols/16, &dst[r])
+		if kp := matvecP(m.Type); kp != nil {
+			for r := lo * panelRows; r < p*panelRows; r += panelRows {
+				kp(unsafe.Pointer(&m.Data[m.tileOffset(r, 0)]), &x[0], cols/16, &dst[r])
+			}
+		} else {
+			buf := getBuf(cols)
+			for r := lo * panelRows; r < p*panelRows; r++ {
+				m.Row(r, *buf)
+				dst[r] = Dot(*buf, x[:cols])
+			}
+			floatBufs.Put(buf)
 		}
 		r0 = p * panelRows
 	}

@@ -6,15 +6,47 @@ import "unsafe"
 
 var floatKernelsZ = floatKernels{
 	mr: 16,
-	kern: []kernFunc{nil, kernF32Zm1, kernF32Zm2, kernF32Zm3, kernF32Zm4, kernF32Zm5, kernF32Zm6, kernF32Zm7,
-		kernF32Zm8, kernF32Zm9, kernF32Zm10, kernF32Zm11, kernF32Zm12, kernF32Zm13, kernF32Zm14,
-		kernF32Zm15, kernF32Zm16},
+	kern: []kernFunc{
+		nil, kernF32Zm1, kernF32Zm2, kernF32Zm3, kernF32Zm4, kernF32Zm5, kernF32Zm6, kernF32Zm7,
+		kernF32Zm8, kernF32Zm9, kernF32Zm10, kernF32Zm11, kernF32Zm12, kernF32Zm13, kernF32Zm14, kernF32Zm15,
+		kernF32Zm16,
+	},
+	kernF: []kernFunc{
+		nil, kernF32FZm1, kernF32FZm2, kernF32FZm3, kernF32FZm4, kernF32FZm5, kernF32FZm6, kernF32FZm7,
+		kernF32FZm8, kernF32FZm9, kernF32FZm10, kernF32FZm11, kernF32FZm12, kernF32FZm13, kernF32FZm14, kernF32FZm15,
+		kernF32FZm16,
+	},
+	half: [2][]halfKernFunc{
+		{
+			nil, kernF16Zm1, kernF16Zm2, kernF16Zm3, kernF16Zm4, kernF16Zm5, kernF16Zm6, kernF16Zm7,
+			kernF16Zm8, kernF16Zm9, kernF16Zm10, kernF16Zm11, kernF16Zm12, kernF16Zm13, kernF16Zm14, kernF16Zm15,
+			kernF16Zm16,
+		},
+		{
+			nil, kernBF16Zm1, kernBF16Zm2, kernBF16Zm3, kernBF16Zm4, kernBF16Zm5, kernBF16Zm6, kernBF16Zm7,
+			kernBF16Zm8, kernBF16Zm9, kernBF16Zm10, kernBF16Zm11, kernBF16Zm12, kernBF16Zm13, kernBF16Zm14, kernBF16Zm15,
+			kernBF16Zm16,
+		},
+	},
 	pack: [3]packFunc{packF32Z, packF16Z, packBF16Z},
 }
 
 var floatKernelsY = floatKernels{
-	mr:   6,
-	kern: []kernFunc{nil, kernF32Ym1, kernF32Ym2, kernF32Ym3, kernF32Ym4, kernF32Ym5, kernF32Ym6},
+	mr: 6,
+	kern: []kernFunc{
+		nil, kernF32Ym1, kernF32Ym2, kernF32Ym3, kernF32Ym4, kernF32Ym5, kernF32Ym6,
+	},
+	kernF: []kernFunc{
+		nil, kernF32FYm1, kernF32FYm2, kernF32FYm3, kernF32FYm4, kernF32FYm5, kernF32FYm6,
+	},
+	half: [2][]halfKernFunc{
+		{
+			nil, kernF16Ym1, kernF16Ym2, kernF16Ym3, kernF16Ym4, kernF16Ym5, kernF16Ym6,
+		},
+		{
+			nil, kernBF16Ym1, kernBF16Ym2, kernBF16Ym3, kernBF16Ym4, kernBF16Ym5, kernBF16Ym6,
+		},
+	},
 	pack: [3]packFunc{packF32Y, packF16Y, packBF16Y},
 }
 
@@ -42,20 +74,17 @@ func matvecH(t DType) matvecHFunc {
 
 type matvecPFunc func(w unsafe.Pointer, x *float32, nb int, dst *float32)
 
-// matvecP returns the panel kernel of the level in use for F16 or BF16
-// panel matrices (NewPanelMatrix), in Dot's order per row, and the rows
-// of a panel it computes per call (16, or 4 from w + 32·j for AVX2). Only
-// called where matvecH is not nil.
-func matvecP(t DType) (matvecPFunc, int) {
+// matvecP returns the AVX-512 kernel for the 16 rows of a panel of an F16
+// or BF16 panel matrix (NewPanelMatrix) times one vector, in Dot's order
+// per row; nil at other levels (panels are then read row by row).
+func matvecP(t DType) matvecPFunc {
 	switch {
 	case level == levelAVX512 && t == F16:
-		return matvecPF16Z, 16
+		return matvecPF16Z
 	case level == levelAVX512 && t == BF16:
-		return matvecPBF16Z, 16
-	case t == F16:
-		return matvecPF16Y, 4
+		return matvecPBF16Z
 	}
-	return matvecPBF16Y, 4
+	return nil
 }
 
 // floatKern returns the float kernels of the level in use (nil: plain Go).

@@ -75,6 +75,204 @@ func kernF32Ym5(p, xp *float32, k int, c *float32, load int)
 func kernF32Ym6(p, xp *float32, k int, c *float32, load int)
 
 //go:noescape
+func kernF32FZm1(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm2(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm3(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm4(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm5(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm6(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm7(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm8(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm9(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm10(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm11(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm12(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm13(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm14(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm15(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FZm16(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FYm1(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FYm2(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FYm3(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FYm4(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FYm5(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF32FYm6(p, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm1(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm2(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm3(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm4(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm5(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm6(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm7(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm8(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm9(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm10(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm11(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm12(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm13(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm14(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm15(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Zm16(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Ym1(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Ym2(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Ym3(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Ym4(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Ym5(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernF16Ym6(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm1(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm2(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm3(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm4(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm5(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm6(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm7(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm8(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm9(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm10(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm11(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm12(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm13(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm14(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm15(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Zm16(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Ym1(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Ym2(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Ym3(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Ym4(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Ym5(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
+func kernBF16Ym6(p unsafe.Pointer, xp *float32, k int, c *float32, load int)
+
+//go:noescape
 func packF32Z(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)
 
 //go:noescape
@@ -129,13 +327,7 @@ func matvecHBF16Y(w unsafe.Pointer, ldw int, x *float32, n int, rows int, dst *f
 func matvecPF16Z(w unsafe.Pointer, x *float32, nb int, dst *float32)
 
 //go:noescape
-func matvecPF16Y(w unsafe.Pointer, x *float32, nb int, dst *float32)
-
-//go:noescape
 func matvecPBF16Z(w unsafe.Pointer, x *float32, nb int, dst *float32)
-
-//go:noescape
-func matvecPBF16Y(w unsafe.Pointer, x *float32, nb int, dst *float32)
 
 //go:noescape
 func swigluZ(dst, gate, up *float32, n int)

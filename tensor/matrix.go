@@ -48,15 +48,17 @@ func NewMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
 // NewPanelMatrix wraps data as NewMatrix does and, where this machine has
 // a one-token kernel for the layout (PanelMatrices), rearranges it in
 // place into panels of 16 rows: a panel is tiles one after another, each
-// holding the 16 rows' next block (row j's at j block bytes into the
-// tile; see panelBlock: 16 values for F16 and BF16, the type's block for
-// Q8_0, Q4_0, Q4_K and Q6_K). Half-float matrices keep their last Rows
-// mod 16 rows row by row after the panels; quantized ones get panels
-// only when Rows is a multiple of 16. Decode then reads one stream of
-// memory for 16 rows at a time and each activation once per 16 rows
-// (docs/PERFORMANCE.md), prefill packs half-float panels from tiles that
-// are already contiguous, and the quantized row-tile kernels step from
-// block to block by 16 blocks. data must be writable and is owned by the
+// holding the 16 rows' next block (see panelBlock: 16 values for F16 and
+// BF16, the type's block for Q8_0, Q4_0, Q4_K and Q6_K). A quantized tile
+// holds row j's block at j block bytes; a half-float tile is column-major
+// (row j's value at column k0+l at 32·l + 2·j bytes), so that a panel is
+// the [Cols][16] that the product kernels read with rows in lanes.
+// Half-float matrices keep their last Rows mod 16 rows row by row after
+// the panels; quantized ones get panels only when Rows is a multiple of
+// 16. Decode then reads one stream of memory for 16 rows at a time and
+// each activation once per 16 rows (docs/PERFORMANCE.md), half-float
+// prefill and batches read the panels in place, and the quantized
+// row-tile kernels step from block to block by 16 blocks. data must be writable and is owned by the
 // matrix from then on: read it through the matrix (Row, MatMul), not as
 // rows. Other types and machines get the row layout. Results are the
 // same bits as NewMatrix's.
@@ -69,15 +71,15 @@ func NewPanelMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
 
 // PanelMatrices reports whether NewPanelMatrix rearranges weights of type
 // t on this machine: where the CPU (and build) has an AVX-512 panel
-// kernel for one token (for the quantized types, with VNNI and at the
-// kernel level in use: SetKernels("avx2") before loading keeps their
-// rows). Elsewhere panels would run slower than rows (the
-// AVX2 half-float kernel reads a panel in four passes of 4 rows, the
-// plain Go path 16 values or one block at a time), so rows stay.
+// kernel for one token at the kernel level in use (for the quantized
+// types, with VNNI): SetKernels("avx2") before loading keeps the rows.
+// Elsewhere panels would run slower than rows (the AVX2 level and the
+// plain Go path read a half-float panel row by row, value by value, and
+// a quantized one a block at a time), so rows stay.
 func PanelMatrices(t DType) bool {
 	switch t {
 	case F16, BF16:
-		return cpuLevel >= levelAVX512
+		return matvecP(t) != nil
 	}
 	return qpanelKern(t) != nil
 }
@@ -106,6 +108,14 @@ func newPanelMatrix(t DType, rows, cols int, data []byte) (*Matrix, error) {
 	for p := 0; p < rows/panelRows; p++ {
 		pd := data[p*g : (p+1)*g]
 		copy(tmp, pd)
+		if t == F16 || t == BF16 {
+			for j := 0; j < panelRows; j++ {
+				for k := 0; k < cols; k++ {
+					copy(pd[m.halfOffset(j, k):][:2], tmp[j*m.rowBytes+2*k:])
+				}
+			}
+			continue
+		}
 		for b := 0; b < cols/vals; b++ {
 			for j := 0; j < panelRows; j++ {
 				o := (b*panelRows + j) * bb
@@ -128,9 +138,13 @@ func (m *Matrix) blockOffset(r, b int) int {
 	return r/panelRows*panelRows*m.rowBytes + (b*panelRows+r%panelRows)*bb
 }
 
-// tileOffset is the byte offset in Data of row r's values k … k+15 (k a
-// multiple of 16) in a half-float panel matrix, r in one of its panels.
-func (m *Matrix) tileOffset(r, k int) int { return m.blockOffset(r, k/16) }
+// tileOffset is the byte offset in Data of the tile of columns k … k+15 (k
+// a multiple of 16) of row r's panel in a half-float panel matrix.
+func (m *Matrix) tileOffset(r, k int) int { return r/panelRows*panelRows*m.rowBytes + k/16*512 }
+
+// halfOffset is the byte offset in Data of row r's value k in a half-float
+// panel matrix, r in one of its panels.
+func (m *Matrix) halfOffset(r, k int) int { return m.tileOffset(r, k) + 32*(k%16) + 2*(r%panelRows) }
 
 // blockStrides returns the bytes from a row's block to the next row's
 // (ldw) and to the row's next block (bs), for the quantized row-tile
@@ -171,6 +185,12 @@ func (m *Matrix) Row(i int, dst []float32) {
 		copy(dst[:m.Cols], m.f32[i*m.Cols:(i+1)*m.Cols])
 		return
 	}
+	if i < panelRows*m.panels && (m.Type == F16 || m.Type == BF16) {
+		for k := range dst[:m.Cols] {
+			dst[k] = elemAt(m.Data[m.halfOffset(i, k):], m.Type, 0)
+		}
+		return
+	}
 	if i < panelRows*m.panels {
 		vals, bb := panelBlock(m.Type)
 		for b := 0; b < m.Cols/vals; b++ {
@@ -192,11 +212,14 @@ func (m *Matrix) MatVec(dst, x []float32) { m.MatMul(dst, x, 1) }
 // MatMul computes dst[t] = W·x[t] for n inputs: x is [n][Cols], dst is
 // [n][Rows]. Each weight row is read once for all n inputs.
 //
-// Float weights (F32, F16, BF16) give exactly the in-order sums of
-// llama2.c's run.c over the rows converted to float32, whatever the kernel
-// set and layout (NewMatrix, NewPanelMatrix); except that F16 and BF16 rows
-// times a single vector (n = 1, decode) are summed in Dot's order (sixteen
-// lanes, then a tree), which lets decode read weights as one stream. Quantized weights
+// Float weights give the same bits whatever the kernel set and layout
+// (NewMatrix, NewPanelMatrix): F32 rows exactly the in-order sums of
+// llama2.c's run.c (a multiply, then an add); F16 and BF16 rows, converted
+// exactly to float32, the in-order sums with a fused multiply-add per
+// product (dotFMA: the FP pipes convert the weights beside the products),
+// except times a single vector (n = 1, decode), summed in Dot's order
+// (sixteen lanes, then a tree), which lets decode read weights as one
+// stream. Quantized weights
 // (Q8_0, Q4_0, Q4_K, Q6_K) multiply activations quantized to 8 bits with
 // integer dot products (act.go, qdot.go), with the same result bit for bit
 // on every kernel set.
@@ -230,13 +253,16 @@ func (m *Matrix) MatMul(dst, x []float32, n int) {
 }
 
 // matmulRef is the plain Go MatMul: each row converted to float32, then
-// summed in order (dotSeq), or in Dot's order for F16 and BF16 rows times
-// one vector.
+// summed in order (dotSeq; dotFMA for F16 and BF16 rows), or in Dot's order
+// for F16 and BF16 rows times one vector.
 func (m *Matrix) matmulRef(dst, x []float32, n int) {
 	cols, rows := m.Cols, m.Rows
 	dot := dotSeq
-	if n == 1 && (m.Type == F16 || m.Type == BF16) {
+	switch {
+	case n == 1 && (m.Type == F16 || m.Type == BF16):
 		dot = Dot
+	case m.Type == F16 || m.Type == BF16:
+		dot = dotFMA
 	}
 	grain := max(1, 16384/(cols*n))
 	Parallel(rows, grain, func(lo, hi int) {

@@ -91,6 +91,18 @@ func dotSeq(a, b []float32) float32 {
 	return s0
 }
 
+// dotFMA is the in-order dot product with one fused multiply-add per
+// product (s = a[i]·b[i] + s, rounded once): the plain Go twin of the
+// half-float product kernels.
+func dotFMA(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s float32
+	for i := range a {
+		s = fma32(a[i], b[i], s)
+	}
+	return s
+}
+
 // Axpy adds a·x to dst (each element a product and a sum, rounded to
 // float32).
 func Axpy(dst []float32, a float32, x []float32) {

@@ -4,22 +4,42 @@ package main
 
 import "fmt"
 
-// Float kernels: a 16-row panel P[k][16] (weight rows in lanes, float32)
-// times MR packed activations Xp[k][MR], accumulated into C[MR][16] with
-// a separate multiply and add per step (no FMA), so that every lane sums
-// its products in k order exactly as the scalar reference does.
+// Float kernels: a 16-row panel P[k][16] (weight rows in lanes) times MR
+// packed activations Xp[k][MR], accumulated into C[MR][16], every lane
+// summing its products in k order as the scalar reference does: for F32
+// weights with a separate multiply and add per step (run.c's rounding),
+// for half floats with a fused multiply-add (kernF32F over half-float rows
+// packed as float32; kernF16 and kernBF16 over the panels of a half-float
+// panel matrix, read in place and converted exactly as they load: with
+// FMA the conversion does not compete with the products for the FP pipes).
 
 const (
-	kernSig = "(p, xp *float32, k int, c *float32, load int)"
-	packSig = "(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)"
+	kernSig     = "(p, xp *float32, k int, c *float32, load int)"
+	halfKernSig = "(p unsafe.Pointer, xp *float32, k int, c *float32, load int)"
+	packSig     = "(dst *float32, src unsafe.Pointer, ld int, ntiles int, tstride int)"
 )
 
+// floatKinds are the panel kernels' kinds: the name's type part, the
+// panel's type, whether they fuse, and their signature.
+var floatKinds = []struct {
+	name, src string
+	fma       bool
+	sig       string
+}{
+	{"F32", "F32", false, kernSig},
+	{"F32F", "F32", true, kernSig},
+	{"F16", "F16", true, halfKernSig},
+	{"BF16", "BF16", true, halfKernSig},
+}
+
 func genFloatKernels(e *emitter) {
-	for m := 1; m <= 16; m++ {
-		genKernZ(e, m)
-	}
-	for m := 1; m <= 6; m++ {
-		genKernY(e, m)
+	for _, k := range floatKinds {
+		for m := 1; m <= 16; m++ {
+			genKernZ(e, "kern"+k.name+"Z", k.sig, k.src, k.fma, m)
+		}
+		for m := 1; m <= 6; m++ {
+			genKernY(e, "kern"+k.name+"Y", k.sig, k.src, k.fma, m)
+		}
 	}
 	for _, src := range []string{"F32", "F16", "BF16"} {
 		genPackZ(e, src)
@@ -27,9 +47,10 @@ func genFloatKernels(e *emitter) {
 	}
 }
 
-// kernF32Zm<M>(p, xp *float32, k int, c *float32, load int)
-func genKernZ(e *emitter, m int) {
-	e.text(fmt.Sprintf("kernF32Zm%d", m), kernSig, 40)
+// <name>m<M>(p, xp, k int, c *float32, load int): a panel of k rows of
+// type src at p times m activations.
+func genKernZ(e *emitter, name, sig, src string, fma bool, m int) {
+	e.text(fmt.Sprintf("%sm%d", name, m), sig, 40)
 	e.in("MOVQ p+0(FP), SI")
 	e.in("MOVQ xp+8(FP), DI")
 	e.in("MOVQ k+16(FP), CX")
@@ -48,7 +69,11 @@ func genKernZ(e *emitter, m int) {
 	e.label("start")
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	panelLoopZ(e, m)
+	if fma {
+		panelLoopZFMA(e, m, src)
+	} else {
+		panelLoopZOf(e, m, src)
+	}
 	e.label("done")
 	for t := 0; t < m; t++ {
 		e.in("VMOVUPS Z%d, %d(DX)", t, 64*t)
@@ -57,9 +82,9 @@ func genKernZ(e *emitter, m int) {
 	e.in("RET")
 }
 
-// kernF32Ym<M>: the AVX2 twin, 16 lanes as two YMM registers.
-func genKernY(e *emitter, m int) {
-	e.text(fmt.Sprintf("kernF32Ym%d", m), kernSig, 40)
+// <name>m<M> at the AVX2 level: 16 lanes as two YMM registers.
+func genKernY(e *emitter, name, sig, src string, fma bool, m int) {
+	e.text(fmt.Sprintf("%sm%d", name, m), sig, 40)
 	e.in("MOVQ p+0(FP), SI")
 	e.in("MOVQ xp+8(FP), DI")
 	e.in("MOVQ k+16(FP), CX")
@@ -79,7 +104,11 @@ func genKernY(e *emitter, m int) {
 	e.label("start")
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	panelLoopY(e, m)
+	if fma {
+		panelLoopYFMA(e, m, src)
+	} else {
+		panelLoopYOf(e, m, src)
+	}
 	e.label("done")
 	for t := 0; t < m; t++ {
 		e.in("VMOVUPS Y%d, %d(DX)", 2*t, 64*t)
@@ -484,19 +513,47 @@ func genPrefetch(e *emitter) {
 func genMatVecP(e *emitter) {
 	for _, src := range []string{"F16", "BF16"} {
 		genMatVecPZ(e, src)
-		genMatVecPY(e, src)
 	}
 }
 
-// matvecPLoad converts 16 (Z) or 8 (Y) values of type src at off(SI) to
-// float32 in reg.
-func matvecPLoad(e *emitter, src string, off int, reg string) {
-	if src == "F16" {
-		e.in("VCVTPH2PS %d(SI), %s", off, reg)
-		return
+// matvecP<src>Z(w unsafe.Pointer, x *float32, nb int, dst *float32): the 16
+// rows of a panel of a half-float panel matrix times x, in Dot's order per
+// row. A tile holds the 16 rows' values at 16 columns k0+l, column-major
+// (row r's value at 32·l + 2·r bytes), so accumulator Z<l> holds, in lane
+// r, row r's sum over the columns ≡ l (mod 16): lane l of Dot's sixteen.
+// Dot's tree over its lanes (l+8 onto l, then l+4, l+2, l+1) then becomes
+// fifteen adds of whole registers, and the 16 results one store.
+func genMatVecPZ(e *emitter, src string) {
+	e.text("matvecP"+src+"Z", "(w unsafe.Pointer, x *float32, nb int, dst *float32)", 32)
+	e.in("MOVQ w+0(FP), SI")
+	e.in("MOVQ x+8(FP), DI")
+	e.in("MOVQ nb+16(FP), CX")
+	e.in("MOVQ dst+24(FP), DX")
+	for l := 0; l < 16; l++ {
+		e.in("VXORPS Z%d, Z%d, Z%d", l, l, l)
 	}
-	e.in("VPMOVZXWD %d(SI), %s", off, reg)
-	e.in("VPSLLD $16, %s, %s", reg, reg)
+	e.in("TESTQ CX, CX")
+	e.in("JZ reduce")
+	e.label("loop")
+	for l := 0; l < 16; l++ {
+		t := fmt.Sprintf("Z%d", 16+l%8)
+		loadAs(e, src, "SI", 16*l, t)
+		e.in("VMULPS.BCST %d(DI), %s, %s", 4*l, t, t)
+		e.in("VADDPS %s, Z%d, Z%d", t, l, l)
+	}
+	e.in("ADDQ $512, SI")
+	e.in("ADDQ $64, DI")
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("reduce")
+	for h := 8; h >= 1; h /= 2 {
+		for l := 0; l < h; l++ {
+			e.in("VADDPS Z%d, Z%d, Z%d", l+h, l, l)
+		}
+	}
+	e.in("VMOVUPS Z0, (DX)")
+	e.in("VZEROUPPER")
+	e.in("RET")
 }
 
 // sumTree adds the 8 lanes of Y<a> into X<a>[0] by Dot's tree (upper
@@ -514,80 +571,6 @@ func sumTree(e *emitter, evex bool, a, t int) {
 	e.in("VADDPS X%d, X%d, X%d", t, a, a)
 	e.in("VMOVSHDUP X%d, X%d", a, t)
 	e.in("VADDSS X%d, X%d, X%d", t, a, a)
-}
-
-// matvecPReduce sums Y<a> (the two halves of the sixteen lanes already
-// added) by sumTree and stores it at off(DX).
-func matvecPReduce(e *emitter, evex bool, a, t, off int) {
-	sumTree(e, evex, a, t)
-	e.in("VMOVSS X%d, %d(DX)", a, off)
-}
-
-// matvecPHead writes a panel kernel's head: its arguments in SI, DI, CX
-// and DX, and acc zeroed accumulators <reg>0 … (Z or Y).
-func matvecPHead(e *emitter, name, reg string, acc int) {
-	e.text(name, "(w unsafe.Pointer, x *float32, nb int, dst *float32)", 32)
-	e.in("MOVQ w+0(FP), SI")
-	e.in("MOVQ x+8(FP), DI")
-	e.in("MOVQ nb+16(FP), CX")
-	e.in("MOVQ dst+24(FP), DX")
-	for r := 0; r < acc; r++ {
-		e.in("VXORPS %s%d, %s%d, %s%d", reg, r, reg, r, reg, r)
-	}
-	e.in("TESTQ CX, CX")
-	e.in("JZ reduce")
-	e.label("loop")
-}
-
-// matvecPNext ends a panel kernel's loop: the next tile and 16 values of x.
-func matvecPNext(e *emitter) {
-	e.in("ADDQ $512, SI")
-	e.in("ADDQ $64, DI")
-	e.in("DECQ CX")
-	e.in("JNZ loop")
-	e.label("reduce")
-}
-
-func genMatVecPZ(e *emitter, src string) {
-	matvecPHead(e, "matvecP"+src+"Z", "Z", 16)
-	e.in("VMOVUPS (DI), Z16")
-	for r := 0; r < 16; r++ {
-		t := fmt.Sprintf("Z%d", 17+r%4)
-		matvecPLoad(e, src, 32*r, t)
-		e.in("VMULPS Z16, %s, %s", t, t)
-		e.in("VADDPS %s, Z%d, Z%d", t, r, r)
-	}
-	matvecPNext(e)
-	for r := 0; r < 16; r++ {
-		e.in("VEXTRACTF32X8 $1, Z%d, Y16", r)
-		e.in("VADDPS Y16, Y%d, Y%d", r, r)
-		matvecPReduce(e, true, r, 16, 4*r)
-	}
-	e.in("VZEROUPPER")
-	e.in("RET")
-}
-
-// genMatVecPY: 4 rows, each in two eight-lane accumulators (lanes 0-7 in
-// Y<2r>, 8-15 in Y<2r+1>), added before the tree as the Z kernel's halves.
-func genMatVecPY(e *emitter, src string) {
-	matvecPHead(e, "matvecP"+src+"Y", "Y", 8)
-	e.in("VMOVUPS (DI), Y8")
-	e.in("VMOVUPS 32(DI), Y9")
-	for r := 0; r < 4; r++ {
-		for h := 0; h < 2; h++ {
-			t := fmt.Sprintf("Y%d", 10+(2*r+h)%4)
-			matvecPLoad(e, src, 32*r+16*h, t)
-			e.in("VMULPS Y%d, %s, %s", 8+h, t, t)
-			e.in("VADDPS %s, Y%d, Y%d", t, 2*r+h, 2*r+h)
-		}
-	}
-	matvecPNext(e)
-	for r := 0; r < 4; r++ {
-		e.in("VADDPS Y%d, Y%d, Y%d", 2*r+1, 2*r, 2*r)
-		matvecPReduce(e, false, 2*r, 14, 4*r)
-	}
-	e.in("VZEROUPPER")
-	e.in("RET")
 }
 
 // Attention kernels (package tensor's attn.go has their plain Go twins).
@@ -1226,6 +1209,41 @@ func panelLoopZOf(e *emitter, m int, src string) {
 		tmp := m + t%ntmp
 		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
 		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
+	}
+	e.in("ADDQ $%d, SI", 16*map[string]int{"F32": 4, "F16": 2, "BF16": 2}[src])
+	e.in("ADDQ $%d, DI", 4*m)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+}
+
+// panelLoopZFMA is panelLoopZOf with one fused multiply-add per product.
+// Over half-float panels, read from memory in place, it prefetches 1 KiB
+// (32 panel rows) ahead: 10-20% at 4-32 tokens (BenchmarkMatMulBatch
+// F16p; 512 bytes or 2 KiB ahead no better).
+func panelLoopZFMA(e *emitter, m int, src string) {
+	e.label("loop")
+	if src != "F32" {
+		e.in("PREFETCHT0 1024(SI)")
+	}
+	loadAs(e, src, "SI", 0, "Z31")
+	for t := 0; t < m; t++ {
+		e.in("VFMADD231PS.BCST %d(DI), Z31, Z%d", 4*t, t)
+	}
+	e.in("ADDQ $%d, SI", 16*map[string]int{"F32": 4, "F16": 2, "BF16": 2}[src])
+	e.in("ADDQ $%d, DI", 4*m)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+}
+
+// panelLoopYFMA is panelLoopYOf with one fused multiply-add per product.
+func panelLoopYFMA(e *emitter, m int, src string) {
+	e.label("loop")
+	loadAs(e, src, "SI", 0, "Y14")
+	loadAs(e, src, "SI", 8, "Y15")
+	for t := 0; t < m; t++ {
+		e.in("VBROADCASTSS %d(DI), Y12", 4*t)
+		e.in("VFMADD231PS Y14, Y12, Y%d", 2*t)
+		e.in("VFMADD231PS Y15, Y12, Y%d", 2*t+1)
 	}
 	e.in("ADDQ $%d, SI", 16*map[string]int{"F32": 4, "F16": 2, "BF16": 2}[src])
 	e.in("ADDQ $%d, DI", 4*m)
