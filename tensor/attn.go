@@ -322,7 +322,7 @@ func ScaleLevels(dst []float32, u []byte, bits int, s, m float32) {
 	checkLevels(dst, u, bits)
 	n16 := len(dst) &^ 15
 	if n16 > 0 {
-		scaleLevelsLanes(dst[:n16], u, bits, &s, &m, false)
+		scaleLevelsLanes(dst[:n16], u, bits, &s, &m, 0)
 	}
 	for j := n16; j < len(dst); j++ {
 		pos := j * bits
@@ -331,16 +331,29 @@ func ScaleLevels(dst []float32, u []byte, bits int, s, m float32) {
 }
 
 // ScaleLevelsV is ScaleLevels with a scale and minimum per value: dst[j] =
-// s[j]·u_j + m[j] (bits 4 or 2), the decoding of KIVI's keys (a scale and
-// minimum per channel).
+// s[j]·u_j + m[j] (bits 4 or 2), the decoding of a KIVI key row (a scale
+// and minimum per channel).
 func ScaleLevelsV(dst []float32, u []byte, bits int, s, m []float32) {
 	checkLevels(dst, u, bits)
 	s, m = s[:len(dst)], m[:len(dst)]
 	n16 := len(dst) &^ 15
 	if n16 > 0 {
-		scaleLevelsLanes(dst[:n16], u, bits, &s[0], &m[0], true)
+		scaleLevelsLanes(dst[:n16], u, bits, &s[0], &m[0], 1)
 	}
-	scaleLevelsGo(dst[n16:], u[n16*bits/8:], bits, s[n16:], m[n16:], true)
+	scaleLevelsGo(dst[n16:], u[n16*bits/8:], bits, s[n16:], m[n16:], 1)
+}
+
+// ScaleLevelRows is ScaleLevels over rows of 16 levels with a scale and
+// minimum per row: dst[16r + j] = s[r]·u_{16r+j} + m[r] for r < len(s)
+// (bits 4 or 2; dst holds 16·len(s) values), the decoding of a panel of
+// KIVI keys (row r: channel r of 16 slots).
+func ScaleLevelRows(dst []float32, u []byte, bits int, s, m []float32) {
+	dst = dst[:AttnLanes*len(s)]
+	checkLevels(dst, u, bits)
+	m = m[:len(s)]
+	if len(s) > 0 {
+		scaleLevelsLanes(dst, u, bits, &s[0], &m[0], AttnLanes)
+	}
 }
 
 func checkLevels(dst []float32, u []byte, bits int) {
@@ -352,15 +365,23 @@ func checkLevels(dst []float32, u []byte, bits int) {
 	}
 }
 
-// scaleLevelsGo is the twin of the level decoding kernels: with vec, s and
-// m hold a value each, else one for all.
-func scaleLevelsGo(dst []float32, u []byte, bits int, s, m []float32, vec bool) {
+// scaleCount is the scales that n values take, per as scaleLevelsGo.
+func scaleCount(n, per int) int {
+	if per == 0 {
+		return 1
+	}
+	return (n + per - 1) / per
+}
+
+// scaleLevelsGo is the twin of the level decoding kernels: value j takes
+// scale and minimum s[j/per], m[j/per] (per 0: s[0], m[0] for all).
+func scaleLevelsGo(dst []float32, u []byte, bits int, s, m []float32, per int) {
 	for j := range dst {
 		pos := j * bits
 		v := u[pos>>3] >> (pos & 7) & (1<<bits - 1)
 		k := 0
-		if vec {
-			k = j
+		if per > 0 {
+			k = j / per
 		}
 		dst[j] = float32(s[k]*float32(v)) + m[k]
 	}

@@ -102,31 +102,39 @@ func scaleBytesLanes(dst []float32, u []byte, s, m float32) {
 
 // scaleLevelsLanes runs the level decoding kernel of the level in use over
 // len(dst), a multiple of 16, levels.
-func scaleLevelsLanes(dst []float32, u []byte, bits int, s, m *float32, vec bool) {
+// scaleLevelsLanes runs the level decoding kernel of the level in use
+// over len(dst), a multiple of 16, levels, with per scales as
+// scaleLevelsGo.
+func scaleLevelsLanes(dst []float32, u []byte, bits int, s, m *float32, per int) {
 	d, p, n := &dst[0], &u[0], len(dst)
-	switch {
-	case level == levelAVX512 && bits == 4 && vec:
-		scaleLevels4ZV(d, p, n, s, m)
-	case level == levelAVX512 && bits == 4:
+	// direct calls, so that escape analysis sees the kernels' go:noescape
+	switch z, y, four := level == levelAVX512, level == levelAVX2, bits == 4; {
+	case z && four && per == 0:
 		scaleLevels4Z(d, p, n, s, m)
-	case level == levelAVX512 && vec:
-		scaleLevels2ZV(d, p, n, s, m)
-	case level == levelAVX512:
+	case z && four && per == 1:
+		scaleLevels4ZV(d, p, n, s, m)
+	case z && four:
+		scaleLevels4ZR(d, p, n, s, m)
+	case z && per == 0:
 		scaleLevels2Z(d, p, n, s, m)
-	case level == levelAVX2 && bits == 4 && vec:
-		scaleLevels4YV(d, p, n, s, m)
-	case level == levelAVX2 && bits == 4:
+	case z && per == 1:
+		scaleLevels2ZV(d, p, n, s, m)
+	case z:
+		scaleLevels2ZR(d, p, n, s, m)
+	case y && four && per == 0:
 		scaleLevels4Y(d, p, n, s, m)
-	case level == levelAVX2 && vec:
-		scaleLevels2YV(d, p, n, s, m)
-	case level == levelAVX2:
+	case y && four && per == 1:
+		scaleLevels4YV(d, p, n, s, m)
+	case y && four:
+		scaleLevels4YR(d, p, n, s, m)
+	case y && per == 0:
 		scaleLevels2Y(d, p, n, s, m)
+	case y && per == 1:
+		scaleLevels2YV(d, p, n, s, m)
+	case y:
+		scaleLevels2YR(d, p, n, s, m)
 	default:
-		k := 1
-		if vec {
-			k = n
-		}
-		scaleLevelsGo(dst, u, bits, unsafe.Slice(s, k), unsafe.Slice(m, k), vec)
+		scaleLevelsGo(dst, u, bits, unsafe.Slice(s, scaleCount(n, per)), unsafe.Slice(m, scaleCount(n, per)), per)
 	}
 }
 

@@ -21,12 +21,9 @@ func vdivLanes(s []float32, d float32) { vdivGo(s, d) }
 
 func scaleBytesLanes(dst []float32, u []byte, s, m float32) { scaleBytesGo(dst, u, s, m) }
 
-func scaleLevelsLanes(dst []float32, u []byte, bits int, s, m *float32, vec bool) {
-	n := 1
-	if vec {
-		n = len(dst)
-	}
-	scaleLevelsGo(dst, u, bits, unsafe.Slice(s, n), unsafe.Slice(m, n), vec)
+func scaleLevelsLanes(dst []float32, u []byte, bits int, s, m *float32, per int) {
+	n := scaleCount(len(dst), per)
+	scaleLevelsGo(dst, u, bits, unsafe.Slice(s, n), unsafe.Slice(m, n), per)
 }
 
 func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d, bits int) {

@@ -654,10 +654,16 @@ func scaleLevels4Z(dst *float32, u *byte, n int, s, m *float32)
 func scaleLevels4ZV(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
+func scaleLevels4ZR(dst *float32, u *byte, n int, s, m *float32)
+
+//go:noescape
 func scaleLevels4Y(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
 func scaleLevels4YV(dst *float32, u *byte, n int, s, m *float32)
+
+//go:noescape
+func scaleLevels4YR(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
 func scaleLevels2Z(dst *float32, u *byte, n int, s, m *float32)
@@ -666,10 +672,16 @@ func scaleLevels2Z(dst *float32, u *byte, n int, s, m *float32)
 func scaleLevels2ZV(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
+func scaleLevels2ZR(dst *float32, u *byte, n int, s, m *float32)
+
+//go:noescape
 func scaleLevels2Y(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
 func scaleLevels2YV(dst *float32, u *byte, n int, s, m *float32)
+
+//go:noescape
+func scaleLevels2YR(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
 func scalePanelZ(dst *float32, u *byte, sm *float32, mu *float32, d int)

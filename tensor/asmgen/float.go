@@ -1041,26 +1041,25 @@ func genScalePanelOne(e *emitter, bits int, isa string, shift bool) {
 	e.in("RET")
 }
 
-// genScaleLevels writes scaleLevels<bits><isa>[V](dst *float32, u *byte,
-// n int, s, m *float32): dst[j] = s·u_j + m (a product then a sum, each
-// rounded, as scaleBytes) for the n (a multiple of 16) levels of bits 4 or
-// 2 packed in u, low bits first; s and m are one scale and minimum for
-// all, or with V one per value (s[j], m[j]).
+// genScaleLevels writes scaleLevels<bits><isa>[V|R](dst *float32, u
+// *byte, n int, s, m *float32): dst[j] = s·u_j + m (a product then a sum,
+// each rounded, as scaleBytes) for the n (a multiple of 16) levels of bits
+// 4 or 2 packed in u, low bits first; s and m are one scale and minimum
+// for all, with V one per value (s[j], m[j]), with R one per row of 16
+// values (s[j/16], m[j/16]).
 func genScaleLevels(e *emitter) {
 	for _, bits := range []int{4, 2} {
 		for _, isa := range []string{"Z", "Y"} {
-			for _, vec := range []bool{false, true} {
-				genScaleLevelsOne(e, bits, isa, vec)
+			for _, per := range []string{"", "V", "R"} {
+				genScaleLevelsOne(e, bits, isa, per)
 			}
 		}
 	}
 }
 
-func genScaleLevelsOne(e *emitter, bits int, isa string, vec bool) {
-	name := fmt.Sprintf("scaleLevels%d%s", bits, isa)
-	if vec {
-		name += "V"
-	}
+func genScaleLevelsOne(e *emitter, bits int, isa string, per string) {
+	name := fmt.Sprintf("scaleLevels%d%s%s", bits, isa, per)
+	vec := per == "V"
 	e.text(name, "(dst *float32, u *byte, n int, s, m *float32)", 40)
 	e.in("MOVQ dst+0(FP), DI")
 	e.in("MOVQ u+8(FP), SI")
@@ -1075,7 +1074,7 @@ func genScaleLevelsOne(e *emitter, bits int, isa string, vec bool) {
 	} else {
 		e.in("VPBROADCASTD qmask03<>(SB), X7")
 	}
-	if !vec {
+	bcast := func() {
 		if isa == "Z" {
 			e.in("VBROADCASTSS (AX), Z1")
 			e.in("VBROADCASTSS (BX), Z2")
@@ -1084,7 +1083,13 @@ func genScaleLevelsOne(e *emitter, bits int, isa string, vec bool) {
 			e.in("VBROADCASTSS (BX), Y2")
 		}
 	}
+	if per == "" {
+		bcast()
+	}
 	e.label("loop")
+	if per == "R" {
+		bcast()
+	}
 	// the 16 levels as bytes, in order, into X0
 	if bits == 4 {
 		e.in("VMOVQ (SI), X0")
@@ -1135,9 +1140,13 @@ func genScaleLevelsOne(e *emitter, bits int, isa string, vec bool) {
 		e.in("VMOVUPS Y0, (DI)")
 		e.in("VMOVUPS Y3, 32(DI)")
 	}
-	if vec {
+	switch per {
+	case "V":
 		e.in("ADDQ $64, AX")
 		e.in("ADDQ $64, BX")
+	case "R":
+		e.in("ADDQ $4, AX")
+		e.in("ADDQ $4, BX")
 	}
 	e.in("ADDQ $%d, SI", 2*bits)
 	e.in("ADDQ $64, DI")
