@@ -86,14 +86,17 @@ func decodeLevels(p []byte, bits int, s, m float32, out []float32) {
 
 // getRows is Get for cnt slots, the per-channel metadata decoded once.
 func (c *kiviKeys) getRows(src []byte, n, d, i0, cnt int, out []float32) {
-	rb := c.rowBytes(d)
-	metas := src[n*rb : n*rb+4*d]
+	metas := c.metas(src, n, d)
 	var sb, mb [maxStackDim]float32
 	sc, mn := sb[:d], mb[:d]
 	for ch := range d {
 		sc[ch], mn[ch] = unmeta(binary.LittleEndian.Uint32(metas[4*ch:]))
 	}
 	for i := range cnt {
-		tensor.ScaleLevelsV(out[i*d:(i+1)*d], src[(i0+i)*rb:(i0+i+1)*rb], c.bits, sc, mn)
+		e, L := panelSlot(n, d, i0+i)
+		o := out[i*d : (i+1)*d]
+		for ch := range o {
+			o[ch] = sc[ch]*float32(unpack(src, c.bits, e+ch*L)) + mn[ch]
+		}
 	}
 }

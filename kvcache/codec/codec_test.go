@@ -351,14 +351,16 @@ func TestLayout(t *testing.T) {
 	if kv.BlockBytes(16, 64) != 16*(16+4*2) {
 		t.Fatalf("kivi2 values block %d", kv.BlockBytes(16, 64))
 	}
-	// kivi2 keys: levels 0,1,2,3 in bits 0-1, 2-3, 4-5, 6-7.
+	// kivi2 keys: levels in a panel, value-major: slot 0 = 0,1,2,3 and slot
+	// 1 = 3,2,1,0 give the elements (c0 s0, c0 s1, c1 s0, c1 s1, …) = 0,3,1,2,
+	// 2,1,3,0, two bits each from bit 0.
 	kk, _ := Parse("kivi2", Keys)
 	g := kk.(Grouped)
 	xk := []float32{0, 1, 2, 3, 3, 2, 1, 0} // n=2 tokens × d=4
 	lo, hi := []float32{0, 0, 0, 0}, []float32{3, 3, 3, 3}
 	b = make([]byte, g.BlockBytes(2, 4))
 	g.EncodeRange(b, 2, 4, xk, lo, hi)
-	if len(b) != 2+16 || b[0] != 0b11100100 || b[1] != 0b00011011 {
+	if len(b) != 2+16 || b[0] != 0b10_01_11_00 || b[1] != 0b00_11_01_10 {
 		t.Fatalf("kivi2 keys % x", b)
 	}
 	for c := range 4 {

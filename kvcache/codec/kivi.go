@@ -12,11 +12,17 @@ import (
 //
 // Block layout, rb = ⌈d·bits/8⌉ bytes per row:
 //
-//	[0, n·rb)            payload: row i at i·rb, channels packed low bits first
+//	[0, n·rb)            payload: the levels laid out in score panels, as the
+//	                     float keys' (keyPanels): level c of slot 16g+j is
+//	                     element 16g·d + c·L + j, L = min(16, n−16g); element
+//	                     e at bits e·bits … of the payload, low bits first
 //	[n·rb, n·rb + 4·d)   meta: channel c at n·rb + 4·c: f16 scale, f16 min
 //	                     (x̂_ic = scale_c·u_ic + min_c)
 //
-// Slots are written all at once by EncodeRange; Put panics.
+// A full group of 16 slots is then a [d][16] panel of levels, decoded
+// straight into attention's float32 score panel (DecodeKeyPanel: a scale
+// and minimum per row of the panel). Slots are written all at once by
+// EncodeRange; Put panics.
 type kiviKeys struct {
 	name  string
 	bits  int
@@ -32,9 +38,10 @@ func (c *kiviKeys) rowBytes(d int) int            { return (d*c.bits + 7) / 8 }
 func (c *kiviKeys) BlockBytes(n, d int) int       { return n*c.rowBytes(d) + 4*d }
 func (c *kiviKeys) BitsPerValue(n, d int) float64 { return bitsPerValue(c, n, d) }
 
-func (c *kiviKeys) slot(b []byte, n, d, i int) (row, metas []byte) {
+// metas returns a block's per-channel metadata.
+func (c *kiviKeys) metas(b []byte, n, d int) []byte {
 	rb := c.rowBytes(d)
-	return b[i*rb : (i+1)*rb], b[n*rb : n*rb+4*d]
+	return b[n*rb : n*rb+4*d]
 }
 
 func (c *kiviKeys) Put(dst []byte, n, d, i int, x []float32) {
@@ -74,75 +81,47 @@ func (c *kiviKeys) EncodeRange(dst []byte, n, d int, x []float32, lo, hi []float
 		binary.LittleEndian.PutUint32(metas[4*ch:], meta(scale, mn))
 		z := newQuantizer(scale, mn, top)
 		for i := range n {
-			pack(payload[i*rb:(i+1)*rb], c.bits, ch, z.level(x[i*d+ch]))
+			e, L := panelSlot(n, d, i)
+			pack(payload, c.bits, e+ch*L, z.level(x[i*d+ch]))
 		}
 	}
 }
 
 func (c *kiviKeys) Get(src []byte, n, d, i int, out []float32) {
-	row, metas := c.slot(src, n, d, i)
+	metas := c.metas(src, n, d)
+	e, L := panelSlot(n, d, i)
 	out = out[:d]
 	for ch := range out {
 		s, m := unmeta(binary.LittleEndian.Uint32(metas[4*ch:]))
-		out[ch] = s*float32(unpack(row, c.bits, ch)) + m
+		out[ch] = s*float32(unpack(src, c.bits, e+ch*L)) + m
 	}
 }
 
 // Dot computes Σ_c q_c·(scale_c·u_c + min_c), decoding each channel's f16
-// metadata on the fly.
+// metadata on the fly (four accumulators over the channels ≡ 0…3 mod 4).
 func (c *kiviKeys) Dot(src []byte, n, d, i int, q []float32) float32 {
-	row, metas := c.slot(src, n, d, i)
+	metas := c.metas(src, n, d)
+	e, L := panelSlot(n, d, i)
 	q = q[:d]
-	var a0, a1, a2, a3 float32
-	if c.bits == 4 {
-		for len(q) >= 4 && len(row) >= 2 && len(metas) >= 16 {
-			x, y := row[0], row[1]
-			a0 += q[0] * kx(metas[0:], uint32(x&15))
-			a1 += q[1] * kx(metas[4:], uint32(x>>4))
-			a2 += q[2] * kx(metas[8:], uint32(y&15))
-			a3 += q[3] * kx(metas[12:], uint32(y>>4))
-			q, row, metas = q[4:], row[2:], metas[16:]
-		}
-	} else {
-		for len(q) >= 4 && len(row) >= 1 && len(metas) >= 16 {
-			x := row[0]
-			a0 += q[0] * kx(metas[0:], uint32(x&3))
-			a1 += q[1] * kx(metas[4:], uint32(x>>2&3))
-			a2 += q[2] * kx(metas[8:], uint32(x>>4&3))
-			a3 += q[3] * kx(metas[12:], uint32(x>>6))
-			q, row, metas = q[4:], row[1:], metas[16:]
+	var a [4]float32
+	ch := 0
+	for ; ch+4 <= d; ch += 4 {
+		for k := range 4 {
+			a[k] += q[ch+k] * kx(metas[4*(ch+k):], unpack(src, c.bits, e+(ch+k)*L))
 		}
 	}
-	for j, v := range q { // d not a multiple of 4
-		a0 += v * kx(metas[4*j:], unpack(row, c.bits, j))
+	for ; ch < d; ch++ { // d not a multiple of 4
+		a[0] += q[ch] * kx(metas[4*ch:], unpack(src, c.bits, e+ch*L))
 	}
-	return (a0 + a1) + (a2 + a3)
+	return (a[0] + a[1]) + (a[2] + a[3])
 }
 
 func (c *kiviKeys) Axpy(src []byte, n, d, i int, a float32, out []float32) {
-	row, metas := c.slot(src, n, d, i)
+	metas := c.metas(src, n, d)
+	e, L := panelSlot(n, d, i)
 	out = out[:d]
-	if c.bits == 4 {
-		for len(out) >= 4 && len(row) >= 2 && len(metas) >= 16 {
-			x, y := row[0], row[1]
-			out[0] += a * kx(metas[0:], uint32(x&15))
-			out[1] += a * kx(metas[4:], uint32(x>>4))
-			out[2] += a * kx(metas[8:], uint32(y&15))
-			out[3] += a * kx(metas[12:], uint32(y>>4))
-			out, row, metas = out[4:], row[2:], metas[16:]
-		}
-	} else {
-		for len(out) >= 4 && len(row) >= 1 && len(metas) >= 16 {
-			x := row[0]
-			out[0] += a * kx(metas[0:], uint32(x&3))
-			out[1] += a * kx(metas[4:], uint32(x>>2&3))
-			out[2] += a * kx(metas[8:], uint32(x>>4&3))
-			out[3] += a * kx(metas[12:], uint32(x>>6))
-			out, row, metas = out[4:], row[1:], metas[16:]
-		}
-	}
-	for j := range out {
-		out[j] += a * kx(metas[4*j:], unpack(row, c.bits, j))
+	for ch := range out {
+		out[ch] += a * kx(metas[4*ch:], unpack(src, c.bits, e+ch*L))
 	}
 }
 
@@ -166,8 +145,7 @@ func (c *kiviKeys) DotBlock(src []byte, n, d int, q, out []float32) {
 		}
 		return
 	}
-	rb := c.rowBytes(d)
-	metas := src[n*rb : n*rb+4*d]
+	metas := c.metas(src, n, d)
 	var buf [maxStackDim]float32
 	qs := buf[:d]
 	q = q[:d]
@@ -186,13 +164,17 @@ func (c *kiviKeys) DotBlock(src []byte, n, d int, q, out []float32) {
 	}
 	base := b0 + b1
 	for i := range out {
-		row := src[i*rb : (i+1)*rb]
-		var su float32
-		if c.bits == 4 {
-			su, _ = dot4(row, qs)
-		} else {
-			su, _ = dot2(row, qs)
+		e, L := panelSlot(n, d, i)
+		var a [4]float32
+		ch := 0
+		for ; ch+4 <= d; ch += 4 {
+			for k := range 4 {
+				a[k] += qs[ch+k] * float32(unpack(src, c.bits, e+(ch+k)*L))
+			}
 		}
-		out[i] = base + su
+		for ; ch < d; ch++ {
+			a[0] += qs[ch] * float32(unpack(src, c.bits, e+ch*L))
+		}
+		out[i] = base + ((a[0] + a[1]) + (a[2] + a[3]))
 	}
 }

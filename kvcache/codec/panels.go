@@ -303,8 +303,8 @@ func (c *shiftedPanels) Axpy(src []byte, n, d, i int, a float32, out []float32) 
 // DecodeKeyPanel decodes slots i0 … i0+15 of a block of n slots into the
 // [d][16] float32 score panel out (tensor.AttnScores's layout), each value
 // exactly as Get decodes it, when c stores quantized keys in panels (q8 or
-// q4 keys, shifted or not) and those slots are one full group of the
-// block; it reports false otherwise.
+// q4 keys, shifted or not; KIVI keys) and those slots are one full group
+// of the block; it reports false otherwise.
 func DecodeKeyPanel(c Codec, src []byte, n, d, i0 int, out []float32) bool {
 	var shift []float32
 	var qp quantPanels
@@ -313,6 +313,8 @@ func DecodeKeyPanel(c Codec, src []byte, n, d, i0 int, out []float32) bool {
 		qp = c
 	case *shiftedPanels:
 		qp, shift = c.quantPanels, c.shift[:d]
+	case *kiviKeys:
+		return c.decodePanel(src, n, d, i0, out)
 	default:
 		return false
 	}
@@ -330,5 +332,22 @@ func DecodeKeyPanel(c Codec, src []byte, n, d, i0 int, out []float32) bool {
 	} else {
 		tensor.ScalePanel4(out, src[i0*d/2:(i0+tensor.AttnLanes)*d/2], &sm, shift, d)
 	}
+	return true
+}
+
+// decodePanel is DecodeKeyPanel for KIVI keys: row c of the panel is
+// channel c of the 16 slots, decoded with the channel's scale and minimum.
+func (c *kiviKeys) decodePanel(src []byte, n, d, i0 int, out []float32) bool {
+	if !fullGroup(n, d, i0) || d > maxStackDim {
+		return false
+	}
+	metas := c.metas(src, n, d)
+	var sb, mb [maxStackDim]float32
+	sc, mn := sb[:d], mb[:d]
+	for ch := range d {
+		sc[ch], mn[ch] = unmeta(binary.LittleEndian.Uint32(metas[4*ch:]))
+	}
+	lo, hi := i0*d*c.bits/8, (i0+tensor.AttnLanes)*d*c.bits/8
+	tensor.ScaleLevelRows(out, src[lo:hi], c.bits, sc, mn)
 	return true
 }

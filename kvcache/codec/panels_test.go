@@ -194,3 +194,89 @@ func TestQuantKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestKIVIKeyPanels: KIVI keys store their levels in score panels (level c
+// of slot 16g+j at element 16g·d + c·L + j) with the per-channel metadata
+// after them; Get, Dot and Axpy read a slot as the scale and minimum of its
+// channel times its level (Dot in four accumulators over the channels), and
+// DecodeKeyPanel gives the panel PackKeys makes of the decoded rows, for
+// full groups only.
+func TestKIVIKeyPanels(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	for _, name := range []string{"kivi2", "kivi4"} {
+		for _, d := range []int{48, 64} {
+			const n = 40 // groups of 16, 16 and 8 slots
+			c, err := Parse(name, Keys)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kk := c.(*kiviKeys)
+			x := datasets[1].gen(r, n, d)
+			lo, hi := make([]float32, d), make([]float32, d)
+			ChannelRange(x, d, lo, hi)
+			b := make([]byte, c.BlockBytes(n, d))
+			kk.EncodeRange(b, n, d, x, lo, hi)
+			top := 1<<kk.bits - 1
+			scale, minv := make([]float32, d), make([]float32, d)
+			for ch := range d {
+				s, m := fitRange(lo[ch], hi[ch], top)
+				scale[ch], minv[ch] = halfTab[s], halfTab[m]
+				z := newQuantizer(s, m, top)
+				if gs, gm := metaAt(b, n*kk.rowBytes(d)+4*ch); float32(gs) != scale[ch] || float32(gm) != minv[ch] {
+					t.Fatalf("%s d=%d channel %d: meta %g %g, want %g %g", name, d, ch, gs, gm, scale[ch], minv[ch])
+				}
+				for i := range n {
+					g, L := i/16*16, min(16, n-i/16*16)
+					e := g*d + ch*L + i - g
+					if got, want := unpack(b, kk.bits, e), z.level(x[i*d+ch]); got != want {
+						t.Fatalf("%s d=%d slot %d channel %d: level %d, want %d", name, d, i, ch, got, want)
+					}
+				}
+			}
+			q := datasets[1].gen(r, 1, d)
+			got, acc, want := make([]float32, d), make([]float32, d), make([]float32, d)
+			for i := range n {
+				c.Get(b, n, d, i, got)
+				g, L := i/16*16, min(16, n-i/16*16)
+				var a [4]float32
+				for ch := range d {
+					u := unpack(b, kk.bits, g*d+ch*L+i-g)
+					want[ch] = scale[ch]*float32(u) + minv[ch]
+					if math.Float32bits(got[ch]) != math.Float32bits(want[ch]) {
+						t.Fatalf("%s d=%d slot %d: Get[%d] = %g, want %g", name, d, i, ch, got[ch], want[ch])
+					}
+					a[ch%4] += q[ch] * want[ch]
+				}
+				if dot, w := c.Dot(b, n, d, i, q), (a[0]+a[1])+(a[2]+a[3]); math.Float32bits(dot) != math.Float32bits(w) {
+					t.Fatalf("%s d=%d slot %d: Dot %g, want %g", name, d, i, dot, w)
+				}
+				clear(acc)
+				c.Axpy(b, n, d, i, 0.7, acc)
+				for ch := range d {
+					if w := 0.7 * want[ch]; math.Float32bits(acc[ch]) != math.Float32bits(w) {
+						t.Fatalf("%s d=%d slot %d: Axpy[%d] = %g, want %g", name, d, i, ch, acc[ch], w)
+					}
+				}
+			}
+			rows := decodeAll(c, b, n, d)
+			pw := make([]float32, tensor.AttnLanes*d)
+			pg := make([]float32, tensor.AttnLanes*d)
+			for _, tc := range []struct {
+				i0 int
+				ok bool
+			}{{0, true}, {16, true}, {32, false}, {4, false}, {-16, false}} {
+				if ok := DecodeKeyPanel(c, b, n, d, tc.i0, pg); ok != tc.ok {
+					t.Fatalf("%s d=%d i0 %d: ok %v", name, d, tc.i0, ok)
+				} else if !ok {
+					continue
+				}
+				tensor.PackKeys(pw, f32Bytes(rows[tc.i0*d:]), tensor.F32, 4*d, tensor.AttnLanes, d)
+				for k := range pw {
+					if math.Float32bits(pg[k]) != math.Float32bits(pw[k]) {
+						t.Fatalf("%s d=%d i0 %d: panel[%d] = %g, want %g", name, d, tc.i0, k, pg[k], pw[k])
+					}
+				}
+			}
+		}
+	}
+}
