@@ -975,9 +975,7 @@ func genScalePanelOne(e *emitter, bits int, isa string, shift bool) {
 	e.in("MOVQ d+32(FP), CX")
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	if bits == 4 {
-		e.in("VPBROADCASTD qmask0F<>(SB), X7")
-	}
+	levelMask(e, bits)
 	if isa == "Z" {
 		e.in("VMOVUPS (AX), Z1")
 		e.in("VMOVUPS 64(AX), Z2")
@@ -988,15 +986,7 @@ func genScalePanelOne(e *emitter, bits int, isa string, shift bool) {
 		e.in("VMOVUPS 96(AX), Y5")
 	}
 	e.label("loop")
-	src := "(SI)" // the 16 levels as bytes: in memory (8 bits) or in X0 (4 bits)
-	if bits == 4 {
-		e.in("VMOVQ (SI), X0")
-		e.in("VPSRLW $4, X0, X3")
-		e.in("VPAND X7, X0, X0")
-		e.in("VPAND X7, X3, X3")
-		e.in("VPUNPCKLBW X3, X0, X0")
-		src = "X0"
-	}
+	src := spreadLevels(e, bits)
 	if isa == "Z" {
 		e.in("VPMOVZXBD %s, Z0", src)
 		e.in("VCVTDQ2PS Z0, Z0")
@@ -1032,6 +1022,51 @@ func genScalePanelOne(e *emitter, bits int, isa string, shift bool) {
 	if shift {
 		e.in("ADDQ $4, BX")
 	}
+	levelLoopEnd(e, bits)
+}
+
+// levelMask loads the mask of one level of bits 4 or 2 into each byte of
+// X7, for spreadLevels.
+func levelMask(e *emitter, bits int) {
+	switch bits {
+	case 4:
+		e.in("VPBROADCASTD qmask0F<>(SB), X7")
+	case 2:
+		e.in("VPBROADCASTD qmask03<>(SB), X7")
+	}
+}
+
+// spreadLevels makes the 16 levels of bits bits at SI (packed low bits
+// first) 16 bytes in order, and returns where they are: in memory for 8
+// bits, else in X0 (X7: levelMask; X3-X5 are overwritten).
+func spreadLevels(e *emitter, bits int) string {
+	switch bits {
+	case 4:
+		e.in("VMOVQ (SI), X0")
+		e.in("VPSRLW $4, X0, X3")
+		e.in("VPAND X7, X0, X0")
+		e.in("VPAND X7, X3, X3")
+		e.in("VPUNPCKLBW X3, X0, X0")
+	case 2:
+		e.in("VMOVD (SI), X0")
+		e.in("VPSRLW $2, X0, X3")
+		e.in("VPSRLW $4, X0, X4")
+		e.in("VPSRLW $6, X0, X5")
+		for _, r := range []int{0, 3, 4, 5} {
+			e.in("VPAND X7, X%d, X%d", r, r)
+		}
+		e.in("VPUNPCKLBW X3, X0, X0") // byte k: levels 4k, 4k+1
+		e.in("VPUNPCKLBW X5, X4, X4") // byte k: levels 4k+2, 4k+3
+		e.in("VPUNPCKLWD X4, X0, X0")
+	default:
+		return "(SI)"
+	}
+	return "X0"
+}
+
+// levelLoopEnd ends the loops of the level decoding kernels: the next 16
+// levels of bits bits and 16 outputs.
+func levelLoopEnd(e *emitter, bits int) {
 	e.in("ADDQ $%d, SI", 2*bits)
 	e.in("ADDQ $64, DI")
 	e.in("DECQ CX")
@@ -1069,11 +1104,7 @@ func genScaleLevelsOne(e *emitter, bits int, isa string, per string) {
 	e.in("SHRQ $4, CX")
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	if bits == 4 {
-		e.in("VPBROADCASTD qmask0F<>(SB), X7")
-	} else {
-		e.in("VPBROADCASTD qmask03<>(SB), X7")
-	}
+	levelMask(e, bits)
 	bcast := func() {
 		if isa == "Z" {
 			e.in("VBROADCASTSS (AX), Z1")
@@ -1090,25 +1121,7 @@ func genScaleLevelsOne(e *emitter, bits int, isa string, per string) {
 	if per == "R" {
 		bcast()
 	}
-	// the 16 levels as bytes, in order, into X0
-	if bits == 4 {
-		e.in("VMOVQ (SI), X0")
-		e.in("VPSRLW $4, X0, X3")
-		e.in("VPAND X7, X0, X0")
-		e.in("VPAND X7, X3, X3")
-		e.in("VPUNPCKLBW X3, X0, X0")
-	} else {
-		e.in("VMOVD (SI), X0")
-		e.in("VPSRLW $2, X0, X3")
-		e.in("VPSRLW $4, X0, X4")
-		e.in("VPSRLW $6, X0, X5")
-		for _, r := range []int{0, 3, 4, 5} {
-			e.in("VPAND X7, X%d, X%d", r, r)
-		}
-		e.in("VPUNPCKLBW X3, X0, X0") // byte k: levels 4k, 4k+1
-		e.in("VPUNPCKLBW X5, X4, X4") // byte k: levels 4k+2, 4k+3
-		e.in("VPUNPCKLWD X4, X0, X0")
-	}
+	spreadLevels(e, bits) // into X0
 	if isa == "Z" {
 		e.in("VPMOVZXBD X0, Z0")
 		e.in("VCVTDQ2PS Z0, Z0")
@@ -1148,13 +1161,7 @@ func genScaleLevelsOne(e *emitter, bits int, isa string, per string) {
 		e.in("ADDQ $4, AX")
 		e.in("ADDQ $4, BX")
 	}
-	e.in("ADDQ $%d, SI", 2*bits)
-	e.in("ADDQ $64, DI")
-	e.in("DECQ CX")
-	e.in("JNZ loop")
-	e.label("done")
-	e.in("VZEROUPPER")
-	e.in("RET")
+	levelLoopEnd(e, bits)
 }
 
 func genScaleBytes(e *emitter) {
