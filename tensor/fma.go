@@ -11,6 +11,20 @@ import "math"
 func fma32(a, b, c float32) float32 {
 	p := float64(a) * float64(b)
 	s := p + float64(c)
+	// In float32's normal range (and beyond: ±Inf, NaN) float32(s) drops the
+	// low 29 bits of s's significand; unless they are exactly one half (a
+	// tie), the exact sum, within half a float64 step of s, rounds the same
+	// (every float32 tie is a float64): the common case, without the error
+	// term, small enough to inline.
+	if u := math.Float64bits(s); u&(1<<29-1) != 1<<28 && u>>52&0x7ff >= 1023-126 {
+		return float32(s)
+	}
+	return fma32Rare(p, s, c)
+}
+
+// fma32Rare is fma32 when float32(s) may be a double rounding: s = p + c
+// rounded to float64, p = a·b exact.
+func fma32Rare(p, s float64, c float32) float32 {
 	f := float32(s)
 	if float64(f) == s || math.IsInf(s, 0) || s != s {
 		return f

@@ -92,13 +92,19 @@ func dotSeq(a, b []float32) float32 {
 }
 
 // dotFMA is the in-order dot product with one fused multiply-add per
-// product (s = a[i]·b[i] + s, rounded once): the plain Go twin of the
-// half-float product kernels.
+// product (s = a[i]·b[i] + s, rounded once, as fma32 with its common case
+// written out): the plain Go twin of the half-float product kernels.
 func dotFMA(a, b []float32) float32 {
 	b = b[:len(a)]
 	var s float32
 	for i := range a {
-		s = fma32(a[i], b[i], s)
+		p := float64(a[i]) * float64(b[i])
+		t := p + float64(s)
+		if u := math.Float64bits(t); u&(1<<29-1) != 1<<28 && u>>52&0x7ff >= 1023-126 {
+			s = float32(t)
+			continue
+		}
+		s = fma32Rare(p, t, s)
 	}
 	return s
 }
