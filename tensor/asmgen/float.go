@@ -938,8 +938,6 @@ func genVDiv(e *emitter) {
 	}
 }
 
-// scaleBytes<isa>(dst *float32, u *byte, n int, s, m float32): dst[j] =
-// s·float32(u[j]) + m (a multiply then an add) for n a multiple of 16.
 // genScalePanel: scalePanel<isa>[Shift](dst *float32, u *byte, sm *float32,
 // mu *float32, d int): for c < d, the 16 lanes dst[c·16 + j] =
 // float32(u[c·16 + j])·sm[j] + sm[16 + j] (a multiply, then an add), plus
@@ -1164,6 +1162,8 @@ func genScaleLevelsOne(e *emitter, bits int, isa string, per string) {
 	levelLoopEnd(e, bits)
 }
 
+// scaleBytes<isa>(dst *float32, u *byte, n int, s, m float32): dst[j] =
+// s·float32(u[j]) + m (a multiply then an add) for n a multiple of 16.
 func genScaleBytes(e *emitter) {
 	for _, isa := range []string{"Z", "Y"} {
 		e.text("scaleBytes"+isa, "(dst *float32, u *byte, n int, s, m float32)", 32)
