@@ -324,23 +324,7 @@ func ScaleLevels(dst []float32, u []byte, bits int, s, m float32) {
 	if n16 > 0 {
 		scaleLevelsLanes(dst[:n16], u, bits, &s, &m, 0)
 	}
-	for j := n16; j < len(dst); j++ {
-		pos := j * bits
-		dst[j] = float32(s*float32(u[pos>>3]>>(pos&7)&(1<<bits-1))) + m
-	}
-}
-
-// ScaleLevelsV is ScaleLevels with a scale and minimum per value: dst[j] =
-// s[j]·u_j + m[j] (bits 4 or 2), the decoding of a KIVI key row (a scale
-// and minimum per channel).
-func ScaleLevelsV(dst []float32, u []byte, bits int, s, m []float32) {
-	checkLevels(dst, u, bits)
-	s, m = s[:len(dst)], m[:len(dst)]
-	n16 := len(dst) &^ 15
-	if n16 > 0 {
-		scaleLevelsLanes(dst[:n16], u, bits, &s[0], &m[0], 1)
-	}
-	scaleLevelsGo(dst[n16:], u[n16*bits/8:], bits, s[n16:], m[n16:], 1)
+	scaleLevelsGo(dst[n16:], u[n16*bits/8:], bits, unsafe.Slice(&s, 1), unsafe.Slice(&m, 1), 0)
 }
 
 // ScaleLevelRows is ScaleLevels over rows of 16 levels with a scale and
@@ -374,7 +358,8 @@ func scaleCount(n, per int) int {
 }
 
 // scaleLevelsGo is the twin of the level decoding kernels: value j takes
-// scale and minimum s[j/per], m[j/per] (per 0: s[0], m[0] for all).
+// scale and minimum s[j/per], m[j/per] (per 0: s[0], m[0] for all; per 16:
+// a scale per row of 16).
 func scaleLevelsGo(dst []float32, u []byte, bits int, s, m []float32, per int) {
 	for j := range dst {
 		pos := j * bits

@@ -111,26 +111,18 @@ func scaleLevelsLanes(dst []float32, u []byte, bits int, s, m *float32, per int)
 	switch z, y, four := level == levelAVX512, level == levelAVX2, bits == 4; {
 	case z && four && per == 0:
 		scaleLevels4Z(d, p, n, s, m)
-	case z && four && per == 1:
-		scaleLevels4ZV(d, p, n, s, m)
 	case z && four:
 		scaleLevels4ZR(d, p, n, s, m)
 	case z && per == 0:
 		scaleLevels2Z(d, p, n, s, m)
-	case z && per == 1:
-		scaleLevels2ZV(d, p, n, s, m)
 	case z:
 		scaleLevels2ZR(d, p, n, s, m)
 	case y && four && per == 0:
 		scaleLevels4Y(d, p, n, s, m)
-	case y && four && per == 1:
-		scaleLevels4YV(d, p, n, s, m)
 	case y && four:
 		scaleLevels4YR(d, p, n, s, m)
 	case y && per == 0:
 		scaleLevels2Y(d, p, n, s, m)
-	case y && per == 1:
-		scaleLevels2YV(d, p, n, s, m)
 	case y:
 		scaleLevels2YR(d, p, n, s, m)
 	default:

@@ -256,8 +256,7 @@ func TestScalePanel(t *testing.T) {
 }
 
 // TestScaleLevels: 4- and 2-bit levels decoded with one scale and minimum
-// (ScaleLevels), one per value (ScaleLevelsV) or one per row of 16
-// (ScaleLevelRows) give, at every kernel level and length (SIMD groups of
+// (ScaleLevels) or one per row of 16 (ScaleLevelRows) give, at every kernel level and length (SIMD groups of
 // 16 and the tail), the bits of the levels unpacked one by one and decoded
 // as ScaleBytes decodes bytes; bits 8 is ScaleBytes.
 func TestScaleLevels(t *testing.T) {
@@ -286,10 +285,9 @@ func TestScaleLevels(t *testing.T) {
 				u[0] &^= 1<<bits - 1
 				levels[0] = 0
 			}
-			want, wantV, wantR := make([]float32, n), make([]float32, n), make([]float32, n)
+			want, wantR := make([]float32, n), make([]float32, n)
 			scaleBytesGo(want, levels, s[0], m[0])
-			for j := range wantV {
-				scaleBytesGo(wantV[j:j+1], levels[j:j+1], s[j], m[j])
+			for j := range wantR {
 				scaleBytesGo(wantR[j:j+1], levels[j:j+1], s[j/16], m[j/16])
 			}
 			forEachLevel(t, func(t *testing.T) {
@@ -302,12 +300,6 @@ func TestScaleLevels(t *testing.T) {
 				}
 				if bits == 8 {
 					return
-				}
-				ScaleLevelsV(got, u, bits, s, m)
-				for j := range got {
-					if !sameBits(got[j], wantV[j]) {
-						t.Fatalf("V %d bits n=%d: [%d] = %g, want %g", bits, n, j, got[j], wantV[j])
-					}
 				}
 				rows := n / 16
 				ScaleLevelRows(got, u, bits, s[:rows], m[:rows])

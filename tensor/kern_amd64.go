@@ -651,16 +651,10 @@ func scaleBytesY(dst *float32, u *byte, n int, s, m float32)
 func scaleLevels4Z(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
-func scaleLevels4ZV(dst *float32, u *byte, n int, s, m *float32)
-
-//go:noescape
 func scaleLevels4ZR(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
 func scaleLevels4Y(dst *float32, u *byte, n int, s, m *float32)
-
-//go:noescape
-func scaleLevels4YV(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
 func scaleLevels4YR(dst *float32, u *byte, n int, s, m *float32)
@@ -669,16 +663,10 @@ func scaleLevels4YR(dst *float32, u *byte, n int, s, m *float32)
 func scaleLevels2Z(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
-func scaleLevels2ZV(dst *float32, u *byte, n int, s, m *float32)
-
-//go:noescape
 func scaleLevels2ZR(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
 func scaleLevels2Y(dst *float32, u *byte, n int, s, m *float32)
-
-//go:noescape
-func scaleLevels2YV(dst *float32, u *byte, n int, s, m *float32)
 
 //go:noescape
 func scaleLevels2YR(dst *float32, u *byte, n int, s, m *float32)

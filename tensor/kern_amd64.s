@@ -14879,38 +14879,6 @@ done:
 	VZEROUPPER
 	RET
 
-// func scaleLevels4ZV(dst *float32, u *byte, n int, s, m *float32)
-TEXT ·scaleLevels4ZV(SB), NOSPLIT, $0-40
-	MOVQ dst+0(FP), DI
-	MOVQ u+8(FP), SI
-	MOVQ n+16(FP), CX
-	MOVQ s+24(FP), AX
-	MOVQ m+32(FP), BX
-	SHRQ $4, CX
-	TESTQ CX, CX
-	JZ done
-	VPBROADCASTD qmask0F<>(SB), X7
-loop:
-	VMOVQ (SI), X0
-	VPSRLW $4, X0, X3
-	VPAND X7, X0, X0
-	VPAND X7, X3, X3
-	VPUNPCKLBW X3, X0, X0
-	VPMOVZXBD X0, Z0
-	VCVTDQ2PS Z0, Z0
-	VMULPS (AX), Z0, Z0
-	VADDPS (BX), Z0, Z0
-	VMOVUPS Z0, (DI)
-	ADDQ $64, AX
-	ADDQ $64, BX
-	ADDQ $8, SI
-	ADDQ $64, DI
-	DECQ CX
-	JNZ loop
-done:
-	VZEROUPPER
-	RET
-
 // func scaleLevels4ZR(dst *float32, u *byte, n int, s, m *float32)
 TEXT ·scaleLevels4ZR(SB), NOSPLIT, $0-40
 	MOVQ dst+0(FP), DI
@@ -14975,44 +14943,6 @@ loop:
 	VADDPS Y2, Y3, Y3
 	VMOVUPS Y0, (DI)
 	VMOVUPS Y3, 32(DI)
-	ADDQ $8, SI
-	ADDQ $64, DI
-	DECQ CX
-	JNZ loop
-done:
-	VZEROUPPER
-	RET
-
-// func scaleLevels4YV(dst *float32, u *byte, n int, s, m *float32)
-TEXT ·scaleLevels4YV(SB), NOSPLIT, $0-40
-	MOVQ dst+0(FP), DI
-	MOVQ u+8(FP), SI
-	MOVQ n+16(FP), CX
-	MOVQ s+24(FP), AX
-	MOVQ m+32(FP), BX
-	SHRQ $4, CX
-	TESTQ CX, CX
-	JZ done
-	VPBROADCASTD qmask0F<>(SB), X7
-loop:
-	VMOVQ (SI), X0
-	VPSRLW $4, X0, X3
-	VPAND X7, X0, X0
-	VPAND X7, X3, X3
-	VPUNPCKLBW X3, X0, X0
-	VPSRLDQ $8, X0, X3
-	VPMOVZXBD X0, Y0
-	VPMOVZXBD X3, Y3
-	VCVTDQ2PS Y0, Y0
-	VCVTDQ2PS Y3, Y3
-	VMULPS (AX), Y0, Y0
-	VMULPS 32(AX), Y3, Y3
-	VADDPS (BX), Y0, Y0
-	VADDPS 32(BX), Y3, Y3
-	VMOVUPS Y0, (DI)
-	VMOVUPS Y3, 32(DI)
-	ADDQ $64, AX
-	ADDQ $64, BX
 	ADDQ $8, SI
 	ADDQ $64, DI
 	DECQ CX
@@ -15099,44 +15029,6 @@ done:
 	VZEROUPPER
 	RET
 
-// func scaleLevels2ZV(dst *float32, u *byte, n int, s, m *float32)
-TEXT ·scaleLevels2ZV(SB), NOSPLIT, $0-40
-	MOVQ dst+0(FP), DI
-	MOVQ u+8(FP), SI
-	MOVQ n+16(FP), CX
-	MOVQ s+24(FP), AX
-	MOVQ m+32(FP), BX
-	SHRQ $4, CX
-	TESTQ CX, CX
-	JZ done
-	VPBROADCASTD qmask03<>(SB), X7
-loop:
-	VMOVD (SI), X0
-	VPSRLW $2, X0, X3
-	VPSRLW $4, X0, X4
-	VPSRLW $6, X0, X5
-	VPAND X7, X0, X0
-	VPAND X7, X3, X3
-	VPAND X7, X4, X4
-	VPAND X7, X5, X5
-	VPUNPCKLBW X3, X0, X0
-	VPUNPCKLBW X5, X4, X4
-	VPUNPCKLWD X4, X0, X0
-	VPMOVZXBD X0, Z0
-	VCVTDQ2PS Z0, Z0
-	VMULPS (AX), Z0, Z0
-	VADDPS (BX), Z0, Z0
-	VMOVUPS Z0, (DI)
-	ADDQ $64, AX
-	ADDQ $64, BX
-	ADDQ $4, SI
-	ADDQ $64, DI
-	DECQ CX
-	JNZ loop
-done:
-	VZEROUPPER
-	RET
-
 // func scaleLevels2ZR(dst *float32, u *byte, n int, s, m *float32)
 TEXT ·scaleLevels2ZR(SB), NOSPLIT, $0-40
 	MOVQ dst+0(FP), DI
@@ -15213,50 +15105,6 @@ loop:
 	VADDPS Y2, Y3, Y3
 	VMOVUPS Y0, (DI)
 	VMOVUPS Y3, 32(DI)
-	ADDQ $4, SI
-	ADDQ $64, DI
-	DECQ CX
-	JNZ loop
-done:
-	VZEROUPPER
-	RET
-
-// func scaleLevels2YV(dst *float32, u *byte, n int, s, m *float32)
-TEXT ·scaleLevels2YV(SB), NOSPLIT, $0-40
-	MOVQ dst+0(FP), DI
-	MOVQ u+8(FP), SI
-	MOVQ n+16(FP), CX
-	MOVQ s+24(FP), AX
-	MOVQ m+32(FP), BX
-	SHRQ $4, CX
-	TESTQ CX, CX
-	JZ done
-	VPBROADCASTD qmask03<>(SB), X7
-loop:
-	VMOVD (SI), X0
-	VPSRLW $2, X0, X3
-	VPSRLW $4, X0, X4
-	VPSRLW $6, X0, X5
-	VPAND X7, X0, X0
-	VPAND X7, X3, X3
-	VPAND X7, X4, X4
-	VPAND X7, X5, X5
-	VPUNPCKLBW X3, X0, X0
-	VPUNPCKLBW X5, X4, X4
-	VPUNPCKLWD X4, X0, X0
-	VPSRLDQ $8, X0, X3
-	VPMOVZXBD X0, Y0
-	VPMOVZXBD X3, Y3
-	VCVTDQ2PS Y0, Y0
-	VCVTDQ2PS Y3, Y3
-	VMULPS (AX), Y0, Y0
-	VMULPS 32(AX), Y3, Y3
-	VADDPS (BX), Y0, Y0
-	VADDPS 32(BX), Y3, Y3
-	VMOVUPS Y0, (DI)
-	VMOVUPS Y3, 32(DI)
-	ADDQ $64, AX
-	ADDQ $64, BX
 	ADDQ $4, SI
 	ADDQ $64, DI
 	DECQ CX

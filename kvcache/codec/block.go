@@ -86,12 +86,8 @@ func decodeLevels(p []byte, bits int, s, m float32, out []float32) {
 
 // getRows is Get for cnt slots, the per-channel metadata decoded once.
 func (c *kiviKeys) getRows(src []byte, n, d, i0, cnt int, out []float32) {
-	metas := c.metas(src, n, d)
-	var sb, mb [maxStackDim]float32
-	sc, mn := sb[:d], mb[:d]
-	for ch := range d {
-		sc[ch], mn[ch] = unmeta(binary.LittleEndian.Uint32(metas[4*ch:]))
-	}
+	var sc, mn [maxStackDim]float32
+	c.scales(src, n, d, &sc, &mn)
 	for i := range cnt {
 		e, L := panelSlot(n, d, i0+i)
 		o := out[i*d : (i+1)*d]

@@ -341,13 +341,9 @@ func (c *kiviKeys) decodePanel(src []byte, n, d, i0 int, out []float32) bool {
 	if !fullGroup(n, d, i0) || d > maxStackDim {
 		return false
 	}
-	metas := c.metas(src, n, d)
-	var sb, mb [maxStackDim]float32
-	sc, mn := sb[:d], mb[:d]
-	for ch := range d {
-		sc[ch], mn[ch] = unmeta(binary.LittleEndian.Uint32(metas[4*ch:]))
-	}
+	var sc, mn [maxStackDim]float32
+	c.scales(src, n, d, &sc, &mn)
 	lo, hi := i0*d*c.bits/8, (i0+tensor.AttnLanes)*d*c.bits/8
-	tensor.ScaleLevelRows(out, src[lo:hi], c.bits, sc, mn)
+	tensor.ScaleLevelRows(out, src[lo:hi], c.bits, sc[:d], mn[:d])
 	return true
 }

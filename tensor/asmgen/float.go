@@ -1074,16 +1074,15 @@ func levelLoopEnd(e *emitter, bits int) {
 	e.in("RET")
 }
 
-// genScaleLevels writes scaleLevels<bits><isa>[V|R](dst *float32, u
-// *byte, n int, s, m *float32): dst[j] = s·u_j + m (a product then a sum,
-// each rounded, as scaleBytes) for the n (a multiple of 16) levels of bits
-// 4 or 2 packed in u, low bits first; s and m are one scale and minimum
-// for all, with V one per value (s[j], m[j]), with R one per row of 16
-// values (s[j/16], m[j/16]).
+// genScaleLevels writes scaleLevels<bits><isa>[R](dst *float32, u *byte,
+// n int, s, m *float32): dst[j] = s·u_j + m (a product then a sum, each
+// rounded, as scaleBytes) for the n (a multiple of 16) levels of bits 4 or
+// 2 packed in u, low bits first; s and m are one scale and minimum for
+// all, or with R one per row of 16 values (s[j/16], m[j/16]).
 func genScaleLevels(e *emitter) {
 	for _, bits := range []int{4, 2} {
 		for _, isa := range []string{"Z", "Y"} {
-			for _, per := range []string{"", "V", "R"} {
+			for _, per := range []string{"", "R"} {
 				genScaleLevelsOne(e, bits, isa, per)
 			}
 		}
@@ -1092,7 +1091,6 @@ func genScaleLevels(e *emitter) {
 
 func genScaleLevelsOne(e *emitter, bits int, isa string, per string) {
 	name := fmt.Sprintf("scaleLevels%d%s%s", bits, isa, per)
-	vec := per == "V"
 	e.text(name, "(dst *float32, u *byte, n int, s, m *float32)", 40)
 	e.in("MOVQ dst+0(FP), DI")
 	e.in("MOVQ u+8(FP), SI")
@@ -1123,13 +1121,8 @@ func genScaleLevelsOne(e *emitter, bits int, isa string, per string) {
 	if isa == "Z" {
 		e.in("VPMOVZXBD X0, Z0")
 		e.in("VCVTDQ2PS Z0, Z0")
-		if vec {
-			e.in("VMULPS (AX), Z0, Z0")
-			e.in("VADDPS (BX), Z0, Z0")
-		} else {
-			e.in("VMULPS Z1, Z0, Z0")
-			e.in("VADDPS Z2, Z0, Z0")
-		}
+		e.in("VMULPS Z1, Z0, Z0")
+		e.in("VADDPS Z2, Z0, Z0")
 		e.in("VMOVUPS Z0, (DI)")
 	} else {
 		e.in("VPSRLDQ $8, X0, X3")
@@ -1137,25 +1130,14 @@ func genScaleLevelsOne(e *emitter, bits int, isa string, per string) {
 		e.in("VPMOVZXBD X3, Y3")
 		e.in("VCVTDQ2PS Y0, Y0")
 		e.in("VCVTDQ2PS Y3, Y3")
-		if vec {
-			e.in("VMULPS (AX), Y0, Y0")
-			e.in("VMULPS 32(AX), Y3, Y3")
-			e.in("VADDPS (BX), Y0, Y0")
-			e.in("VADDPS 32(BX), Y3, Y3")
-		} else {
-			e.in("VMULPS Y1, Y0, Y0")
-			e.in("VMULPS Y1, Y3, Y3")
-			e.in("VADDPS Y2, Y0, Y0")
-			e.in("VADDPS Y2, Y3, Y3")
-		}
+		e.in("VMULPS Y1, Y0, Y0")
+		e.in("VMULPS Y1, Y3, Y3")
+		e.in("VADDPS Y2, Y0, Y0")
+		e.in("VADDPS Y2, Y3, Y3")
 		e.in("VMOVUPS Y0, (DI)")
 		e.in("VMOVUPS Y3, 32(DI)")
 	}
-	switch per {
-	case "V":
-		e.in("ADDQ $64, AX")
-		e.in("ADDQ $64, BX")
-	case "R":
+	if per == "R" {
 		e.in("ADDQ $4, AX")
 		e.in("ADDQ $4, BX")
 	}
