@@ -90,13 +90,9 @@ func floatGrain(cols, n int) int { return max(1, 65536/(cols*n*panelRows)) }
 func (m *Matrix) floatRows(fk *floatKernels, dst, xp []float32, n, lo, hi int) {
 	cols, rows := m.Cols, m.Rows
 	mr := fk.mr
-	es := 4
+	es, kern := 4, fk.kern
 	if m.Type != F32 {
-		es = 2
-	}
-	kern := fk.kern
-	if m.Type != F32 {
-		kern = fk.kernF
+		es, kern = 2, fk.kernF // half floats: the fused kernels
 	}
 	pb := getBuf(panelK*panelRows + n*panelRows)
 	panel, c := (*pb)[:panelK*panelRows], (*pb)[panelK*panelRows:]

@@ -1191,14 +1191,11 @@ func genScaleBytes(e *emitter) {
 	}
 }
 
-// panelLoopZ emits the k loop shared by the F32 panel kernels and the
-// attention scores (AVX-512): per step, one 16-lane panel row from SI times
-// m broadcast values at DI, each product added to its accumulator Z0..Zm-1
-// (multiply then add, in k order, as run.c).
-func panelLoopZ(e *emitter, m int) { panelLoopZOf(e, m, "F32") }
-
-// panelLoopZOf is panelLoopZ over a panel of type src (F32, F16 or BF16:
-// 16 values a row, each converted exactly to float32 as it is loaded).
+// panelLoopZOf emits the k loop shared by the F32 panel kernels and the
+// attention scores (AVX-512): per step, one 16-lane panel row of type src
+// from SI (F32, F16 or BF16: 16 values, each converted exactly to float32
+// as it is loaded) times m broadcast values at DI, each product added to
+// its accumulator Z0..Zm-1 (multiply then add, in k order, as run.c).
 func panelLoopZOf(e *emitter, m int, src string) {
 	e.label("loop")
 	loadAs(e, src, "SI", 0, "Z31")
@@ -1249,11 +1246,8 @@ func panelLoopYFMA(e *emitter, m int, src string) {
 	e.in("JNZ loop")
 }
 
-// panelLoopY is panelLoopZ for AVX2: accumulators Y0..Y2m-1, two 8-lane
-// halves per row.
-func panelLoopY(e *emitter, m int) { panelLoopYOf(e, m, "F32") }
-
-// panelLoopYOf is panelLoopY over a panel of type src.
+// panelLoopYOf is panelLoopZOf for AVX2: accumulators Y0..Y2m-1, two
+// 8-lane halves per row.
 func panelLoopYOf(e *emitter, m int, src string) {
 	e.label("loop")
 	loadAs(e, src, "SI", 0, "Y14")
