@@ -11,27 +11,17 @@ import (
 	"sync"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/kvlm/kvlm/internal/shared"
 )
 
-// sharedDir is the read-only shared material: $KVLM_SHARED, else ../shared
-// relative to the repository root. Tests skip when it is absent.
-func sharedDir(t testing.TB) string {
-	t.Helper()
-	d := os.Getenv("KVLM_SHARED")
-	if d == "" {
-		d = filepath.Join("..", "..", "shared")
-	}
-	if _, err := os.Stat(d); err != nil {
-		t.Skipf("shared material not available: %v", err)
-	}
-	return d
-}
-
+// sharedFile reads a file of the read-only shared folder (see
+// internal/shared: skipped without it, a failure under CI).
 func sharedFile(t testing.TB, rel string) []byte {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(sharedDir(t), rel))
+	data, err := os.ReadFile(shared.Path(t, rel))
 	if err != nil {
-		t.Skipf("shared file not available: %v", err)
+		t.Fatal(err)
 	}
 	return data
 }
@@ -53,10 +43,7 @@ func loadTok(t testing.TB, rel string, vocabSize int) *SentencePiece {
 	if v, ok := loaded.Load(rel); ok {
 		return v.(*SentencePiece)
 	}
-	path := filepath.Join(sharedDir(t), rel)
-	if _, err := os.Stat(path); err != nil {
-		t.Skipf("shared file not available: %v", err)
-	}
+	path := shared.Path(t, rel)
 	tok, err := LoadLlama2C(path, vocabSize)
 	if err != nil {
 		t.Fatal(err)
@@ -212,7 +199,7 @@ func TestParseLlama2CTok512(t *testing.T) {
 	if tok.Piece(-1) != "" || tok.Piece(512) != "" {
 		t.Error("Piece out of range not empty")
 	}
-	all, err := LoadLlama2C(filepath.Join(sharedDir(t), tok512Path), 0)
+	all, err := LoadLlama2C(shared.Path(t, tok512Path), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
