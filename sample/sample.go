@@ -44,7 +44,8 @@
 //   - on rounding fall-through sample_mult returns n-1 even if its
 //     probability is 0; here the last token with a non-zero probability is
 //     returned;
-//   - run.c seeds 0 with time(NULL); here Seed 0 means DefaultSeed.
+//   - run.c seeds 0 with time(NULL); here Seed 0 means DefaultSeed (callers
+//     that want a fresh seed per run use RandomSeed).
 //
 // # Non-finite and empty input
 //
@@ -56,6 +57,8 @@
 package sample
 
 import (
+	crand "crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
@@ -70,6 +73,20 @@ const DefaultRepeatLastN = 64
 
 // DefaultSeed replaces a zero Seed (xorshift would stay at 0 forever).
 const DefaultSeed uint64 = 0x9E3779B97F4A7C15
+
+// RandomSeed returns a non-zero seed from the system's random source, for a
+// run that was given no seed: printed with the output, it reproduces the run.
+func RandomSeed() uint64 {
+	var b [8]byte
+	for {
+		crand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+		// Keep it below 2^53 so that it survives a round trip through a
+		// JSON number read as a float64.
+		if s := binary.LittleEndian.Uint64(b[:]) >> 11; s != 0 {
+			return s
+		}
+	}
+}
 
 // Params configures a Sampler. The zero value is greedy decoding.
 type Params struct {

@@ -625,3 +625,17 @@ func BenchmarkSample32k(b *testing.B) {
 		})
 	}
 }
+
+func TestRandomSeed(t *testing.T) {
+	seen := map[uint64]bool{}
+	for range 64 {
+		s := RandomSeed()
+		if s == 0 || s >= 1<<53 {
+			t.Fatalf("seed %d: want 0 < seed < 2^53", s)
+		}
+		seen[s] = true
+	}
+	if len(seen) < 60 {
+		t.Fatalf("64 random seeds gave only %d distinct values", len(seen))
+	}
+}

@@ -24,6 +24,7 @@ type generateJSON struct {
 	KVBytes      int64   `json:"kv_bytes"`
 	KVBytesPeak  int64   `json:"kv_bytes_peak"`
 	KeptPerLayer []int   `json:"kept_per_layer,omitempty"`
+	Seed         uint64  `json:"seed"`
 }
 
 func newGenerate() *cobra.Command {
@@ -37,11 +38,14 @@ func newGenerate() *cobra.Command {
 		Short: "Generate text from a prompt, printing each token as it comes",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if prompt == "" {
-				return errors.New("empty prompt: give text with -p")
+			if !cmd.Flags().Changed("prompt") {
+				return errors.New("no prompt: give text with -p (-p \"\" starts from BOS alone)")
 			}
 			if n <= 0 {
 				return fmt.Errorf("-n must be at least 1, got %d", n)
+			}
+			if !cmd.Flags().Changed("seed") {
+				p.Seed = sample.RandomSeed()
 			}
 			sampler, err := sample.New(p)
 			if err != nil {
@@ -53,6 +57,9 @@ func newGenerate() *cobra.Command {
 			}
 			defer m.Close()
 			ids := tok.Encode(prompt, tokenizer.AddsBOS(tok), false)
+			if len(ids) == 0 {
+				return errors.New("empty prompt: this model's tokenizer adds no BOS, so give text with -p")
+			}
 			if len(ids) > m.CtxLen {
 				return fmt.Errorf("prompt is %d tokens, longer than the context length %d", len(ids), m.CtxLen)
 			}
@@ -99,18 +106,22 @@ func newGenerate() *cobra.Command {
 					Prompt: promptText, Text: string(text), PromptTokens: ids, Tokens: nonNil(res.Tokens), Stop: string(res.Stop),
 					PrefillMS: ms(res.PrefillTime), DecodeMS: ms(res.DecodeTime),
 					PrefillTokS: res.PrefillTokS(), DecodeTokS: res.DecodeTokS(), KVBytes: seq.Cache().Bytes(),
-					KVBytesPeak: res.PeakKVBytes, KeptPerLayer: keptPerLayer(pol),
+					KVBytesPeak: res.PeakKVBytes, KeptPerLayer: keptPerLayer(pol), Seed: p.Seed,
 				})
 			}
 			fmt.Fprintln(out)
-			fmt.Fprintf(cmd.ErrOrStderr(), "prefill %d tokens %.1f tok/s, decode %d tokens %.1f tok/s, stop: %s\n",
-				res.PromptN, res.PrefillTokS(), len(res.Tokens), res.DecodeTokS(), res.Stop)
+			seed := ""
+			if p.Temperature > 0 {
+				seed = fmt.Sprintf(", seed %d", p.Seed)
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "prefill %d tokens %.1f tok/s, decode %d tokens %.1f tok/s, stop: %s%s\n",
+				res.PromptN, res.PrefillTokS(), len(res.Tokens), res.DecodeTokS(), res.Stop, seed)
 			return nil
 		},
 	}
 	mf.register(c)
 	f := c.Flags()
-	f.StringVarP(&prompt, "prompt", "p", "", "prompt text")
+	f.StringVarP(&prompt, "prompt", "p", "", `prompt text ("" = start from BOS alone, as run.c without -i)`)
 	f.IntVarP(&n, "n", "n", 128, "new tokens to generate")
 	f.Float32Var(&p.Temperature, "temp", 0.8, "temperature (0 = greedy)")
 	f.IntVar(&p.TopK, "top-k", 0, "keep the k most likely tokens (0 = off)")
@@ -118,7 +129,7 @@ func newGenerate() *cobra.Command {
 	f.Float32Var(&p.MinP, "min-p", 0, "drop tokens below min-p × the top probability (0 = off)")
 	f.Float32Var(&p.RepeatPenalty, "repeat-penalty", 1, "repetition penalty (1 = off)")
 	f.IntVar(&p.RepeatLastN, "repeat-last-n", sample.DefaultRepeatLastN, "tokens the penalty looks back over")
-	f.Uint64Var(&p.Seed, "seed", 0, "random seed (0 = a fixed default)")
+	f.Uint64Var(&p.Seed, "seed", 0, "random seed (default: a fresh one each run, printed on stderr and in --json)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object instead of streaming text")
 	return c
 }

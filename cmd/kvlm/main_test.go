@@ -225,7 +225,7 @@ func TestBadInput(t *testing.T) {
 		{"truncated gguf", []string{"generate", "-m", truncated, "-p", "x"}, "truncated"},
 		{"wrong magic", []string{"generate", "-m", badMagic, "-p", "x"}, "not a GGUF file"},
 		{"unknown tensor type", []string{"generate", "-m", unknown, "-p", "x"}, "type 99"},
-		{"empty prompt", gen("-p", ""), "empty prompt"},
+		{"no prompt", gen(), "no prompt"},
 		{"n zero", gen("-p", "x", "-n", "0"), "-n"},
 		{"prompt too long", gen("-p", long), "context length"},
 		{"bad temperature", gen("-p", "x", "--temp", "-1"), "temperature"},
