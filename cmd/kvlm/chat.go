@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvlm/kvlm/chat"
 	"github.com/kvlm/kvlm/engine"
+	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
@@ -65,6 +66,12 @@ first tokens and the last --window (StreamingLLM), never re-encoding history.`,
 			if err := p.Validate(); err != nil {
 				return err
 			}
+			if err := chatStrategyFlags(cmd, strategy); err != nil {
+				return err
+			}
+			if !cmd.Flags().Changed("seed") {
+				p.Seed = sample.RandomSeed()
+			}
 			cfg, err := f.engineConfig()
 			if err != nil {
 				return err
@@ -97,7 +104,11 @@ first tokens and the last --window (StreamingLLM), never re-encoding history.`,
 			}
 			defer ch.close()
 			out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
-			fmt.Fprintf(errOut, "kvlm chat: template %s, strategy %s, context %d tokens. /reset, /kv, /quit.\n", format.Name(), strategy, ctxLimit)
+			seed := ""
+			if p.Temperature > 0 {
+				seed = fmt.Sprintf(", seed %d", p.Seed)
+			}
+			fmt.Fprintf(errOut, "kvlm chat: template %s, strategy %s, context %d tokens%s. /reset, /kv, /quit.\n", format.Name(), strategy, ctxLimit, seed)
 			in := bufio.NewScanner(cmd.InOrStdin())
 			in.Buffer(make([]byte, 64<<10), 1<<20)
 			for {
@@ -131,7 +142,7 @@ first tokens and the last --window (StreamingLLM), never re-encoding history.`,
 			}
 		},
 	}
-	f.register(c)
+	f.registerChat(c)
 	fl := c.Flags()
 	fl.StringVar(&strategy, "strategy", "truncate", "long conversations: truncate (drop old turns) or stream (sinks + window, never re-encode)")
 	fl.StringVar(&system, "system", "", "system message")
@@ -142,8 +153,47 @@ first tokens and the last --window (StreamingLLM), never re-encoding history.`,
 	fl.Float32Var(&p.Temperature, "temp", 0.8, "temperature (0 = greedy)")
 	fl.Float32Var(&p.TopP, "top-p", 0.9, "nucleus sampling threshold (1 = off)")
 	fl.Float32Var(&p.RepeatPenalty, "repeat-penalty", 1, "repetition penalty (1 = off)")
-	fl.Uint64Var(&p.Seed, "seed", 0, "random seed (0 = a fixed default)")
+	fl.Uint64Var(&p.Seed, "seed", 0, "random seed (default: a fresh one each run, printed at the start)")
 	return c
+}
+
+// registerChat registers the engine flags that kvlm chat uses, in chat's
+// words. One conversation runs at a time: the batch and queue of kvlm serve
+// are fixed at one.
+func (f *serveFlags) registerChat(c *cobra.Command) {
+	fl := c.Flags()
+	fl.StringVarP(&f.model, "model", "m", "", "model file: GGUF, or a llama2.c checkpoint (then --tokenizer)")
+	fl.StringVar(&f.tokenizer, "tokenizer", "", "llama2.c tokenizer.bin (required for llama2.c checkpoints, overrides a GGUF's)")
+	fl.BoolVar(&f.mmap, "mmap", false, mmapUsage)
+	fl.StringVar(&f.kvMem, "kv-mem", "", "truncate: KV byte budget of the conversation and its prefix cache, e.g. 16MiB (default: one full context)")
+	fl.StringVar(&f.kvType, "kv-type", "f32", "KV codec for keys and values")
+	fl.StringVar(&f.kvTypeK, "kv-type-k", "", "codec of the keys (overrides --kv-type)")
+	fl.StringVar(&f.kvTypeV, "kv-type-v", "", "codec of the values (overrides --kv-type)")
+	fl.IntVar(&f.kvBlock, "kv-block", kvcache.DefaultBlockTokens, "KV cache block size in tokens")
+	fl.BoolVar(&f.keyShift, "kv-key-shift", true, "store q8/q4 keys around the model's mean keys (estimated once from a text the model writes from BOS; see docs/KVCACHE.md)")
+	fl.IntVar(&f.chunk, "chunk", model.DefaultChunk, "truncate: prompt tokens prefilled per step")
+	fl.StringVar(&f.template, "chat-template", "", "chat template: "+strings.Join(server.TemplateNames(), ", ")+" (default: from the GGUF metadata; plain for llama2.c checkpoints and GGUFs converted from them)")
+	f.maxRunning, f.maxQueue = 1, 1
+}
+
+// chatStrategyFlags refuses the flags of the strategy not chosen: they
+// would be accepted and ignored.
+func chatStrategyFlags(cmd *cobra.Command, strategy string) error {
+	only := map[string][]string{
+		"truncate": {"kv-mem", "chunk", "context"},
+		"stream":   {"window", "sinks"},
+	}
+	for s, names := range only {
+		if s == strategy {
+			continue
+		}
+		for _, n := range names {
+			if cmd.Flags().Changed(n) {
+				return fmt.Errorf("--%s applies to --strategy %s only", n, s)
+			}
+		}
+	}
+	return nil
 }
 
 // chatBase is what both strategies share.
@@ -169,7 +219,8 @@ type truncChat struct {
 	chatBase
 	e       *engine.Engine
 	msgs    []chat.Message
-	turns   int
+	turns   int // turns since the start or the last /reset
+	draws   int // replies drawn in all: turn i of the run samples with seed+i
 	dropped int
 	last    engine.Usage
 	prompt  int
@@ -184,8 +235,11 @@ func newTruncChat(b chatBase, cfg engine.Config) (*truncChat, error) {
 	return &truncChat{chatBase: b, e: e, msgs: b.start()}, nil
 }
 
-func (c *truncChat) close()       { c.e.Close() }
-func (c *truncChat) reset() error { c.msgs, c.dropped = c.start(), 0; return nil }
+func (c *truncChat) close() { c.e.Close() }
+func (c *truncChat) reset() error {
+	c.msgs, c.dropped, c.turns, c.last, c.prompt = c.start(), 0, 0, engine.Usage{}, 0
+	return nil
+}
 
 func (c *truncChat) turn(user string, out io.Writer) (string, error) {
 	msgs := append(c.msgs, chat.Message{Role: "user", Content: user})
@@ -215,7 +269,8 @@ func (c *truncChat) turn(user string, out io.Writer) (string, error) {
 		c.dropped++
 	}
 	p := c.params
-	p.Seed += uint64(c.turns)
+	p.Seed += uint64(c.draws)
+	c.draws++
 	h, err := c.e.Submit(engine.GenRequest{Prompt: ids, MaxTokens: min(c.n, c.m.CtxLen-len(ids)), StopTokens: c.format.StopIDs(c.tok), Sampling: p})
 	if err != nil {
 		return "", err
@@ -281,7 +336,8 @@ type streamChat struct {
 	inCache       string // the conversation's text as run so far
 	hist          []int  // every token run
 	logits        []float32
-	turns         int
+	turns         int         // turns since the start or the last /reset
+	resets        int         // samplers made: each reset draws with the next seed
 	keyMeans      [][]float32 // q8/q4 key shift (cfg.KeyShiftPrompt), computed once
 }
 
@@ -325,12 +381,15 @@ func (c *streamChat) reset() error {
 		seq.Close()
 		return err
 	}
-	smp, err := sample.New(c.params)
+	p := c.params
+	p.Seed += uint64(c.resets)
+	c.resets++
+	smp, err := sample.New(p)
 	if err != nil {
 		seq.Close()
 		return err
 	}
-	c.seq, c.pol, c.smp = seq, pol, smp
+	c.seq, c.pol, c.smp, c.turns = seq, pol, smp, 0
 	c.msgs, c.inCache, c.hist, c.logits = c.start(), "", nil, nil
 	return nil
 }

@@ -74,3 +74,105 @@ func atoi(s string) int {
 	n, _ := strconv.Atoi(s)
 	return n
 }
+
+// TestChatSeed: without --seed each chat draws a fresh seed, named in the
+// first line; giving it back reproduces the conversation.
+func TestChatSeed(t *testing.T) {
+	s := storiesFiles(t)
+	in := "Once upon a time\nThe dog ran\n"
+	seedRe := regexp.MustCompile(`, seed (\d+)\. `)
+	for _, strategy := range []string{"truncate", "stream"} {
+		t.Run(strategy, func(t *testing.T) {
+			args := []string{"-m", s.bin, "--tokenizer", s.tok, "-n", "30", "--strategy", strategy}
+			outs, seeds := map[string]bool{}, map[string]bool{}
+			var firstOut, firstSeed string
+			for i := range 4 {
+				out, errOut, err := chatRun(t, in, args...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				m := seedRe.FindStringSubmatch(errOut)
+				if m == nil {
+					t.Fatalf("no seed in %q", errOut)
+				}
+				outs[out], seeds[m[1]] = true, true
+				if i == 0 {
+					firstOut, firstSeed = out, m[1]
+				}
+			}
+			if len(seeds) != 4 || len(outs) < 2 {
+				t.Fatalf("4 chats without --seed: %d distinct seeds, %d distinct conversations", len(seeds), len(outs))
+			}
+			again, errOut, err := chatRun(t, in, append(args, "--seed", firstSeed)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again != firstOut || !strings.Contains(errOut, ", seed "+firstSeed+".") {
+				t.Fatalf("--seed %s did not reproduce the chat:\n%q\n%q", firstSeed, firstOut, again)
+			}
+		})
+	}
+}
+
+// TestChatResetCounters: after /reset, /kv counts from zero.
+func TestChatResetCounters(t *testing.T) {
+	s := storiesFiles(t)
+	in := "Once upon a time\nThe dog ran to the park\n/reset\n/kv\n"
+	cases := []struct {
+		strategy string
+		args     []string
+		want     *regexp.Regexp // the /kv line after the reset
+	}{
+		{"truncate", []string{"--context", "64"}, regexp.MustCompile(`^\[kv: prompt 0 tokens, 0 from the prefix cache, 0 generated; 0 B peak; .* 0 old turns dropped`)},
+		{"stream", []string{"--window", "48"}, regexp.MustCompile(`^\[kv: 0 tokens in the cache \(sinks 4 \+ window 48\) of 0 run over 0 turns`)},
+	}
+	for _, c := range cases {
+		t.Run(c.strategy, func(t *testing.T) {
+			args := append([]string{"-m", s.bin, "--tokenizer", s.tok, "-n", "30", "--temp", "0", "--strategy", c.strategy}, c.args...)
+			_, errOut, err := chatRun(t, in, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, after, ok := strings.Cut(errOut, "[conversation reset]\n")
+			if !ok {
+				t.Fatalf("no reset in %q", errOut)
+			}
+			if line, _, _ := strings.Cut(after, "\n"); !c.want.MatchString(line) {
+				t.Fatalf("/kv after /reset: %q, want %v", line, c.want)
+			}
+		})
+	}
+}
+
+// TestChatFlags: chat's help speaks of chat, and flags it would ignore are
+// refused.
+func TestChatFlags(t *testing.T) {
+	s := storiesFiles(t)
+	var o, e bytes.Buffer
+	root := newRoot(&o, &e)
+	root.SetArgs([]string{"chat", "--help"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	help := o.String()
+	for _, serveOnly := range []string{"--max-running", "--max-queue", "429", "request", "all sequences"} {
+		if strings.Contains(help, serveOnly) {
+			t.Errorf("chat --help mentions %q, which is kvlm serve's", serveOnly)
+		}
+	}
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--max-running", "4"}, "unknown flag"},
+		{[]string{"--strategy", "stream", "--context", "64"}, "--context applies to --strategy truncate only"},
+		{[]string{"--strategy", "stream", "--kv-mem", "1MiB"}, "--kv-mem applies to --strategy truncate only"},
+		{[]string{"--window", "64"}, "--window applies to --strategy stream only"},
+		{[]string{"--sinks", "2"}, "--sinks applies to --strategy stream only"},
+	} {
+		_, _, err := chatRun(t, "", append([]string{"-m", s.bin, "--tokenizer", s.tok}, bad.args...)...)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("chat %v: error %v, want %q", bad.args, err, bad.want)
+		}
+	}
+}
