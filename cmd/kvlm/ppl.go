@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/kvlm/kvlm/eval"
+	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"
 )
@@ -19,6 +20,8 @@ type pplJSON struct {
 	KeptPerLayer []int       `json:"kept_per_layer"`          // tokens each layer holds at the end, over its heads
 	Kept         [][][]int32 `json:"kept,omitempty"`          // after --compress-after: per layer, per KV head, sorted original positions
 	NLLByWindow  []float64   `json:"nll_by_window,omitempty"` // --stream: mean NLL of each --report-every predictions
+	KVType       string      `json:"kv_type"`                 // codecs of the keys and values, "K/V"
+	KeyShift     bool        `json:"kv_key_shift"`            // keys stored around the model's mean keys
 }
 
 func newPPL() *cobra.Command {
@@ -27,21 +30,23 @@ func newPPL() *cobra.Command {
 	var ctx, maxBytes, compressAfter, reportEvery int
 	var stream, asJSON bool
 	c := &cobra.Command{
-		Use:   "ppl -m MODEL -f FILE --ctx N",
+		Use:   "ppl -m MODEL -f FILE [--ctx N]",
 		Short: "Perplexity of a text: encode with BOS, feed the first N tokens, score the N-1 predictions",
 		Long: `Perplexity of a text: encode with BOS, feed the first --ctx tokens, score the predictions.
 
 With a --kv-policy:
   --compress-after N   prefill N tokens, compress the cache once, then score the rest
                        (the predictions of tokens N+1..ctx-1, made after compression)
-  --stream             feed the tokens one by one with the cache bounded by the policy;
-                       --ctx may exceed the model's context (with --kv-policy full, dense
-                       attention runs past the trained positions)`,
+  --stream             feed the tokens one by one with the cache bounded by the policy:
+                       the whole file, or its first --ctx tokens; --ctx may exceed the
+                       model's context (with --kv-policy full, dense attention runs past
+                       the trained positions)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file == "" {
 				return errors.New("no text given: use -f FILE")
 			}
+			ctxGiven := cmd.Flags().Changed("ctx")
 			if ctx < 2 {
 				return fmt.Errorf("--ctx must be at least 2, got %d", ctx)
 			}
@@ -70,6 +75,12 @@ With a --kv-policy:
 				return fmt.Errorf("--compress-after %d must leave tokens to score before --ctx %d", compressAfter, ctx)
 			}
 			ids := tok.Encode(string(data), tokenizer.AddsBOS(tok), false)
+			if stream && (!ctxGiven || ctx > len(ids)) {
+				ctx = len(ids) // the whole text
+			}
+			if len(ids) < 2 {
+				return fmt.Errorf("%s encodes to %d tokens: nothing to predict", file, len(ids))
+			}
 			if len(ids) < ctx {
 				return fmt.Errorf("%s encodes to %d tokens, fewer than --ctx %d", file, len(ids), ctx)
 			}
@@ -98,7 +109,7 @@ With a --kv-policy:
 			if err != nil {
 				return err
 			}
-			out := pplJSON{Mode: "full", Policy: pc.String()}
+			out := pplJSON{Mode: "full", Policy: pc.String(), KVType: kvTypeName(opt), KeyShift: opt.KeyShift != nil}
 			switch {
 			case compressAfter > 0:
 				out.Mode = "compress-after"
@@ -127,8 +138,12 @@ With a --kv-policy:
 				return writeJSON(cmd.OutOrStdout(), out)
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "tokens %d  predictions %d  mean NLL %.6f nats  perplexity %.4f  (%s, %s, peak KV %s)\n",
-				out.Tokens, out.Predictions, out.MeanNLL, out.PPL, out.Mode, out.Policy, human(out.KVBytesPeak))
+			shift := ""
+			if out.KeyShift {
+				shift = ", key shift"
+			}
+			fmt.Fprintf(w, "tokens %d  predictions %d  mean NLL %.6f nats  perplexity %.4f  (%s, %s, kv %s%s, peak KV %s)\n",
+				out.Tokens, out.Predictions, out.MeanNLL, out.PPL, out.Mode, out.Policy, out.KVType, shift, human(out.KVBytesPeak))
 			for i, v := range out.NLLByWindow {
 				fmt.Fprintf(w, "  predictions %6d-%6d  mean NLL %.4f\n", i*reportEvery+1, min((i+1)*reportEvery, out.Predictions), v)
 			}
@@ -137,11 +152,23 @@ With a --kv-policy:
 	}
 	mf.register(c)
 	c.Flags().StringVarP(&file, "file", "f", "", "text file")
-	c.Flags().IntVar(&ctx, "ctx", 512, "tokens to feed (BOS included)")
+	c.Flags().IntVar(&ctx, "ctx", 512, "tokens to feed (BOS included); --stream: default the whole file, and more than the file means all of it")
 	c.Flags().IntVar(&maxBytes, "bytes", 0, "use only the first N bytes of the file (0 = all)")
 	c.Flags().IntVar(&compressAfter, "compress-after", 0, "prefill N tokens, compress the cache, then score the rest")
 	c.Flags().BoolVar(&stream, "stream", false, "feed tokens one by one with the cache bounded by the policy")
 	c.Flags().IntVar(&reportEvery, "report-every", 1000, "--stream: report the mean NLL of each run of this many predictions")
 	c.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	return c
+}
+
+// kvTypeName names the codecs of opt as "K/V" (f32 when unset).
+func kvTypeName(opt model.KVOptions) string {
+	k, v := "f32", "f32"
+	if opt.K != nil {
+		k = opt.K.Name()
+	}
+	if opt.V != nil {
+		v = opt.V.Name()
+	}
+	return k + "/" + v
 }
