@@ -123,6 +123,16 @@ func Lookup(name string) (*Template, error) {
 	return &t, nil
 }
 
+// PlainTemplate is the Jinja chat template of models never trained to chat
+// (llama2.c's TinyStories models): each message's content on a line of its
+// own, nothing else, so the model continues the text. kvlm convert writes it
+// into the GGUF files it makes of llama2.c checkpoints, which then chat as
+// the checkpoints do (server's plain format).
+const PlainTemplate = "{% for message in messages %}{{ message['content'] + '\\n' }}{% endfor %}"
+
+// IsPlain reports whether a GGUF's tokenizer.chat_template is PlainTemplate.
+func IsPlain(src string) bool { return strings.TrimSpace(src) == PlainTemplate }
+
 var chatmlSystem = regexp.MustCompile(`<\|im_start\|>system(?:\n|\\n)([^'"{}<>\\]+)<\|im_end\|>`)
 
 // Detect recognises a Jinja chat template by its content and returns the

@@ -343,3 +343,32 @@ func TestFromGGUF(t *testing.T) {
 		t.Fatalf("%+v %s %v", tm, how, err)
 	}
 }
+
+func TestIsPlain(t *testing.T) {
+	llama2, err := Lookup("llama2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		src  string
+		want bool
+	}{
+		{"plain", PlainTemplate, true},
+		{"plain with surrounding space", "\n " + PlainTemplate + "\n", true},
+		{"empty", "", false},
+		{"llama2", "{% for message in messages %}[INST] <<SYS>>{{ message['content'] }}{% endfor %}", false},
+		{"plain with a generation prompt", PlainTemplate + "{% if add_generation_prompt %}A:{% endif %}", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := IsPlain(c.src); got != c.want {
+				t.Fatalf("IsPlain(%q) = %v, want %v", c.src, got, c.want)
+			}
+		})
+	}
+	// The plain template is recognised as no other format.
+	if d := Detect(PlainTemplate); d != "" {
+		t.Fatalf("Detect(PlainTemplate) = %q (%s)", d, llama2.Name)
+	}
+}

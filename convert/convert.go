@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/kvlm/kvlm/chat"
 	"github.com/kvlm/kvlm/gguf"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/tensor"
@@ -94,6 +95,13 @@ func Build(m *model.Model, tok *tokenizer.SentencePiece, opt Options) (*gguf.Wri
 			val any
 		}{m.Key, m.Val})
 	}
+	// llama2.c models were never trained to chat: the plain template, as a
+	// checkpoint gets, rather than the Llama 2 one an unmarked llama GGUF
+	// would.
+	kv = append(kv, struct {
+		key string
+		val any
+	}{"tokenizer.chat_template", chat.PlainTemplate})
 	for _, e := range kv {
 		if err := w.Set(e.key, e.val); err != nil {
 			return nil, rep, err

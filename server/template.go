@@ -94,7 +94,8 @@ func TemplateNames() []string { return append([]string{PlainName}, chat.Names().
 // ChooseFormat picks the chat format of the model at path: override if
 // given (a chat template name or "plain"); for a GGUF file, the template
 // its metadata implies (tokenizer.chat_template, else its architecture);
-// for a llama2.c checkpoint, plain. how says which rule chose.
+// for a llama2.c checkpoint, plain (as for a GGUF whose template is
+// chat.PlainTemplate, which kvlm convert writes). how says which rule chose.
 func ChooseFormat(path string, tok tokenizer.Tokenizer, override string) (f ChatFormat, how string, err error) {
 	if strings.EqualFold(strings.TrimSpace(override), PlainName) {
 		return plainFormat{}, "override", nil
@@ -118,6 +119,13 @@ func ChooseFormat(path string, tok tokenizer.Tokenizer, override string) (f Chat
 		return nil, "", err
 	}
 	defer g.Close()
+	if override == "" {
+		if _, ok := g.Lookup("tokenizer.chat_template"); ok {
+			if src, err := g.String("tokenizer.chat_template"); err == nil && chat.IsPlain(src) {
+				return plainFormat{}, "chat_template", nil // converted from llama2.c
+			}
+		}
+	}
 	t, how, err := chat.FromGGUF(g, tok, override)
 	if err != nil {
 		return nil, "", err

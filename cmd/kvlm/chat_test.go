@@ -2,10 +2,16 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvlm/kvlm/chat"
+	"github.com/kvlm/kvlm/server"
+	"github.com/kvlm/kvlm/tokenizer"
 )
 
 func chatRun(t *testing.T, input string, args ...string) (stdout, stderr string, err error) {
@@ -174,5 +180,63 @@ func TestChatFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("chat %v: error %v, want %q", bad.args, err, bad.want)
 		}
+	}
+}
+
+// TestConvertedChatsLikeBin: a GGUF converted from stories260K chats with
+// the template its llama2.c checkpoint gets (plain), token for token.
+func TestConvertedChatsLikeBin(t *testing.T) {
+	s := storiesFiles(t)
+	type pick struct {
+		name   string
+		format server.ChatFormat
+		tok    tokenizer.Tokenizer
+	}
+	var picks []pick
+	for _, p := range []struct{ name, model, tok string }{{"bin", s.bin, s.tok}, {"gguf", s.gguf, ""}} {
+		m, tok, err := loadModel(p.model, p.tok, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+		f, _, err := server.ChooseFormat(p.model, tok, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		picks = append(picks, pick{p.name, f, tok})
+	}
+	convs := [][]chat.Message{
+		{{Role: "user", Content: "Once upon a time"}},
+		{{Role: "system", Content: "Tell a story."}, {Role: "user", Content: "The dog ran"}, {Role: "assistant", Content: "to the park."}, {Role: "user", Content: "Lily was sad"}},
+	}
+	bin, gg := picks[0], picks[1]
+	if bin.format.Name() != server.PlainName || gg.format.Name() != bin.format.Name() {
+		t.Fatalf("templates: bin %s, converted gguf %s; want both %s", bin.format.Name(), gg.format.Name(), server.PlainName)
+	}
+	for i, msgs := range convs {
+		rb, err1 := bin.format.Render(msgs)
+		rg, err2 := gg.format.Render(msgs)
+		eb, err3 := bin.format.Encode(bin.tok, msgs)
+		eg, err4 := gg.format.Encode(gg.tok, msgs)
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			t.Fatal(err)
+		}
+		if rb != rg || !slices.Equal(eb, eg) {
+			t.Errorf("conversation %d: bin renders %q %v, gguf %q %v", i, rb, eb, rg, eg)
+		}
+	}
+	// And the chat itself.
+	in := "Once upon a time\nThe dog ran\n"
+	outBin, errBin, err := chatRun(t, in, "-m", s.bin, "--tokenizer", s.tok, "-n", "30", "--temp", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	outGG, errGG, err := chatRun(t, in, "-m", s.gguf, "-n", "30", "--temp", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := func(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }
+	if outBin != outGG || first(errBin) != first(errGG) {
+		t.Fatalf("bin:\n%s%s\ngguf:\n%s%s", first(errBin), outBin, first(errGG), outGG)
 	}
 }
