@@ -23,8 +23,10 @@ type Options struct {
 
 // Report says what a conversion wrote.
 type Report struct {
-	Tensors   int      // tensors written
-	Fallbacks []string // matrices whose rows do not fit Type's blocks, written as F16 instead
+	Tensors   int                  // tensors written
+	Types     map[tensor.DType]int // tensors written in each type (norms are F32)
+	Fallbacks []string             // matrices whose rows do not fit Type's blocks, written as F16 instead
+	FileType  tensor.DType         // what general.file_type names: Type, or F16 when every matrix fell back
 }
 
 // Llama2C converts a llama2.c checkpoint and its tokenizer.bin into a GGUF
@@ -56,7 +58,7 @@ func Llama2C(modelPath, tokPath, out string, opt Options) (Report, error) {
 
 // Build lays out a model and its SentencePiece tokenizer as a GGUF writer.
 func Build(m *model.Model, tok *tokenizer.SentencePiece, opt Options) (*gguf.Writer, Report, error) {
-	var rep Report
+	rep := Report{Types: map[tensor.DType]int{}}
 	if opt.Type == 0 && !opt.Type.Supported() {
 		opt.Type = tensor.F32
 	}
@@ -71,7 +73,6 @@ func Build(m *model.Model, tok *tokenizer.SentencePiece, opt Options) (*gguf.Wri
 	}{
 		{"general.architecture", "llama"},
 		{"general.name", opt.Name},
-		{"general.file_type", uint32(fileType(opt.Type))},
 		{"llama.vocab_size", uint32(c.Vocab)},
 		{"llama.context_length", uint32(c.CtxLen)},
 		{"llama.embedding_length", uint32(c.Dim)},
@@ -82,12 +83,6 @@ func Build(m *model.Model, tok *tokenizer.SentencePiece, opt Options) (*gguf.Wri
 		{"llama.attention.head_count_kv", uint32(c.KVHeads)},
 		{"llama.attention.layer_norm_rms_epsilon", c.NormEps},
 		{"llama.rope.freq_base", c.RopeTheta},
-	}
-	if opt.Type != tensor.F32 && opt.Type != tensor.F16 && opt.Type != tensor.BF16 {
-		kv = append(kv, struct {
-			key string
-			val any
-		}{"general.quantization_version", uint32(2)})
 	}
 	for _, m := range VocabMetadata(tok) {
 		kv = append(kv, struct {
@@ -118,6 +113,7 @@ func Build(m *model.Model, tok *tokenizer.SentencePiece, opt Options) (*gguf.Wri
 			return fmt.Errorf("convert: %s: %w", name, err)
 		}
 		rep.Tensors++
+		rep.Types[typ]++
 		return w.AddTensor(name, typ, []uint64{uint64(t.Cols), uint64(t.Rows)}, data)
 	}
 	addVec := func(name string, v []float32) error {
@@ -126,6 +122,7 @@ func Build(m *model.Model, tok *tokenizer.SentencePiece, opt Options) (*gguf.Wri
 			return err
 		}
 		rep.Tensors++
+		rep.Types[tensor.F32]++
 		return w.AddTensor(name, tensor.F32, []uint64{uint64(len(v))}, data)
 	}
 	if err := addMat("token_embd.weight", m.TokEmb); err != nil {
@@ -155,6 +152,20 @@ func Build(m *model.Model, tok *tokenizer.SentencePiece, opt Options) (*gguf.Wri
 	}
 	if m.Output != m.TokEmb {
 		if err := addMat("output.weight", m.Output); err != nil {
+			return nil, rep, err
+		}
+	}
+	// general.file_type names the matrices' type as written ("mostly" that
+	// type, in llama.cpp's sense): when none fits opt.Type, F16.
+	rep.FileType = opt.Type
+	if rep.Types[opt.Type] == 0 {
+		rep.FileType = tensor.F16
+	}
+	if err := w.Set("general.file_type", uint32(fileType(rep.FileType))); err != nil {
+		return nil, rep, err
+	}
+	if q := rep.FileType; q != tensor.F32 && q != tensor.F16 && q != tensor.BF16 {
+		if err := w.Set("general.quantization_version", uint32(2)); err != nil {
 			return nil, rep, err
 		}
 	}

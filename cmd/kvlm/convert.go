@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 
 	"github.com/kvlm/kvlm/convert"
 	"github.com/kvlm/kvlm/tensor"
@@ -31,9 +33,14 @@ func newConvert() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d tensors, matrices in %s\n", out, rep.Tensors, t)
-			for _, f := range rep.Fallbacks {
-				fmt.Fprintf(cmd.ErrOrStderr(), "note: %s rows do not fit %s blocks; written as F16\n", f, t)
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d tensors: %s; file type %s\n", out, rep.Tensors, typeCounts(rep.Types), rep.FileType)
+			if n := len(rep.Fallbacks); n > 0 {
+				if rep.Types[t] == 0 {
+					fmt.Fprintf(cmd.ErrOrStderr(), "note: no matrix has rows that fit %s's %d-value blocks: every matrix is written as F16\n", t, t.BlockSize())
+				} else {
+					fmt.Fprintf(cmd.ErrOrStderr(), "note: %d matrices have rows that do not fit %s's %d-value blocks and are written as F16: %s\n",
+						n, t, t.BlockSize(), strings.Join(rep.Fallbacks, ", "))
+				}
 			}
 			return nil
 		},
@@ -45,4 +52,23 @@ func newConvert() *cobra.Command {
 	l2c.Flags().StringVar(&name, "name", "", "general.name (default: the checkpoint's base name)")
 	c.AddCommand(l2c)
 	return c
+}
+
+// typeCounts lists how many tensors each type has, most first: "35 F16, 11 F32".
+func typeCounts(types map[tensor.DType]int) string {
+	ts := make([]tensor.DType, 0, len(types))
+	for t := range types {
+		ts = append(ts, t)
+	}
+	sort.Slice(ts, func(i, j int) bool {
+		if types[ts[i]] != types[ts[j]] {
+			return types[ts[i]] > types[ts[j]]
+		}
+		return ts[i].String() < ts[j].String()
+	})
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = fmt.Sprintf("%d %s", types[t], t)
+	}
+	return strings.Join(parts, ", ")
 }
