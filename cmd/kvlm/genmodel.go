@@ -146,9 +146,10 @@ func newGenModel() *cobra.Command {
 			"a real vocabulary: the 32,000-token llama2 one, or for llama3-tiny and qwen2-tiny\n" +
 			"the 128K Llama 3 one (qwen2-tiny: a qwen2 model with Q/K/V biases, NEOX RoPE and\n" +
 			"ChatML). Shapes: " + strings.Join(names, ", ") + ".\n" +
-			"Types: " + strings.Join(genTypes, ", ") + " (norms and biases stay F32; a matrix\n" +
-			"whose rows the type's blocks do not divide is written as llama.cpp falls back:\n" +
-			"Q8_0, else F16).",
+			"Types: " + strings.Join(genTypes, ", ") + " (norms and biases stay F32). A matrix\n" +
+			"whose rows the type's blocks do not divide is written as Q8_0 where 32-value\n" +
+			"blocks divide them, else as F16 (llama.cpp's quantizer falls back from Q6_K to\n" +
+			"Q8_0 too, but from Q4_K to Q5_0, which kvlm does not compute).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			n, fb, err := genModel(o)
@@ -166,7 +167,7 @@ func newGenModel() *cobra.Command {
 					parts = append(parts, fmt.Sprintf("%s for %d", t, k))
 				}
 				sort.Strings(parts)
-				fmt.Fprintf(cmd.ErrOrStderr(), "gen-model: %s: %s matrices, as llama.cpp falls back where rows are not whole blocks of the type\n",
+				fmt.Fprintf(cmd.ErrOrStderr(), "gen-model: %s: %s matrices, whose rows are not whole blocks of the type (see --help)\n",
 					strings.ToUpper(o.typ), strings.Join(parts, ", "))
 			}
 			return nil

@@ -238,7 +238,7 @@ func TestGenModelTinyArchs(t *testing.T) {
 						t.Errorf("%s is %s, want %s", ti.Name, ti.Type, want)
 					}
 				}
-				if fellBack != strings.Contains(errOut, "gen-model: "+typ+": Q8_0 for ") && strings.Contains(errOut, "as llama.cpp falls back") {
+				if fellBack != strings.Contains(errOut, "gen-model: "+typ+": ") || fellBack && !strings.Contains(errOut, "whose rows are not whole blocks") {
 					t.Errorf("fallback %v, stderr %q", fellBack, errOut)
 				}
 				ti, _ := f.Tensor("blk.1.ffn_down.weight")
@@ -684,5 +684,23 @@ func checkLogits(t *testing.T, logits []float32) {
 	}
 	if rms := math.Sqrt(s / float64(len(logits))); rms < 0.01 || rms > 100 {
 		t.Errorf("logits RMS %g", rms)
+	}
+}
+
+// TestGenModelHelpFallback: the help names the fallback gen-model writes
+// (Q8_0, else F16), and does not pass it off as llama.cpp's for Q4_K.
+func TestGenModelHelpFallback(t *testing.T) {
+	out, errOut, code := kvlm(t, "gen-model", "--help")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	help := strings.Join(strings.Fields(out), " ")
+	for _, want := range []string{"written as Q8_0 where 32-value blocks divide them, else as F16", "from Q4_K to Q5_0"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("gen-model --help does not say %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(help, "as llama.cpp falls back") {
+		t.Errorf("gen-model --help calls its fallback llama.cpp's:\n%s", out)
 	}
 }
