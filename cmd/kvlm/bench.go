@@ -26,7 +26,7 @@ type benchJSON struct {
 	WeightsBytes    int64   `json:"weights_bytes"`
 	KVType          string  `json:"kv_type"`            // codecs of keys/values, e.g. "f32/f32"
 	KVBytesPerToken int64   `json:"kv_bytes_per_token"` // in those codecs, per cached token
-	PeakRSSBytes    int64   `json:"peak_rss_bytes"`
+	PeakRSSBytes    int64   `json:"peak_rss_bytes"`     // the process's resident high-water mark after the prefill and decode runs (weights, runtime, one sequence): before the batched runs and the bandwidth buffer
 
 	Kernels string `json:"kernels"` // the tensor kernel set: go, avx2, avx512(+vnni)
 
@@ -423,9 +423,12 @@ func decodeBytes(m *model.Model) int64 {
 // own) decoding steps tokens each together: one model.DecodeBatch per step,
 // every weight matrix multiplied by b rows at once, attention per sequence.
 // One untimed step comes first.
+// benchBatchPrompt is the prompt each batched sequence prefills.
+const benchBatchPrompt = 8
+
 func benchBatched(mf *modelFlags, m *model.Model, b, steps int) (benchBatch, error) {
 	res := benchBatch{Batch: b}
-	const promptN = 8
+	const promptN = benchBatchPrompt
 	seqs := make([]*model.Sequence, b)
 	defer func() {
 		for _, s := range seqs {
@@ -510,18 +513,23 @@ func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
 	fmt.Fprintf(w, "KV per token     %d B (%s)\n", res.KVBytesPerToken, res.KVType)
 	fmt.Fprintf(w, "threads          %d (kernels %s)\n", res.Threads, res.Kernels)
 	fmt.Fprintf(w, "prefill          %.1f tok/s  (%d tokens, median of %d; best %.1f)\n", res.PrefillTokS, f.promptN, f.reps, res.PrefillBestTokS)
-	fmt.Fprintf(w, "decode           %.1f tok/s  (%d tokens, median of %d; best %.1f)\n", res.DecodeTokS, f.genN, f.reps, res.DecodeBestTokS)
+	fmt.Fprintf(w, "decode           %.1f tok/s  (%d tokens after the %d-token prompt, median of %d; best %.1f)\n", res.DecodeTokS, f.genN, f.promptN, f.reps, res.DecodeBestTokS)
 	for _, d := range res.DecodeAt {
 		fmt.Fprintf(w, "decode @%-7d   %.1f tok/s  (%d tokens)\n", d.Context, d.TokS, f.ctxGen)
 	}
 	for _, b := range res.Batch {
 		ratio := ""
 		if b.VsBatch1 > 0 {
-			ratio = fmt.Sprintf("; %.2f× batch 1 in the same round", b.VsBatch1)
+			ratio = fmt.Sprintf("; vs batch 1: %.2f×, the median of each round's ratio", b.VsBatch1)
 		}
-		fmt.Fprintf(w, "batch %-4d       %.1f tok/s  (%d steps of model.DecodeBatch, median of %d rounds%s)\n", b.Batch, b.DecodeTokS, b.Steps, b.Rounds, ratio)
+		seqs := "1 sequence"
+		if b.Batch > 1 {
+			seqs = fmt.Sprintf("%d sequences' tokens summed", b.Batch)
+		}
+		fmt.Fprintf(w, "batch %-4d       %.1f tok/s  (%s; %d steps of model.DecodeBatch after %d-token prompts, median of %d rounds%s)\n",
+			b.Batch, b.DecodeTokS, seqs, b.Steps, benchBatchPrompt, b.Rounds, ratio)
 	}
-	fmt.Fprintf(w, "peak RSS         %s\n", human(res.PeakRSSBytes))
+	fmt.Fprintf(w, "peak RSS         %s  (the process after the prefill and decode runs: weights, runtime, one sequence's KV cache; not the batched runs or the bandwidth buffer)\n", human(res.PeakRSSBytes))
 	if res.BandwidthGBs > 0 {
 		fmt.Fprintf(w, "bandwidth        %.1f GB/s read (median of %d rounds; %.1f GB/s with scalar reads)\n", res.BandwidthGBs, len(res.CeilingRounds), res.BandwidthScalarGBs)
 		fmt.Fprintf(w, "decode ceiling   %.1f tok/s (%s read per token); reached %.0f%% (median of the rounds'",
