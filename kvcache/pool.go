@@ -128,6 +128,19 @@ func (f Footprint) Table(n int) (blocks, residualTokens, residualSlots int) {
 	return sealed / f.BlockTokens, n - sealed, f.Residual + f.SealTokens
 }
 
+// AdmitBlocks is the blocks a table must be able to draw for n tokens to
+// be admitted however they arrive: Paged.Reserve counts every incoming
+// token as needing block room, KIVI's residual ones too, so ⌈n /
+// BlockTokens⌉ (for KIVI more than Table's blocks, the residual buffers
+// being outside the arena). A pool of MemBytes = AdmitBlocks(n) · tables ·
+// BlockBytes holds a sequence of n tokens.
+func (f Footprint) AdmitBlocks(n int) int {
+	if n <= 0 {
+		return 0
+	}
+	return (n + f.BlockTokens - 1) / f.BlockTokens
+}
+
 // TableBytes is the bytes of Table(n): Paged.Memory().Reserved of a
 // sequence of n tokens appended in order is TableBytes(n) times its tables.
 func (f Footprint) TableBytes(n int) int64 {

@@ -170,7 +170,7 @@ func TestBenchAndInspect(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &in); err != nil {
 			t.Fatal(err)
 		}
-		if in.KVBytesPerToken["f32"] != 1280 || in.Config.KVHeads != 4 || in.Config.Layers != 5 {
+		if in.KVBytesPerToken["f32"] != 1360 || in.KVFormulaBytesPerToken["f32"] != 1280 || in.Config.KVHeads != 4 || in.Config.Layers != 5 {
 			t.Fatalf("inspect %s: %+v", path, in)
 		}
 	}
