@@ -107,9 +107,3 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
-
-// KVBytesPerToken is the f32 KV cache of one token: 2 · layers · kv_heads ·
-// head_dim · 4 bytes.
-func (c Config) KVBytesPerToken() int64 {
-	return 2 * int64(c.Layers) * int64(c.KVHeads) * int64(c.HeadDim) * 4
-}

@@ -142,7 +142,7 @@ func TestBenchAndInspect(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &b); err != nil {
 		t.Fatal(err)
 	}
-	if b.PrefillTokS <= 0 || b.DecodeTokS <= 0 || b.PeakRSSBytes <= 0 || b.KVBytesPerToken != 1280 || b.WeightsBytes < 1000000 {
+	if b.PrefillTokS <= 0 || b.DecodeTokS <= 0 || b.PeakRSSBytes <= 0 || b.KVBytesPerToken != 1360 || b.WeightsBytes < 1000000 {
 		t.Fatalf("bench result %+v", b)
 	}
 	// the paired ceiling rounds: each fraction is its decode speed over the
