@@ -766,8 +766,9 @@ func gpt3Note() string {
 		if err != nil {
 			return ""
 		}
-		honest = append(honest, fmt.Sprintf("%.1f", row.TotalGB))
-		copied = append(copied, fmt.Sprintf("%.2f", row.TotalGB*(1<<20)/1e6))
+		gb := float64(row.FormulaTotalBytes) / 1e9
+		honest = append(honest, fmt.Sprintf("%.1f", gb))
+		copied = append(copied, fmt.Sprintf("%.2f", gb*(1<<20)/1e6))
 	}
 	p("%s GB (2 · 96 layers · 12288 · 2 bytes = 4,718,592 B per token). The copied numbers are these times 2^20/10^6 = 1.048576 (%s GB): a per-token size of 4.72 MB read as MiB. See docs/KVCALC.md for the full argument.\n\n",
 		strings.Join(honest, " / "), strings.Join(copied, " / "))

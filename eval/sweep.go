@@ -538,7 +538,7 @@ func Sweep(m *model.Model, tok tokenizer.Tokenizer, cfg SweepConfig) (*Results, 
 			r.Text, r.Label = texts[sp.text].Name, sp.label
 			if r.Error == "" {
 				if row, err := kvcalc.Compute(kvModel, kvcalc.Options{K: kvcalc.F32, V: kvcalc.F32, Budget: r.Budget}, 1, sp.tokens); err == nil {
-					r.KVCalcBytes = row.TotalBytes
+					r.KVCalcBytes = row.FormulaTotalBytes
 				}
 			}
 			res.Stream[si] = r
@@ -643,7 +643,7 @@ func Sweep(m *model.Model, tok tokenizer.Tokenizer, cfg SweepConfig) (*Results, 
 			cc, _ := kvcalc.ParseCodec(sp.codec)
 			perTable := (k + L*H - 1) / (L * H)
 			if row, err := kvcalc.Compute(kvModel, kvcalc.Options{K: cc, V: cc}, 1, perTable); err == nil {
-				calc = append(calc, float64(row.TotalBytes))
+				calc = append(calc, float64(row.FormulaTotalBytes))
 			}
 		}
 		// A cell that failed on any context is left out: an average over

@@ -36,6 +36,118 @@ type PoolConfig struct {
 	KeyShift [][]float32
 }
 
+// PosBytes is the bytes of the position every slot stores (an int32).
+const PosBytes = 4
+
+// Footprint is the storage of one (layer, KV head) table in a pool of some
+// codecs and block size: the single definition of the cache's bytes that
+// NewPool allocates by and that kvcalc and inspect report.
+type Footprint struct {
+	BlockTokens    int // token slots per block
+	KBytes, VBytes int // one block's keys and values, codec metadata included
+	// BlockBytes is one block: KBytes + VBytes + PosBytes·BlockTokens.
+	BlockBytes int
+	// KIVI (a KIVI codec on either side; all 0 otherwise): the newest
+	// tokens of a table wait in a full-precision residual until
+	// Residual+SealTokens are there, then the oldest SealTokens (a key
+	// group, or one block when only the values are KIVI) are sealed into
+	// blocks. The residual buffer has room for Residual+SealTokens tokens
+	// of ResidualSlotBytes each (f16 key and value, int32 position).
+	KeyGroup          int // KIVI key group (tokens); 0 without KIVI keys
+	Residual          int
+	SealTokens        int
+	ResidualSlotBytes int
+}
+
+// FootprintOf checks cfg's codecs and block size as NewPool does, and
+// returns what its tables store; it allocates nothing (cfg's size fields
+// are not used). Nil codecs are f32.
+func FootprintOf(cfg PoolConfig) (Footprint, error) {
+	B, d := cfg.BlockTokens, cfg.Layout.HeadDim
+	if B < 1 || B > 1<<16 {
+		return Footprint{}, fmt.Errorf("kvcache: block size must be between 1 and 65536 tokens, got %d", cfg.BlockTokens)
+	}
+	if d <= 0 {
+		return Footprint{}, fmt.Errorf("kvcache: head dim %d must be positive", d)
+	}
+	k, v := cfg.K, cfg.V
+	if k == nil {
+		k = codec.F32Keys
+	}
+	if v == nil {
+		v = codec.F32
+	}
+	f := Footprint{BlockTokens: B, KBytes: k.BlockBytes(B, d), VBytes: v.BlockBytes(B, d)}
+	f.BlockBytes = f.KBytes + f.VBytes + PosBytes*B
+	if g, ok := k.(codec.Grouped); ok {
+		f.KeyGroup = g.GroupTokens()
+		if f.KeyGroup%B != 0 {
+			return Footprint{}, fmt.Errorf("kvcache: %s key groups of %d tokens must be a multiple of the block size %d", k.Name(), f.KeyGroup, B)
+		}
+	}
+	if !v.PerToken() {
+		return Footprint{}, fmt.Errorf("kvcache: codec %s cannot store values", v.Name())
+	}
+	if f.KeyGroup > 0 || isKIVI(v) {
+		f.Residual = cfg.Residual
+		if f.Residual == 0 {
+			f.Residual = codec.DefaultResidual
+		}
+		if f.Residual < 0 {
+			return Footprint{}, fmt.Errorf("kvcache: negative KIVI residual %d", cfg.Residual)
+		}
+		f.SealTokens = B
+		if f.KeyGroup > 0 {
+			f.SealTokens = f.KeyGroup
+		}
+		f.ResidualSlotBytes = 2*2*d + PosBytes
+	}
+	return f, nil
+}
+
+// BytesPerToken is a table's bytes per token held in blocks:
+// BlockBytes / BlockTokens (for KIVI: sealed tokens; those in the residual
+// cost ResidualSlotBytes).
+func (f Footprint) BytesPerToken() float64 { return float64(f.BlockBytes) / float64(f.BlockTokens) }
+
+// Table is what one table holds once n tokens were appended in order (as
+// a prefill and decode do, no policy): its blocks, the last one rounded up;
+// with KIVI, the tokens not yet sealed (in the residual) and the slots of
+// the residual buffer, allocated whole at the first token.
+func (f Footprint) Table(n int) (blocks, residualTokens, residualSlots int) {
+	if n <= 0 {
+		return 0, 0, 0
+	}
+	if f.SealTokens == 0 {
+		return (n + f.BlockTokens - 1) / f.BlockTokens, 0, 0
+	}
+	sealed := 0
+	if n > f.Residual {
+		sealed = (n - f.Residual) / f.SealTokens * f.SealTokens
+	}
+	return sealed / f.BlockTokens, n - sealed, f.Residual + f.SealTokens
+}
+
+// AdmitBlocks is the blocks a table must be able to draw for n tokens to
+// be admitted however they arrive: Paged.Reserve counts every incoming
+// token as needing block room, KIVI's residual ones too, so ⌈n /
+// BlockTokens⌉ (for KIVI more than Table's blocks, the residual buffers
+// being outside the arena). A pool of MemBytes = AdmitBlocks(n) · tables ·
+// BlockBytes holds a sequence of n tokens.
+func (f Footprint) AdmitBlocks(n int) int {
+	if n <= 0 {
+		return 0
+	}
+	return (n + f.BlockTokens - 1) / f.BlockTokens
+}
+
+// TableBytes is the bytes of Table(n): Paged.Memory().Reserved of a
+// sequence of n tokens appended in order is TableBytes(n) times its tables.
+func (f Footprint) TableBytes(n int) int64 {
+	blocks, _, slots := f.Table(n)
+	return int64(blocks)*int64(f.BlockBytes) + int64(slots)*int64(f.ResidualSlotBytes)
+}
+
 // pblock is the bookkeeping of one physical block; its data lives in the
 // pool's arenas at the same index.
 type pblock struct {
@@ -101,31 +213,15 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		cfg.V = codec.F32
 	}
 	p := &Pool{layout: cfg.Layout, B: B, kc: cfg.K, vc: cfg.V, index: map[uint64]*prefixEntry{}}
-	d := cfg.Layout.HeadDim
 	if err := p.setKeyShift(cfg.KeyShift); err != nil {
 		return nil, err
 	}
-	p.kBytes = cfg.K.BlockBytes(B, d)
-	p.vBytes = cfg.V.BlockBytes(B, d)
-	p.blockBytes = p.kBytes + p.vBytes + 4*B
-	if g, ok := cfg.K.(codec.Grouped); ok {
-		p.group = g.GroupTokens()
-		if p.group%B != 0 {
-			return nil, fmt.Errorf("kvcache: %s key groups of %d tokens must be a multiple of the block size %d", cfg.K.Name(), p.group, B)
-		}
+	f, err := FootprintOf(cfg)
+	if err != nil {
+		return nil, err
 	}
-	if !cfg.V.PerToken() {
-		return nil, fmt.Errorf("kvcache: codec %s cannot store values", cfg.V.Name())
-	}
-	if p.group > 0 || isKIVI(cfg.V) {
-		p.residual = cfg.Residual
-		if p.residual == 0 {
-			p.residual = codec.DefaultResidual
-		}
-		if p.residual < 0 {
-			return nil, fmt.Errorf("kvcache: negative KIVI residual %d", cfg.Residual)
-		}
-	}
+	p.kBytes, p.vBytes, p.blockBytes = f.KBytes, f.VBytes, f.BlockBytes
+	p.group, p.residual = f.KeyGroup, f.Residual
 	heads := cfg.Layout.Layers * cfg.Layout.KVHeads
 	var blocks int64
 	switch {

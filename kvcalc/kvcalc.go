@@ -4,15 +4,23 @@
 // the model's weights. Models come from built-in presets or from a GGUF or
 // llama2.c file.
 //
-// The formula, for a codec of b bits per value:
+// Two sizes are given. The pool's bytes are the source of truth: what a
+// kvlm block pool of those codecs holds (kvcache.Footprint, by which
+// kvcache.NewPool allocates and --kv-mem is divided into blocks):
 //
-//	per_token = 2 · layers · kv_heads · head_dim · b/8 bytes
-//	total     = per_token · tokens · batch
+//	per_token = layers · kv_heads · block_bytes / block_tokens
+//	block_bytes = keys + values (codec metadata included) + 4 · block_tokens (positions)
+//	total     = batch · layers · kv_heads · (⌈kept / block_tokens⌉ · block_bytes)
+//
+// with KIVI's sealing instead of the ceiling (see kvcache.Footprint.Table).
+// The formula is the textbook count, without positions or blocks:
+//
+//	formula_per_token = 2 · layers · kv_heads · head_dim · b/8 bytes
+//	formula_total     = formula_per_token · tokens · batch
 //
 // with b counting the codec's metadata (scales, zero points), and K and V
-// each at their own b. KIVI codecs keep the last 128 tokens of every
-// sequence in f16: their totals count min(tokens, 128) tokens at 16 bits and
-// the rest at the quantized rate.
+// each at their own b. The formula counts KIVI's f16 residual as the last
+// min(tokens, 128) tokens of every sequence.
 package kvcalc
 
 import (
@@ -22,6 +30,8 @@ import (
 	"math/bits"
 	"strings"
 
+	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/tensor"
 )
 
@@ -105,6 +115,9 @@ type Options struct {
 	// (kept = min(Budget, seq)). Zero means all tokens.
 	Ratio  float64
 	Budget int
+	// BlockTokens is the pool's block size (0: kvcache.DefaultBlockTokens,
+	// as --kv-block).
+	BlockTokens int
 }
 
 func (o Options) codecs() (Codec, Codec) {
@@ -136,6 +149,9 @@ func (o Options) Validate() error {
 	if o.Budget < 0 {
 		return fmt.Errorf("KV budget %d must be positive", o.Budget)
 	}
+	if o.BlockTokens < 0 {
+		return fmt.Errorf("KV block size %d must be positive", o.BlockTokens)
+	}
 	return nil
 }
 
@@ -144,15 +160,27 @@ type Row struct {
 	Batch int `json:"batch"`
 	Seq   int `json:"seq"` // tokens per sequence
 	// Kept is the tokens each sequence caches after the budget (= Seq
-	// without one); Residual of them are held in f16 by a KIVI codec.
+	// without one); Residual of them wait in a KIVI codec's f16 residual
+	// (the pool's count: those not yet sealed into blocks).
 	Kept     int `json:"kept_tokens"`
 	Residual int `json:"residual_tokens"`
-	// BytesPerToken is the cache of one token over all layers, K and V, at
-	// the codecs' rates (for KIVI the quantized rate; residual tokens cost
-	// ResidualBytesPerToken).
+	// Blocks is the pool blocks one sequence takes, over all its (layer,
+	// KV head) tables.
+	Blocks int64 `json:"blocks"`
+	// BytesPerToken is the pool's cache of one token over all layers, K
+	// and V and its positions, in full blocks (for KIVI, sealed tokens;
+	// tokens in the residual cost ResidualBytesPerToken).
 	BytesPerToken         float64 `json:"bytes_per_token"`
 	ResidualBytesPerToken float64 `json:"residual_bytes_per_token,omitempty"`
-	// TotalBytes is the whole batch's cache, rounded up to a byte.
+	// KVMemBytes is the --kv-mem (block arena) that admits the batch
+	// however its tokens arrive: ⌈kept / block_tokens⌉ blocks per (layer, KV
+	// head) of every sequence (kvcache.Footprint.AdmitBlocks). TotalBytes
+	// without KIVI; with KIVI more than its blocks, since admission counts
+	// the residual's tokens as needing blocks, and the residual buffers
+	// are allocated beside the arena.
+	KVMemBytes int64 `json:"kv_mem_bytes"`
+	// TotalBytes is the whole batch's cache in the pool: whole blocks and
+	// KIVI residual buffers.
 	TotalBytes   int64   `json:"total_bytes"`
 	TotalGB      float64 `json:"total_gb"`  // 10^9 bytes
 	TotalGiB     float64 `json:"total_gib"` // 2^30 bytes
@@ -160,6 +188,13 @@ type Row struct {
 	KVToWeights  float64 `json:"kv_to_weights"`
 	// KVPlusWeightsBytes is the cache and the weights together.
 	KVPlusWeightsBytes int64 `json:"kv_plus_weights_bytes"`
+
+	// The formula (package doc): per token at the codecs' rates, without
+	// positions or blocks; its total rounded up to a byte, KIVI's last
+	// min(kept, 128) tokens at 16 bits.
+	FormulaBytesPerToken         float64 `json:"formula_bytes_per_token"`
+	FormulaResidualBytesPerToken float64 `json:"formula_residual_bytes_per_token,omitempty"`
+	FormulaTotalBytes            int64   `json:"formula_total_bytes"`
 }
 
 // Calc holds a model and options once validated, and computes rows.
@@ -171,6 +206,9 @@ type Calc struct {
 	WeightsBytes int64
 	opt          Options
 	kTok, vTok   int64 // bits of one token in one (layer, KV head), quantized
+	// Pool is what one (layer, KV head) table of a kvlm pool stores in
+	// these codecs and blocks.
+	Pool kvcache.Footprint
 }
 
 // New validates a model and options.
@@ -192,6 +230,9 @@ func New(m Model, o Options) (*Calc, error) {
 	}
 	c.KBits = float64(c.kTok) / float64(m.HeadDim)
 	c.VBits = float64(c.vTok) / float64(m.HeadDim)
+	if c.Pool, err = PoolFootprint(c.K, c.V, o.BlockTokens, m.HeadDim); err != nil {
+		return nil, err
+	}
 	switch {
 	case o.Weights.Name != "":
 		c.Weights, c.WeightsBytes = o.Weights.Name, o.Weights.Bytes(m.Params)
@@ -204,10 +245,38 @@ func New(m Model, o Options) (*Calc, error) {
 	return c, nil
 }
 
-// BytesPerToken is the cache of one token at the codecs' (quantized) rates:
-// 2 · layers · kv_heads · head_dim · bits/8 with K and V at their own bits.
-func (c *Calc) BytesPerToken() float64 {
-	return float64(c.Model.Layers) * float64(c.Model.KVHeads) * float64(c.kTok+c.vTok) / 8
+// PoolFootprint is one (layer, KV head) table of a kvlm pool with keys in
+// k, values in v, blocks of blockTokens (0: kvcache.DefaultBlockTokens)
+// and heads of headDim values.
+func PoolFootprint(k, v Codec, blockTokens, headDim int) (kvcache.Footprint, error) {
+	kc, err := codec.Parse(string(k), codec.Keys)
+	if err != nil {
+		return kvcache.Footprint{}, err
+	}
+	vc, err := codec.Parse(string(v), codec.Values)
+	if err != nil {
+		return kvcache.Footprint{}, err
+	}
+	if blockTokens == 0 {
+		blockTokens = kvcache.DefaultBlockTokens
+	}
+	return kvcache.FootprintOf(kvcache.PoolConfig{Layout: kvcache.Layout{Layers: 1, KVHeads: 1, HeadDim: headDim}, BlockTokens: blockTokens, K: kc, V: vc})
+}
+
+// tables is the number of (layer, KV head) tables of the model.
+func (c *Calc) tables() float64 { return float64(c.Model.Layers) * float64(c.Model.KVHeads) }
+
+// BytesPerToken is the pool's cache of one token in full blocks, positions
+// included (KIVI: sealed tokens): layers · kv_heads · block_bytes /
+// block_tokens. The source of truth; FormulaBytesPerToken is the textbook
+// count.
+func (c *Calc) BytesPerToken() float64 { return c.tables() * c.Pool.BytesPerToken() }
+
+// FormulaBytesPerToken is the cache of one token at the codecs'
+// (quantized) rates, without positions: 2 · layers · kv_heads · head_dim ·
+// bits/8 with K and V at their own bits.
+func (c *Calc) FormulaBytesPerToken() float64 {
+	return c.tables() * float64(c.kTok+c.vTok) / 8
 }
 
 // Kept is the tokens a sequence of seq tokens caches under the budget.
@@ -252,8 +321,8 @@ func (c *Calc) Row(batch, seq int) (Row, error) {
 	if !ok || totalBits > math.MaxInt64-7 {
 		return Row{}, errTooLarge
 	}
-	r.TotalBytes = (totalBits + 7) / 8
-	r.BytesPerToken = c.BytesPerToken()
+	r.FormulaTotalBytes = (totalBits + 7) / 8
+	r.FormulaBytesPerToken = c.FormulaBytesPerToken()
 	if r.Residual > 0 {
 		// Residual tokens: f16 on the KIVI side, the other side at its rate.
 		kt, vt := c.kTok, c.vTok
@@ -263,7 +332,27 @@ func (c *Calc) Row(batch, seq int) (Row, error) {
 		if c.V.Residual() > 0 {
 			vt = f16Tok
 		}
-		r.ResidualBytesPerToken = float64(c.Model.Layers) * float64(c.Model.KVHeads) * float64(kt+vt) / 8
+		r.FormulaResidualBytesPerToken = c.tables() * float64(kt+vt) / 8
+	}
+	// The pool: whole blocks and residual buffers of every table.
+	blocks, res, slots := c.Pool.Table(r.Kept)
+	r.Residual = res
+	tables := int64(c.Model.Layers) * int64(c.Model.KVHeads)
+	perTable, ok1 := mul(int64(blocks), int64(c.Pool.BlockBytes))
+	resBytes, ok2 := mul(int64(slots), int64(c.Pool.ResidualSlotBytes))
+	perTable, ok3 := add(perTable, resBytes)
+	if r.TotalBytes, ok = product(perTable, tables, int64(batch)); !ok || !ok1 || !ok2 || !ok3 {
+		return Row{}, errTooLarge
+	}
+	if r.Blocks, ok = mul(int64(blocks), tables); !ok {
+		return Row{}, errTooLarge
+	}
+	if r.KVMemBytes, ok = product(int64(c.Pool.AdmitBlocks(r.Kept)), int64(c.Pool.BlockBytes), tables, int64(batch)); !ok {
+		return Row{}, errTooLarge
+	}
+	r.BytesPerToken = c.BytesPerToken()
+	if c.Pool.ResidualSlotBytes > 0 {
+		r.ResidualBytesPerToken = c.tables() * float64(c.Pool.ResidualSlotBytes)
 	}
 	r.TotalGB = float64(r.TotalBytes) / 1e9
 	r.TotalGiB = float64(r.TotalBytes) / (1 << 30)

@@ -35,8 +35,9 @@ func round(v float64, digits int) float64 {
 	return math.Round(v*p) / p
 }
 
-// TestPresetBytesPerToken: 2 · layers · kv_heads · head_dim · 2 bytes in
-// f16 for every preset.
+// TestPresetBytesPerToken: the formula's 2 · layers · kv_heads · head_dim ·
+// 2 bytes in f16 for every preset; the pool adds 4 bytes of position per
+// (layer, KV head), and one token takes a whole block of 16.
 func TestPresetBytesPerToken(t *testing.T) {
 	want := map[string]float64{
 		"llama2-7b":      524_288, // 0.5 MiB
@@ -54,15 +55,19 @@ func TestPresetBytesPerToken(t *testing.T) {
 	}
 	for _, p := range Presets() {
 		r := mustRow(t, p, Options{}, 1, 1)
-		if r.BytesPerToken != want[p.Name] || r.TotalBytes != int64(want[p.Name]) {
-			t.Errorf("%s: %v B per token (total %d), want %v", p.Name, r.BytesPerToken, r.TotalBytes, want[p.Name])
+		if r.FormulaBytesPerToken != want[p.Name] || r.FormulaTotalBytes != int64(want[p.Name]) {
+			t.Errorf("%s: formula %v B per token (total %d), want %v", p.Name, r.FormulaBytesPerToken, r.FormulaTotalBytes, want[p.Name])
+		}
+		pool := want[p.Name] + float64(4*p.Layers*p.KVHeads)
+		if r.BytesPerToken != pool || r.TotalBytes != int64(16*pool) || r.Blocks != int64(p.Layers*p.KVHeads) {
+			t.Errorf("%s: pool %v B per token (total %d, %d blocks), want %v (a block of 16: %v)", p.Name, r.BytesPerToken, r.TotalBytes, r.Blocks, pool, 16*pool)
 		}
 		if p.Heads%p.KVHeads != 0 || p.Dim != p.Heads*p.HeadDim {
 			t.Errorf("%s: inconsistent heads %d/%d, dim %d, head dim %d", p.Name, p.Heads, p.KVHeads, p.Dim, p.HeadDim)
 		}
 	}
-	if r := mustRow(t, mustPreset(t, "llama2-7b"), Options{}, 1, 1); r.BytesPerToken != 0.5*(1<<20) {
-		t.Errorf("LLaMA2-7B: %v B per token, want 0.5 MiB", r.BytesPerToken)
+	if r := mustRow(t, mustPreset(t, "llama2-7b"), Options{}, 1, 1); r.FormulaBytesPerToken != 0.5*(1<<20) {
+		t.Errorf("LLaMA2-7B: %v B per token, want 0.5 MiB", r.FormulaBytesPerToken)
 	}
 }
 
@@ -92,11 +97,13 @@ func TestPresetParams(t *testing.T) {
 	}
 }
 
-// TestGPT3 checks the honest GPT-3 175B numbers: 4.5 MiB per token; at 4096
-// tokens and batch 4, 16, 64: 77.3, 309.2, 1237.0 GB (decimal), 0.22, 0.88,
-// 3.53 of 350 GB of fp16 weights. It also pins down the widely copied table
-// (81 / 324 / 1297 GB, 0.23 / 0.93 / 3.71): those are these totals times
-// 2^20/10^6, i.e. a per-token size in decimal MB read as MiB.
+// TestGPT3 checks the honest GPT-3 175B numbers of the formula: 4.5 MiB per
+// token; at 4096 tokens and batch 4, 16, 64: 77.3, 309.2, 1237.0 GB
+// (decimal), 0.22, 0.88, 3.53 of 350 GB of fp16 weights. It also pins down
+// the widely copied table (81 / 324 / 1297 GB, 0.23 / 0.93 / 3.71): those
+// are these totals times 2^20/10^6, i.e. a per-token size in decimal MB read
+// as MiB. A kvlm pool adds 4 B of position per (layer, KV head) and token:
+// 4,755,456 B per token.
 func TestGPT3(t *testing.T) {
 	m := mustPreset(t, "gpt3-175b")
 	cases := []struct {
@@ -112,20 +119,24 @@ func TestGPT3(t *testing.T) {
 	}
 	for _, c := range cases {
 		r := mustRow(t, m, Options{}, c.batch, 4096)
-		if r.BytesPerToken != 4.5*(1<<20) { // 4,718,592 B
-			t.Errorf("per token %v, want 4,718,592 B = 4.5 MiB", r.BytesPerToken)
+		if r.FormulaBytesPerToken != 4.5*(1<<20) { // 4,718,592 B
+			t.Errorf("per token %v, want 4,718,592 B = 4.5 MiB", r.FormulaBytesPerToken)
+		}
+		if r.BytesPerToken != 4_755_456 || r.TotalBytes != int64(c.batch)*4096*4_755_456 {
+			t.Errorf("pool: %v B per token, total %d; want 4,755,456 and %d", r.BytesPerToken, r.TotalBytes, int64(c.batch)*4096*4_755_456)
 		}
 		if r.WeightsBytes != 350e9 {
 			t.Errorf("weights %d, want 350 GB", r.WeightsBytes)
 		}
-		if r.TotalBytes != c.bytes || round(r.TotalGB, 1) != c.gb || round(r.KVToWeights, 2) != c.ratio {
-			t.Errorf("batch %d: %d B = %.2f GB, KV/weights %.4f; want %d B, %.1f GB, %.2f", c.batch, r.TotalBytes, r.TotalGB, r.KVToWeights, c.bytes, c.gb, c.ratio)
+		gb, ratio := float64(r.FormulaTotalBytes)/1e9, float64(r.FormulaTotalBytes)/float64(r.WeightsBytes)
+		if r.FormulaTotalBytes != c.bytes || round(gb, 1) != c.gb || round(ratio, 2) != c.ratio {
+			t.Errorf("batch %d: %d B = %.2f GB, KV/weights %.4f; want %d B, %.1f GB, %.2f", c.batch, r.FormulaTotalBytes, gb, ratio, c.bytes, c.gb, c.ratio)
 		}
-		if r.TotalGiB != float64(c.batch)*18 {
-			t.Errorf("batch %d: %v GiB, want %d", c.batch, r.TotalGiB, c.batch*18)
+		if gib := float64(r.FormulaTotalBytes) / (1 << 30); gib != float64(c.batch)*18 {
+			t.Errorf("batch %d: %v GiB, want %d", c.batch, gib, c.batch*18)
 		}
 		// The copied table: the same bytes scaled by 2^20/10^6 (+4.86%).
-		copied := r.TotalGB * (1 << 20) / 1e6
+		copied := gb * (1 << 20) / 1e6
 		if math.Round(copied) != c.copiedGB || round(copied/350, 2) != c.copiedRatio {
 			t.Errorf("batch %d: scaled %.2f GB (%.3f), copied table says %v (%v)", c.batch, copied, copied/350, c.copiedGB, c.copiedRatio)
 		}
@@ -187,8 +198,9 @@ func TestCodecBits(t *testing.T) {
 	}
 }
 
-// TestCodecTotals: totals for codecs, K and V in different codecs, KIVI's
-// f16 residual.
+// TestCodecTotals: the formula's totals for codecs, K and V in different
+// codecs, KIVI's f16 residual (residual_tokens is the pool's count, which
+// agrees here).
 func TestCodecTotals(t *testing.T) {
 	l27 := mustPreset(t, "llama2-7b") // 32 layers · 32 KV heads = 1024 heads of 128
 	const heads = 32 * 32
@@ -213,18 +225,26 @@ func TestCodecTotals(t *testing.T) {
 		{"kivi2 short", KIVI2, KIVI2, 1, 100, heads * 96, heads * 100 * 512, 100},
 		// Only K in KIVI: V stays f16 throughout.
 		{"K kivi2 V f16", KIVI2, F16, 1, 4096, heads * (48 + 256), heads * (128*512 + 3968*(48+256)), 128},
-		{"K q4 V kivi4", Q4, KIVI4, 1, 1000, heads * (68 + 80), heads * (128*(68+256) + 872*(68+80)), 128},
+		// The pool seals values a block at a time: 864 sealed, 136 waiting.
+		{"K q4 V kivi4", Q4, KIVI4, 1, 1000, heads * (68 + 80), heads * (128*(68+256) + 872*(68+80)), 136},
 	}
 	for _, c := range cases {
 		r := mustRow(t, l27, Options{K: c.k, V: c.v}, c.batch, c.seq)
-		if r.BytesPerToken != c.bytesPerToken || r.TotalBytes != c.total || r.Residual != c.residual {
-			t.Errorf("%s: %v B/token, total %d, residual %d; want %v, %d, %d", c.name, r.BytesPerToken, r.TotalBytes, r.Residual, c.bytesPerToken, c.total, c.residual)
+		if r.FormulaBytesPerToken != c.bytesPerToken || r.FormulaTotalBytes != c.total || r.Residual != c.residual {
+			t.Errorf("%s: %v B/token, total %d, residual %d; want %v, %d, %d", c.name, r.FormulaBytesPerToken, r.FormulaTotalBytes, r.Residual, c.bytesPerToken, c.total, c.residual)
 		}
 	}
 	// The quantized rate times the tokens, plus the residual's extra.
 	r := mustRow(t, l27, Options{K: KIVI2, V: KIVI2}, 1, 4096)
-	if r.ResidualBytesPerToken != 1<<19 || float64(r.TotalBytes) != 3968*r.BytesPerToken+128*r.ResidualBytesPerToken {
+	if r.FormulaResidualBytesPerToken != 1<<19 || float64(r.FormulaTotalBytes) != 3968*r.FormulaBytesPerToken+128*r.FormulaResidualBytesPerToken {
 		t.Errorf("kivi2 row %+v", r)
+	}
+	// The pool: KIVI keys keep their per-channel scales in every block of
+	// 16 (2 + 32/16 bits), values 2 + 32/128, positions 32 bits: 116 B per
+	// sealed token per head; 3968 sealed tokens in 248 blocks, and a
+	// residual buffer of 160 f16 tokens with positions (4·128 + 4 B each).
+	if r.BytesPerToken != heads*116 || r.ResidualBytesPerToken != heads*516 || r.TotalBytes != heads*(248*16*116+160*516) || r.Blocks != heads*248 {
+		t.Errorf("kivi2 pool: %v B/token, residual %v, total %d, %d blocks", r.BytesPerToken, r.ResidualBytesPerToken, r.TotalBytes, r.Blocks)
 	}
 }
 
@@ -249,9 +269,14 @@ func TestBudgets(t *testing.T) {
 	}
 	for _, c := range cases {
 		r := mustRow(t, m, c.opt, 2, c.seq)
-		if r.Kept != c.kept || r.TotalBytes != 2*c.totalBytes {
-			t.Errorf("%s: kept %d, total %d; want %d, %d", c.name, r.Kept, r.TotalBytes, c.kept, 2*c.totalBytes)
+		if r.Kept != c.kept || r.FormulaTotalBytes != 2*c.totalBytes {
+			t.Errorf("%s: kept %d, total %d; want %d, %d", c.name, r.Kept, r.FormulaTotalBytes, c.kept, 2*c.totalBytes)
 		}
+	}
+	// The pool rounds the kept tokens up to whole blocks: 1000 → 63 blocks
+	// of 16 per (layer, KV head), 32 · 8 of them, (16·2·128·2 + 64) B each.
+	if r := mustRow(t, m, Options{Budget: 1000}, 2, 4096); r.Blocks != 63*256 || r.TotalBytes != 2*63*256*(16*512+64) {
+		t.Errorf("pool under a budget: %d blocks, %d B", r.Blocks, r.TotalBytes)
 	}
 }
 
@@ -389,7 +414,7 @@ func TestFromGGUF(t *testing.T) {
 	}
 	// 2 · 3 · 2 · 16 · 2 B = 384 B per token in f16.
 	r := mustRow(t, m, Options{}, 2, 100)
-	if r.BytesPerToken != 384 || r.TotalBytes != 2*100*384 || r.WeightsBytes != stored {
+	if r.FormulaBytesPerToken != 384 || r.FormulaTotalBytes != 2*100*384 || r.WeightsBytes != stored {
 		t.Fatalf("row %+v", r)
 	}
 	// --weights-type resizes the file's parameters.
@@ -400,7 +425,8 @@ func TestFromGGUF(t *testing.T) {
 }
 
 // TestStories260K: the real stories260K (5 layers, 4 KV heads, head dim 8)
-// as a llama2.c checkpoint and converted to GGUF: 1,280 B per token in f32.
+// as a llama2.c checkpoint and converted to GGUF: 1,280 B per token in f32
+// by the formula, 1,360 B in the pool (positions: 5 · 4 · 4 B).
 func TestStories260K(t *testing.T) {
 	bin := shared.Path(t, "models/stories260K/stories260K.bin")
 	tok := shared.Path(t, "models/stories260K/tok512.bin")
@@ -421,16 +447,21 @@ func TestStories260K(t *testing.T) {
 			t.Fatalf("%s: shape %+v", m.Name, m)
 		}
 		r := mustRow(t, m, Options{K: F32, V: F32}, 1, 512)
-		if r.BytesPerToken != 1280 || r.TotalBytes != 512*1280 {
-			t.Errorf("%s: %v B per token, total %d", m.Name, r.BytesPerToken, r.TotalBytes)
+		if r.FormulaBytesPerToken != 1280 || r.FormulaTotalBytes != 512*1280 || r.BytesPerToken != 1360 || r.TotalBytes != 512*1360 {
+			t.Errorf("%s: %v B per token (formula %v), total %d (formula %d)", m.Name, r.BytesPerToken, r.FormulaBytesPerToken, r.TotalBytes, r.FormulaTotalBytes)
 		}
 		if r.WeightsBytes != m.StoredBytes || m.StoredBytes != 4*m.Params {
 			t.Errorf("%s: weights %d, stored %d, params %d", m.Name, r.WeightsBytes, m.StoredBytes, m.Params)
 		}
 		// KIVI-2 at head dim 8: keys 3 bits, values 2 + 32/8 = 6 bits.
 		r = mustRow(t, m, Options{K: KIVI2, V: KIVI2}, 1, 512)
-		if want := int64(20 * (128*2*16*8 + 384*(24+48)) / 8); r.TotalBytes != want {
-			t.Errorf("%s kivi2: %d, want %d", m.Name, r.TotalBytes, want)
+		if want := int64(20 * (128*2*16*8 + 384*(24+48)) / 8); r.FormulaTotalBytes != want {
+			t.Errorf("%s kivi2: %d, want %d", m.Name, r.FormulaTotalBytes, want)
+		}
+		// The pool: 384 tokens sealed in 24 blocks of 16 · (2 + 2) + 32 +
+		// 16 · 6 + 64 = 224 B, and 160 residual slots of 4·8 + 4 B.
+		if want := int64(20 * (24*224 + 160*36)); r.TotalBytes != want {
+			t.Errorf("%s kivi2 pool: %d, want %d", m.Name, r.TotalBytes, want)
 		}
 	}
 	if models[0].Params != models[1].Params {

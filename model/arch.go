@@ -20,13 +20,25 @@ type Arch struct {
 	Rope RopeStyle
 	// Biases: the architecture has Q/K/V biases (blk.N.attn_{q,k,v}.bias).
 	Biases bool
+	// Window: {arch}.attention.sliding_window, when present, is the
+	// attention window of every layer (Config.SlidingWindow). Without it
+	// the key is read but not applied (Config.IgnoredSlidingWindow).
+	Window bool
 }
 
 // Archs are the supported architectures. SmolLM, TinyLlama and Mistral
 // 7B GGUFs are written as "llama"; "mistral" is accepted as its alias.
+//
+// A sliding window is applied where the file states one for every layer:
+// "mistral" (Mistral 7B v0.1's 4096) and "llama" (a Mistral written as
+// llama with the key; llama.cpp's converter leaves it out). Qwen2 is
+// not windowed: its Hugging Face config carries sliding_window even when
+// use_sliding_window is false (the released models), and when true windows
+// only the layers from max_window_layers on; GGUF has neither key, and
+// llama.cpp runs qwen2 with full attention, as kvlm does.
 var Archs = map[string]Arch{
-	"llama":   {Name: "llama", Rope: RopeInterleaved},
-	"mistral": {Name: "mistral", Rope: RopeInterleaved},
+	"llama":   {Name: "llama", Rope: RopeInterleaved, Window: true},
+	"mistral": {Name: "mistral", Rope: RopeInterleaved, Window: true},
 	"qwen2":   {Name: "qwen2", Rope: RopeNeoX, Biases: true},
 }
 
@@ -73,8 +85,8 @@ func (c Config) validateRopeScaling() error {
 	if c.RopeScale < 0 || math.IsNaN(float64(c.RopeScale)) || math.IsInf(float64(c.RopeScale), 0) {
 		return fmt.Errorf("model: RoPE linear scale %g must be positive", c.RopeScale)
 	}
-	if c.SlidingWindow < 0 {
-		return fmt.Errorf("model: sliding window %d must not be negative", c.SlidingWindow)
+	if c.SlidingWindow < 0 || c.SlidingWindow > 1<<30 {
+		return fmt.Errorf("model: sliding window %d is out of range [0, 2^30]", c.SlidingWindow)
 	}
 	return nil
 }
@@ -131,7 +143,11 @@ func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 		if w > 1<<30 {
 			return fmt.Errorf("model: %s = %d is out of range", k("attention.sliding_window"), w)
 		}
-		c.SlidingWindow = int(w)
+		if a.Window {
+			c.SlidingWindow = int(w)
+		} else {
+			c.IgnoredSlidingWindow = int(w)
+		}
 	}
 	typ := ""
 	if has("rope.scaling.type") {

@@ -207,8 +207,10 @@ type refRope struct {
 
 // refForward is the plain forward pass in float64: no kernels, no cache,
 // every token's attention over all earlier tokens recomputed. It returns the
-// logits of every position.
-func refForward(s tinySpec, w *tinyWeights, rope refRope, tokens []int) [][]float64 {
+// logits of every position. window > 0 is a sliding window written from HF
+// Mistral's definition: the query at position t sees the key at position u
+// iff u ≤ t and t − u < window.
+func refForward(s tinySpec, w *tinyWeights, rope refRope, tokens []int, window int) [][]float64 {
 	n, D, hd := len(tokens), s.dim, s.hd()
 	half := hd / 2
 	eps := float64(s.eps)
@@ -281,25 +283,29 @@ func refForward(s tinySpec, w *tinyWeights, rope refRope, tokens []int) [][]floa
 			for h := 0; h < s.heads; h++ {
 				kh := h / group
 				qv := q[t][h*hd : (h+1)*hd]
-				scores := make([]float64, t+1)
+				first := 0 // the first key the query sees
+				if window > 0 && t-window+1 > 0 {
+					first = t - window + 1
+				}
+				scores := make([]float64, t+1-first) // scores[u-first]: key u
 				mx := math.Inf(-1)
-				for u := 0; u <= t; u++ {
+				for u := first; u <= t; u++ {
 					var d float64
 					for i := range hd {
 						d += qv[i] * k[u][kh*hd+i]
 					}
-					scores[u] = d / math.Sqrt(float64(hd))
-					mx = max(mx, scores[u])
+					scores[u-first] = d / math.Sqrt(float64(hd))
+					mx = max(mx, scores[u-first])
 				}
 				var sum float64
-				for u := range scores {
-					scores[u] = math.Exp(scores[u] - mx)
-					sum += scores[u]
+				for j := range scores {
+					scores[j] = math.Exp(scores[j] - mx)
+					sum += scores[j]
 				}
-				for u := range scores {
-					p := scores[u] / sum
+				for j := range scores {
+					p := scores[j] / sum
 					for i := range hd {
-						att[h*hd+i] += p * v[u][kh*hd+i]
+						att[h*hd+i] += p * v[first+j][kh*hd+i]
 					}
 				}
 			}
@@ -399,6 +405,8 @@ type archCase struct {
 	name string
 	spec tinySpec
 	rope refRope
+	// window is the sliding window the reference applies (0: none).
+	window int
 	// check inspects the loaded model and tokenizer.
 	check func(t *testing.T, m *Model, tok tokenizer.Tokenizer)
 }
@@ -490,6 +498,31 @@ func archCases(t *testing.T) []archCase {
 			},
 		},
 		{
+			// A llama-arch file that states a window gets it.
+			name: "llama-sliding-window",
+			spec: tinySpec{arch: "llama", dim: 64, layers: 2, heads: 4, kvHeads: 2, hidden: 96, ctx: 256, theta: 10000, eps: 1e-5,
+				vocab: 300, tok: spmTok(300), seed: 10, meta: map[string]any{"attention.sliding_window": uint32(10)}},
+			rope: refRope{theta: 10000}, window: 10,
+			check: func(t *testing.T, m *Model, tok tokenizer.Tokenizer) {
+				if m.SlidingWindow != 10 || m.IgnoredSlidingWindow != 0 {
+					t.Errorf("sliding window %d, ignored %d", m.SlidingWindow, m.IgnoredSlidingWindow)
+				}
+			},
+		},
+		{
+			// Qwen2's sliding_window is not applied (use_sliding_window is
+			// not in GGUF and false in the released models): full attention.
+			name: "qwen2-sliding-window-ignored",
+			spec: tinySpec{arch: "qwen2", dim: 64, layers: 2, heads: 4, kvHeads: 2, hidden: 96, ctx: 256, theta: 1e6, eps: 1e-6, tied: true, biases: true,
+				vocab: 300, tok: bpeTok(300, "qwen2", qwenSpecials, 297, 299), seed: 11, meta: map[string]any{"attention.sliding_window": uint32(8)}},
+			rope: refRope{neox: true, theta: 1e6},
+			check: func(t *testing.T, m *Model, tok tokenizer.Tokenizer) {
+				if m.SlidingWindow != 0 || m.IgnoredSlidingWindow != 8 {
+					t.Errorf("sliding window %d, ignored %d", m.SlidingWindow, m.IgnoredSlidingWindow)
+				}
+			},
+		},
+		{
 			name: "qwen2",
 			spec: tinySpec{arch: "qwen2", dim: 64, layers: 2, heads: 4, kvHeads: 2, hidden: 96, ctx: 256, theta: 1e6, eps: 1e-6, tied: true, biases: true,
 				vocab: 300, tok: bpeTok(300, "qwen2", qwenSpecials, 297, 299), seed: 8},
@@ -566,7 +599,7 @@ func TestArchLogitsMatchReference(t *testing.T) {
 			for i := range prompt {
 				prompt[i] = r.IntN(c.spec.vocab)
 			}
-			ref := refForward(c.spec, w, c.rope, prompt)
+			ref := refForward(c.spec, w, c.rope, prompt, c.window)
 			V := m.Vocab
 			for _, chunk := range []int{128, 17} {
 				seq, err := m.NewStandaloneSequence(KVOptions{K: f32k, V: f32v, BlockTokens: 16})
@@ -631,7 +664,7 @@ func TestLlama3Tiny(t *testing.T) {
 	}
 	text := "The quick brown fox jumps over the lazy dog. In 2024 there are 366 days; I'm sure it's fine!!"
 	prompt := tok.Encode(strings.Repeat(text+" ", 4), true, false)[:64]
-	want := refForward(spec, w, refRope{theta: 500000, factors: ref}, prompt)
+	want := refForward(spec, w, refRope{theta: 500000, factors: ref}, prompt, 0)
 	seq, err := m.NewStandaloneSequence(KVOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -139,7 +139,7 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 		tensor.Parallel(n, 1, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
 				s := seqs[i]
-				att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm,
+				att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Window: c.window(),
 					Q: b.q[i*qd : (i+1)*qd], Out: b.att[i*qd : (i+1)*qd], Pos: b.pos[i : i+1],
 					Segs: func(h int) []kvcache.Segment { return s.cache.Segments(li, h) }, Mass: b.mass[i]}
 				att.Run(&b.attnScrat[i])

@@ -49,9 +49,22 @@ type Config struct {
 	RopeFreqFactors []float32 `json:",omitempty"`
 	RopeScale       float32   `json:",omitempty"`
 	// SlidingWindow is the attention window of {arch}.attention.sliding_window
-	// (0: none): a query sees the keys of the last SlidingWindow positions.
+	// (0: none), applied in every layer by prefill, decode and DecodeBatch:
+	// the query at position p sees the keys at positions p−W+1 … p, i.e. a
+	// key at position j is visible iff 0 ≤ p − j < W (Hugging Face
+	// Mistral's mask and llama.cpp's LLAMA_SWA_TYPE_STANDARD). W counts the
+	// query's own position: W = 1 sees only itself. Positions are those the
+	// cache stores (re-indexed ones after a PosReindex policy).
 	SlidingWindow int `json:",omitempty"`
+	// IgnoredSlidingWindow is a sliding_window key the architecture does
+	// not apply (qwen2; see Archs), kept so that inspect can say so.
+	IgnoredSlidingWindow int `json:",omitempty"`
 }
+
+// window is the attention.Batch window of SlidingWindow (0: none), whose
+// mask is the one SlidingWindow documents: a slot at position j is hidden
+// from a query at p when j ≤ p − Window.
+func (c Config) window() int32 { return int32(c.SlidingWindow) }
 
 // GroupSize is the number of query heads that share one KV head.
 func (c Config) GroupSize() int { return c.Heads / c.KVHeads }
@@ -93,10 +106,4 @@ func (c Config) Validate() error {
 		return err
 	}
 	return nil
-}
-
-// KVBytesPerToken is the f32 KV cache of one token: 2 · layers · kv_heads ·
-// head_dim · 4 bytes.
-func (c Config) KVBytesPerToken() int64 {
-	return 2 * int64(c.Layers) * int64(c.KVHeads) * int64(c.HeadDim) * 4
 }

@@ -273,7 +273,7 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		if err := s.cache.Append(li, pos, s.k[:n*c.KVDim()], s.v[:n*c.KVDim()]); err != nil {
 			return fmt.Errorf("model: layer %d: %w", li, err)
 		}
-		att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm,
+		att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Window: c.window(),
 			Q: q, Out: s.att[:n*c.QDim()], Pos: pos, Segs: func(h int) []kvcache.Segment { return s.cache.Segments(li, h) }}
 		if s.Mass != nil {
 			att.Mass = s.Mass.Request(li, s.hist, n)

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/tensor"
@@ -546,11 +547,15 @@ func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
 }
 
 // kvBytesPerToken is the cache bytes one token takes in the codecs of opt
-// (blocks of opt.BlockTokens; metadata included).
+// (blocks of opt.BlockTokens; metadata and positions included): the pool's
+// kvcache.Footprint, as kvcalc and inspect report it.
 func kvBytesPerToken(m *model.Model, opt model.KVOptions) int64 {
 	B := max(opt.BlockTokens, 1)
-	per := int64(opt.K.BlockBytes(B, m.HeadDim) + opt.V.BlockBytes(B, m.HeadDim))
-	return per * int64(m.Config.Layers*m.KVHeads) / int64(B)
+	f, err := kvcache.FootprintOf(kvcache.PoolConfig{Layout: m.KVLayout(), BlockTokens: B, K: opt.K, V: opt.V})
+	if err != nil {
+		return 0 // the pool itself refuses these options, with the error
+	}
+	return int64(f.BlockBytes) * int64(m.Config.Layers*m.KVHeads) / int64(B)
 }
 
 // benchCompare runs --compare-kv: see benchCompareKV.

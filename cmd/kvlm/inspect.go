@@ -9,18 +9,31 @@ import (
 
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/gguf"
+	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcalc"
 	"github.com/kvlm/kvlm/model"
 	"github.com/spf13/cobra"
 )
 
 type inspectJSON struct {
-	Format          string            `json:"format"`
-	Version         uint32            `json:"version,omitempty"`
-	Config          model.Config      `json:"config"`
-	Metadata        map[string]string `json:"metadata,omitempty"`
-	Tensors         []tensorJSON      `json:"tensors,omitempty"`
-	WeightsBytes    int64             `json:"weights_bytes"`
-	KVBytesPerToken map[string]int64  `json:"kv_bytes_per_token"`
+	Format       string            `json:"format"`
+	Version      uint32            `json:"version,omitempty"`
+	Config       model.Config      `json:"config"`
+	Metadata     map[string]string `json:"metadata,omitempty"`
+	Tensors      []tensorJSON      `json:"tensors,omitempty"`
+	WeightsBytes int64             `json:"weights_bytes"`
+	// KV cache per token with keys and values in each codec: what a kvlm
+	// pool of KVBlockTokens-token blocks holds (positions and codec
+	// metadata included; kvcalc's bytes_per_token), and the textbook
+	// formula 2 · layers · kv_heads · head_dim · bits/8 beside it.
+	KVBlockTokens          int                `json:"kv_block_tokens"`
+	KVBytesPerToken        map[string]float64 `json:"kv_bytes_per_token"`
+	KVFormulaBytesPerToken map[string]float64 `json:"kv_formula_bytes_per_token"`
+	// KVContextBytes is the pool's cache of one sequence at the full
+	// context, per codec (kvcalc's total_bytes).
+	KVContextBytes map[string]int64 `json:"kv_context_bytes"`
+
+	kivi kvcache.Footprint // a KIVI table (for the residual note)
 }
 
 type tensorJSON struct {
@@ -71,10 +84,8 @@ func newInspect() *cobra.Command {
 				defer m.Close()
 				info.Format, info.Config, info.WeightsBytes = "llama2.c", m.Config, m.WeightsBytes()
 			}
-			perValue := map[string]int64{"f32": 4, "f16": 2}
-			info.KVBytesPerToken = map[string]int64{}
-			for name, b := range perValue {
-				info.KVBytesPerToken[name] = 2 * int64(info.Config.Layers) * int64(info.Config.KVHeads) * int64(info.Config.HeadDim) * b
+			if err := info.kvSizes(); err != nil {
+				return err
 			}
 			if asJSON {
 				return writeJSON(cmd.OutOrStdout(), info)
@@ -85,6 +96,31 @@ func newInspect() *cobra.Command {
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	return c
+}
+
+// kvSizes fills the KV sizes from kvcalc, which reads them off the pool's
+// definition (kvcache.Footprint).
+func (info *inspectJSON) kvSizes() error {
+	c := info.Config
+	m := kvcalc.Model{Name: c.Arch, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Context: c.CtxLen}
+	info.KVBlockTokens = kvcache.DefaultBlockTokens
+	info.KVBytesPerToken, info.KVFormulaBytesPerToken, info.KVContextBytes = map[string]float64{}, map[string]float64{}, map[string]int64{}
+	for _, cd := range kvcalc.Codecs() {
+		calc, err := kvcalc.New(m, kvcalc.Options{K: cd, V: cd, BlockTokens: info.KVBlockTokens})
+		if err != nil {
+			return err
+		}
+		row, err := calc.Row(1, c.CtxLen)
+		if err != nil {
+			return err
+		}
+		info.KVBytesPerToken[string(cd)], info.KVFormulaBytesPerToken[string(cd)] = row.BytesPerToken, row.FormulaBytesPerToken
+		info.KVContextBytes[string(cd)] = row.TotalBytes
+		if cd == kvcalc.KIVI2 {
+			info.kivi = calc.Pool
+		}
+	}
+	return nil
 }
 
 func summarize(kv gguf.KV) string {
@@ -120,12 +156,28 @@ func printInspect(w io.Writer, path string, info inspectJSON) {
 		fmt.Fprintf(w, " v%d", info.Version)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "architecture %s: dim %d, hidden %d, %d layers, %d heads, %d KV heads, head dim %d, vocab %d, context %d, rope %s θ=%g, eps %g\n",
+	fmt.Fprintf(w, "architecture %s: dim %d, hidden %d, %d layers, %d heads, %d KV heads, head dim %d, vocab %d, context %d, rope %s θ=%g, eps %g",
 		c.Arch, c.Dim, c.HiddenDim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.Vocab, c.CtxLen, c.Rope, c.RopeTheta, c.NormEps)
-	fmt.Fprintf(w, "weights %s; KV cache per token: %d B in f32, %d B in f16 (2 · %d layers · %d KV heads · %d dims · bytes)\n",
-		human(info.WeightsBytes), info.KVBytesPerToken["f32"], info.KVBytesPerToken["f16"], c.Layers, c.KVHeads, c.HeadDim)
-	fmt.Fprintf(w, "KV cache at the full context of %d tokens: %s in f32, %s in f16\n", c.CtxLen,
-		human(info.KVBytesPerToken["f32"]*int64(c.CtxLen)), human(info.KVBytesPerToken["f16"]*int64(c.CtxLen)))
+	if c.SlidingWindow > 0 {
+		fmt.Fprintf(w, ", sliding window %d (a token attends to the last %d positions, itself included)", c.SlidingWindow, c.SlidingWindow)
+	}
+	fmt.Fprintln(w)
+	if c.IgnoredSlidingWindow > 0 {
+		fmt.Fprintf(w, "note: %s.attention.sliding_window = %d is not applied: %s runs full attention (as llama.cpp)\n", c.Arch, c.IgnoredSlidingWindow, c.Arch)
+	}
+	fmt.Fprintf(w, "weights %s\n", human(info.WeightsBytes))
+	fmt.Fprintf(w, "KV cache per token, keys and values in one codec: in a kvlm pool (blocks of %d tokens; codec metadata and each slot's 4-byte position included; as kvcalc, --kv-mem), and by the formula 2 · %d layers · %d KV heads · %d dims · bits/8:\n",
+		info.KVBlockTokens, c.Layers, c.KVHeads, c.HeadDim)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "  codec\tpool B/token\tformula B/token\tpool at %d tokens\t\n", c.CtxLen)
+	for _, cd := range kvcalc.Codecs() {
+		n := string(cd)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t\n", n, num(info.KVBytesPerToken[n]), num(info.KVFormulaBytesPerToken[n]), human(info.KVContextBytes[n]))
+	}
+	tw.Flush()
+	f := info.kivi
+	fmt.Fprintf(w, "  (kivi: B/token of tokens sealed into blocks; the newest of each (layer, KV head), %d to %d once past %d, wait in an f16 residual buffer of %d slots of %d B, counted in the context total)\n",
+		f.Residual, f.Residual+f.SealTokens-1, f.Residual, f.Residual+f.SealTokens, f.ResidualSlotBytes)
 	if len(info.Metadata) > 0 {
 		fmt.Fprintln(w, "\nmetadata:")
 		keys := make([]string, 0, len(info.Metadata))

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcalc"
 	"github.com/spf13/cobra"
 )
@@ -25,6 +26,10 @@ type kvcalcJSON struct {
 	WeightsType  string       `json:"weights_type"`
 	KVRatio      float64      `json:"kv_ratio,omitempty"`
 	KVBudget     int          `json:"kv_budget,omitempty"`
+	// The pool the bytes are counted in: its block size and one block's
+	// bytes per (layer, KV head): keys, values and positions.
+	KVBlockTokens int `json:"kv_block_tokens"`
+	BlockBytes    int `json:"block_bytes"`
 	*kvcalc.Row
 	Rows []kvcalc.Row `json:"rows,omitempty"`
 }
@@ -36,9 +41,12 @@ type kvcalcListJSON struct {
 
 type codecBitsJSON struct {
 	Name     kvcalc.Codec `json:"name"`
-	BitsK    float64      `json:"bits_per_value_k"` // at head dim 128
+	BitsK    float64      `json:"bits_per_value_k"` // at head dim 128, by the formula
 	BitsV    float64      `json:"bits_per_value_v"`
 	Residual int          `json:"residual_tokens,omitempty"`
+	// PoolBits is a kvlm pool's bits per cached value (K and V together,
+	// positions included) at head dim 128 in blocks of 16.
+	PoolBits float64 `json:"pool_bits_per_value"`
 }
 
 func newKVCalc() *cobra.Command {
@@ -46,17 +54,22 @@ func newKVCalc() *cobra.Command {
 		preset, modelPath, batchList, seqList string
 		kvType, kvTypeK, kvTypeV, weightsType string
 		ratio                                 float64
-		budget                                int
+		budget, block                         int
 		asJSON, list                          bool
 	)
 	c := &cobra.Command{
 		Use:   "kvcalc --preset NAME | -m MODEL [--batch B,... --seq S,... --kv-type T]",
 		Short: "Size the KV cache of a model for batches of sequences, in any KV codec",
-		Long: `Size the KV cache: per_token = 2 · layers · kv_heads · head_dim · bytes per value,
-total = per_token · tokens · batch, with K and V each in their own codec
-(metadata included) and an optional budget of tokens kept per sequence.
-Weights are sized as params × the --weights-type (f16 unless a model file is
-given, whose stored size is used). GB = 10^9 bytes, GiB = 2^30 bytes.
+		Long: `Size the KV cache as a kvlm block pool holds it (what --kv-mem buys):
+per (layer, KV head), blocks of --kv-block tokens, each block its keys and
+values (codec metadata included) and a 4-byte position per slot; a sequence
+takes ⌈tokens/block⌉ blocks (KIVI: tokens sealed in groups, the newest in an
+f16 residual buffer). Beside it, the formula per_token = 2 · layers ·
+kv_heads · head_dim · bytes per value, total = per_token · tokens · batch
+(no positions, no blocks). K and V each in their own codec, an optional
+budget of tokens kept per sequence. Weights are sized as params × the
+--weights-type (f16 unless a model file is given, whose stored size is
+used). GB = 10^9 bytes, GiB = 2^30 bytes.
 
 KV codecs: f32 f16 bf16 q8 q4 kivi2 kivi4.`,
 		Args: cobra.NoArgs,
@@ -116,6 +129,10 @@ KV codecs: f32 f16 bf16 q8 q4 kivi2 kivi4.`,
 				}
 				opt.Budget = budget
 			}
+			if block <= 0 {
+				return fmt.Errorf("--kv-block %d must be positive", block)
+			}
+			opt.BlockTokens = block
 			batches, err := intList("--batch", batchList)
 			if err != nil {
 				return err
@@ -142,7 +159,7 @@ KV codecs: f32 f16 bf16 q8 q4 kivi2 kivi4.`,
 				out := kvcalcJSON{
 					Model: m, KVTypeK: calc.K, KVTypeV: calc.V, BitsK: calc.KBits, BitsV: calc.VBits,
 					KIVIResidual: max(calc.K.Residual(), calc.V.Residual()), WeightsType: calc.Weights,
-					KVRatio: opt.Ratio, KVBudget: opt.Budget,
+					KVRatio: opt.Ratio, KVBudget: opt.Budget, KVBlockTokens: calc.Pool.BlockTokens, BlockBytes: calc.Pool.BlockBytes,
 				}
 				if len(rows) == 1 {
 					out.Row = &rows[0]
@@ -166,6 +183,7 @@ KV codecs: f32 f16 bf16 q8 q4 kivi2 kivi4.`,
 	f.StringVar(&weightsType, "weights-type", "", "type the weights are sized in: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, ... (default: f16 for presets, the stored size for files)")
 	f.Float64Var(&ratio, "kv-ratio", 0, "fraction of tokens each sequence keeps, in (0, 1]: ⌈R·seq⌉")
 	f.IntVar(&budget, "kv-budget", 0, "tokens each sequence keeps: min(N, seq)")
+	f.IntVar(&block, "kv-block", kvcache.DefaultBlockTokens, "pool block size in tokens, as generate/serve --kv-block")
 	f.BoolVar(&asJSON, "json", false, "print JSON: one object (a grid's rows in \"rows\")")
 	f.BoolVar(&list, "list", false, "list the presets and codecs")
 	return c
@@ -204,16 +222,21 @@ func printKVCalc(w io.Writer, c *kvcalc.Calc, opt kvcalc.Options, rows []kvcalc.
 	} else {
 		fmt.Fprintf(w, "weights    %s params × %s = %s\n", billions(m.Params), c.Weights, sizes(wb))
 	}
-	fmt.Fprintf(w, "KV codecs  K %s (%s bits/value), V %s (%s bits/value), metadata included\n", c.K, num(c.KBits), c.V, num(c.VBits))
+	fmt.Fprintf(w, "KV codecs  K %s (%s bits/value), V %s (%s bits/value), metadata included, by the formula\n", c.K, num(c.KBits), c.V, num(c.VBits))
+	f := c.Pool
+	tables := int64(m.Layers) * int64(m.KVHeads)
 	bpt := c.BytesPerToken()
-	tb, td := num(bpt/(1<<20))+" MiB", num(bpt/1e6)+" MB"
-	if bpt < 1<<17 {
-		tb, td = num(bpt/(1<<10))+" KiB", num(bpt/1e3)+" KB"
-	}
-	fmt.Fprintf(w, "per token  %s B = %s = %s  (%d layers · %d KV heads · %d dims · (%s + %s) bits / 8)\n",
-		bytesStr(bpt), tb, td, m.Layers, m.KVHeads, m.HeadDim, num(c.KBits), num(c.VBits))
+	fmt.Fprintf(w, "per token  %s B = %s = %s in a kvlm pool  (%d layers · %d KV heads · %s B per block of %d: keys %s + values %s + positions %d)\n",
+		bytesStr(bpt), binUnit(bpt), decUnit(bpt), m.Layers, m.KVHeads, commas(int64(f.BlockBytes)), f.BlockTokens,
+		commas(int64(f.KBytes)), commas(int64(f.VBytes)), kvcache.PosBytes*f.BlockTokens)
+	fbpt := c.FormulaBytesPerToken()
+	fmt.Fprintf(w, "formula    %s B = %s = %s  (2 · %d layers · %d KV heads · %d dims · (%s + %s) bits / 16; no positions, no blocks)\n",
+		bytesStr(fbpt), binUnit(fbpt), decUnit(fbpt), m.Layers, m.KVHeads, m.HeadDim, num(c.KBits), num(c.VBits))
 	if res := max(c.K.Residual(), c.V.Residual()); res > 0 {
-		fmt.Fprintf(w, "KIVI       the last %d tokens of each sequence are counted in f16 (the residual), the rest at the rate above\n", res)
+		fmt.Fprintf(w, "KIVI       the pool seals %d tokens at a time once %d wait; the newest (%d to %d past %d) stay in an f16 residual buffer of %d slots × %s B per (layer, KV head) (%s B per sequence); per token above is the sealed rate\n",
+			f.SealTokens, f.Residual+f.SealTokens, f.Residual, f.Residual+f.SealTokens-1, f.Residual, f.Residual+f.SealTokens, commas(int64(f.ResidualSlotBytes)),
+			commas(tables*int64(f.Residual+f.SealTokens)*int64(f.ResidualSlotBytes)))
+		fmt.Fprintf(w, "           the formula counts the last %d tokens of each sequence in f16 (the residual), the rest at its rate\n", res)
 	}
 	switch {
 	case opt.Budget > 0:
@@ -233,7 +256,12 @@ func printKVCalc(w io.Writer, c *kvcalc.Calc, opt kvcalc.Options, rows []kvcalc.
 	if budget {
 		fmt.Fprint(tw, "kept\t")
 	}
-	fmt.Fprintf(tw, "KV %s\tKV %s\tKV/weights\tKV+weights %s\t\n", dn, bn, dn)
+	kivi := max(c.K.Residual(), c.V.Residual()) > 0
+	fmt.Fprintf(tw, "blocks\tKV %s\tKV %s\tformula %s\t", dn, bn, dn)
+	if kivi {
+		fmt.Fprintf(tw, "--kv-mem %s\t", dn)
+	}
+	fmt.Fprintf(tw, "KV/weights\tKV+weights %s\t\n", dn)
 	beyond := false
 	for _, r := range rows {
 		mark := ""
@@ -244,9 +272,17 @@ func printKVCalc(w io.Writer, c *kvcalc.Calc, opt kvcalc.Options, rows []kvcalc.
 		if budget {
 			fmt.Fprintf(tw, "%d\t", r.Kept)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", gb(r.TotalBytes, dec), gb(r.TotalBytes, bin), ratioStr(r.KVToWeights), gb(r.KVPlusWeightsBytes, dec))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t", commas(int64(r.Batch)*r.Blocks), gb(r.TotalBytes, dec), gb(r.TotalBytes, bin), gb(r.FormulaTotalBytes, dec))
+		if kivi {
+			fmt.Fprintf(tw, "%s\t", gb(r.KVMemBytes, dec))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t\n", ratioStr(r.KVToWeights), gb(r.KVPlusWeightsBytes, dec))
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "blocks, KV, KV/weights: the kvlm pool (every sequence's blocks, KIVI residual buffers included); formula: the per-token formula × kept tokens\n")
+	if kivi {
+		fmt.Fprintf(w, "--kv-mem: the block arena that admits these tokens however they arrive (admission counts residual tokens as needing blocks; the residual buffers are allocated beside the arena)\n")
+	}
 	if beyond {
 		fmt.Fprintf(w, "* beyond the trained context of %d tokens\n", m.Context)
 	}
@@ -258,26 +294,50 @@ func printKVCalcList(w io.Writer, asJSON bool) error {
 	for _, c := range kvcalc.Codecs() {
 		k, _ := c.KeyBits(128)
 		v, _ := c.ValueBits(128)
-		out.Codecs = append(out.Codecs, codecBitsJSON{c, k, v, c.Residual()})
+		f, err := kvcalc.PoolFootprint(c, c, kvcache.DefaultBlockTokens, 128)
+		if err != nil {
+			return err
+		}
+		out.Codecs = append(out.Codecs, codecBitsJSON{c, k, v, c.Residual(), 8 * f.BytesPerToken() / (2 * 128)})
 	}
 	if asJSON {
 		return writeJSON(w, out)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "preset\tlayers\theads\tKV heads\thead dim\tcontext\tparams\tKV B/token f16\t\n")
+	fmt.Fprint(tw, "preset\tlayers\theads\tKV heads\thead dim\tcontext\tparams\tKV B/token f16\tformula\t\n")
 	for _, p := range out.Presets {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n", p.Name, p.Layers, p.Heads, p.KVHeads, p.HeadDim, p.Context,
-			billions(p.Params), commas(4*int64(p.Layers)*int64(p.KVHeads)*int64(p.HeadDim)))
+		c, err := kvcalc.New(p, kvcalc.Options{})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", p.Name, p.Layers, p.Heads, p.KVHeads, p.HeadDim, p.Context,
+			billions(p.Params), bytesStr(c.BytesPerToken()), bytesStr(c.FormulaBytesPerToken()))
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "\ncodec bits per value at head dim 128, metadata included:")
+	fmt.Fprintln(w, "(KV B/token: a kvlm pool of 16-token blocks, positions included; formula: 2 · layers · KV heads · head dim · 2 B)")
+	fmt.Fprintln(w, "\ncodec bits per value at head dim 128, metadata included (formula), and in a kvlm pool of 16-token blocks (K and V together, positions included):")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "codec\tK bits\tV bits\tf16 residual\t\n")
+	fmt.Fprint(tw, "codec\tK bits\tV bits\tf16 residual\tpool bits\t\n")
 	for _, c := range out.Codecs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t\n", c.Name, num(c.BitsK), num(c.BitsV), c.Residual)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t\n", c.Name, num(c.BitsK), num(c.BitsV), c.Residual, num(c.PoolBits))
 	}
 	tw.Flush()
 	return nil
+}
+
+// binUnit and decUnit print a per-token size in KiB/MiB and KB/MB.
+func binUnit(v float64) string {
+	if v < 1<<17 {
+		return num(v/(1<<10)) + " KiB"
+	}
+	return num(v/(1<<20)) + " MiB"
+}
+
+func decUnit(v float64) string {
+	if v < 1<<17 {
+		return num(v/1e3) + " KB"
+	}
+	return num(v/1e6) + " MB"
 }
 
 // sizes prints b in decimal and binary units: "350.0 GB = 326.0 GiB".

@@ -26,8 +26,10 @@ func TestKVCalcJSONPoint(t *testing.T) {
 	if r.Row == nil || r.Rows != nil {
 		t.Fatalf("one point should print one row at the top level: %+v", r)
 	}
-	if r.BytesPerToken != 524288 || r.TotalBytes != 4096*524288 || r.WeightsBytes != 2*6_738_415_616 || r.Batch != 1 {
-		t.Fatalf("llama2-7b: %+v", *r.Row)
+	// The pool: 524,288 B of keys and values + 32 · 32 · 4 B of positions.
+	if r.BytesPerToken != 528384 || r.TotalBytes != 4096*528384 || r.FormulaBytesPerToken != 524288 || r.FormulaTotalBytes != 4096*524288 ||
+		r.WeightsBytes != 2*6_738_415_616 || r.Batch != 1 || r.Blocks != 256*32*32 || r.KVBlockTokens != 16 || r.BlockBytes != 16*512+64 {
+		t.Fatalf("llama2-7b: %+v %+v", r, *r.Row)
 	}
 	if r.KVTypeK != "f16" || r.KVTypeV != "f16" || r.BitsK != 16 || r.WeightsType != "f16" || r.Model.Layers != 32 {
 		t.Fatalf("header %+v", r)
@@ -39,7 +41,8 @@ func TestKVCalcJSONPoint(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &raw); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]float64{"bytes_per_token": 4_718_592, "total_bytes": 77_309_411_328, "weights_bytes": 350e9}
+	want := map[string]float64{"bytes_per_token": 4_755_456, "total_bytes": 4 * 4096 * 4_755_456, "weights_bytes": 350e9,
+		"formula_bytes_per_token": 4_718_592, "formula_total_bytes": 77_309_411_328, "kv_block_tokens": 16, "block_bytes": 8256}
 	for k, v := range want {
 		if raw[k] != v {
 			t.Errorf("%s = %v, want %v", k, raw[k], v)
@@ -61,8 +64,12 @@ func TestKVCalcJSONGrid(t *testing.T) {
 		ratio float64
 	}{{4, 77.3, 0.22}, {16, 309.2, 0.88}, {64, 1237.0, 3.53}} {
 		row := r.Rows[i]
-		if row.Batch != c.batch || row.Seq != 4096 || math.Round(row.TotalGB*10)/10 != c.gb || math.Round(row.KVToWeights*100)/100 != c.ratio {
-			t.Errorf("row %d: %+v, want %.1f GB, %.2f", i, row, c.gb, c.ratio)
+		gb, ratio := float64(row.FormulaTotalBytes)/1e9, float64(row.FormulaTotalBytes)/float64(row.WeightsBytes)
+		if row.Batch != c.batch || row.Seq != 4096 || math.Round(gb*10)/10 != c.gb || math.Round(ratio*100)/100 != c.ratio {
+			t.Errorf("row %d: %+v, want a formula of %.1f GB, %.2f", i, row, c.gb, c.ratio)
+		}
+		if row.TotalBytes != int64(c.batch)*4096*4_755_456 || row.KVToWeights != float64(row.TotalBytes)/350e9 {
+			t.Errorf("row %d: pool %d B, KV/weights %g", i, row.TotalBytes, row.KVToWeights)
 		}
 	}
 	// Batch sizes outermost.
@@ -77,8 +84,9 @@ func TestKVCalcTable(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	for _, s := range []string{"4,718,592 B = 4.5 MiB", "GB = 10^9 bytes", "GiB = 2^30 bytes", "350.0 GB",
-		"77.3", "309.2", "1237.0", "72.0", "1152.0", "0.22", "0.88", "3.53"} {
+	for _, s := range []string{"4,755,456 B = 4.5352 MiB", "in a kvlm pool", "8,256 B per block of 16", "formula    4,718,592 B = 4.5 MiB",
+		"GB = 10^9 bytes", "GiB = 2^30 bytes", "350.0 GB", "77.9", "311.7", "1246.6", "72.6", "1161.0", "formula GB", "77.3", "309.2", "1237.0",
+		"0.22", "0.89", "3.56", "9,437,184"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("table lacks %q:\n%s", s, out)
 		}
@@ -88,28 +96,37 @@ func TestKVCalcTable(t *testing.T) {
 		t.Fatalf("KIVI / budget notes missing:\n%s", out)
 	}
 	out, _, code = kvlm(t, "kvcalc", "--list")
-	if code != 0 || !strings.Contains(out, "qwen2.5-7b") || !strings.Contains(out, "8.25") || !strings.Contains(out, "kivi4") {
+	if code != 0 || !strings.Contains(out, "qwen2.5-7b") || !strings.Contains(out, "8.25") || !strings.Contains(out, "kivi4") ||
+		!strings.Contains(out, "528,384    524,288") || !strings.Contains(out, "16.125") {
 		t.Fatalf("list:\n%s", out)
 	}
 }
 
 func TestKVCalcCodecsAndBudgets(t *testing.T) {
+	// The formula, and the pool: 4 B of position per token per head, whole
+	// blocks (--kv-block), KIVI keys' per-channel scales in every block and
+	// its residual buffer of 160 f16 slots per head (4·128 + 4 B each).
 	cases := []struct {
-		args          []string
-		bytesPerToken float64
-		total         int64
+		args            []string
+		formulaPerToken float64
+		formulaTotal    int64
+		poolPerToken    float64
+		poolTotal       int64
 	}{
-		{[]string{"--kv-type", "q8"}, 1024 * 2 * 132, 4096 * 1024 * 2 * 132},
-		{[]string{"--kv-type-k", "q8", "--kv-type-v", "q4"}, 1024 * (132 + 68), 4096 * 1024 * (132 + 68)},
-		{[]string{"--kv-type", "q4", "--kv-type-k", "f32"}, 1024 * (512 + 68), 4096 * 1024 * (512 + 68)},
-		{[]string{"--kv-type", "kivi2"}, 1024 * 96, 1024 * (128*512 + 3968*96)},
-		{[]string{"--kv-ratio", "0.25"}, 524288, 1024 * 524288},
-		{[]string{"--kv-budget", "100"}, 524288, 100 * 524288},
+		{[]string{"--kv-type", "q8"}, 1024 * 2 * 132, 4096 * 1024 * 2 * 132, 1024 * 268, 4096 * 1024 * 268},
+		{[]string{"--kv-type-k", "q8", "--kv-type-v", "q4"}, 1024 * (132 + 68), 4096 * 1024 * (132 + 68), 1024 * 204, 4096 * 1024 * 204},
+		{[]string{"--kv-type", "q4", "--kv-type-k", "f32"}, 1024 * (512 + 68), 4096 * 1024 * (512 + 68), 1024 * 584, 4096 * 1024 * 584},
+		{[]string{"--kv-type", "kivi2"}, 1024 * 96, 1024 * (128*512 + 3968*96), 1024 * 116, 1024 * (3968*116 + 160*516)},
+		{[]string{"--kv-ratio", "0.25"}, 524288, 1024 * 524288, 528384, 1024 * 528384},
+		{[]string{"--kv-budget", "100"}, 524288, 100 * 524288, 528384, 112 * 528384},
+		{[]string{"--kv-budget", "100", "--kv-block", "1"}, 524288, 100 * 524288, 528384, 100 * 528384},
+		{[]string{"--kv-budget", "100", "--kv-block", "64"}, 524288, 100 * 524288, 528384, 128 * 528384},
 	}
 	for _, c := range cases {
 		r := kvcalcJSONRun(t, append([]string{"--preset", "llama2-7b", "--seq", "4096"}, c.args...)...)
-		if r.BytesPerToken != c.bytesPerToken || r.TotalBytes != c.total {
-			t.Errorf("%v: %v B/token, total %d; want %v, %d", c.args, r.BytesPerToken, r.TotalBytes, c.bytesPerToken, c.total)
+		if r.FormulaBytesPerToken != c.formulaPerToken || r.FormulaTotalBytes != c.formulaTotal || r.BytesPerToken != c.poolPerToken || r.TotalBytes != c.poolTotal {
+			t.Errorf("%v: %v B/token, total %d (formula %v, %d); want %v, %d (%v, %d)", c.args, r.BytesPerToken, r.TotalBytes,
+				r.FormulaBytesPerToken, r.FormulaTotalBytes, c.poolPerToken, c.poolTotal, c.formulaPerToken, c.formulaTotal)
 		}
 	}
 	r := kvcalcJSONRun(t, "--preset", "llama2-7b", "--weights-type", "q8_0", "--seq", "1")
@@ -118,14 +135,15 @@ func TestKVCalcCodecsAndBudgets(t *testing.T) {
 	}
 }
 
-// TestKVCalcModelFile: stories260K, checkpoint and GGUF: 1,280 B per token
-// in f32, its context (512) as the default length, its stored size as the
-// weights.
+// TestKVCalcModelFile: stories260K, checkpoint and GGUF: 1,360 B per token
+// in f32 in the pool (1,280 by the formula), its context (512) as the
+// default length, its stored size as the weights.
 func TestKVCalcModelFile(t *testing.T) {
 	s := storiesFiles(t)
 	for _, path := range []string{s.bin, s.gguf} {
 		r := kvcalcJSONRun(t, "-m", path, "--kv-type", "f32")
-		if r.BytesPerToken != 1280 || r.Seq != 512 || r.TotalBytes != 512*1280 || r.WeightsType != "stored" || r.WeightsBytes < 1_000_000 {
+		if r.BytesPerToken != 1360 || r.FormulaBytesPerToken != 1280 || r.Seq != 512 || r.TotalBytes != 512*1360 || r.FormulaTotalBytes != 512*1280 ||
+			r.WeightsType != "stored" || r.WeightsBytes < 1_000_000 {
 			t.Errorf("%s: %+v %+v", path, r, *r.Row)
 		}
 		if r.Model.KVHeads != 4 || r.Model.Layers != 5 || r.Model.HeadDim != 8 {
@@ -166,6 +184,9 @@ func TestKVCalcBadInput(t *testing.T) {
 		{"bad weights type", []string{"--preset", "llama2-7b", "--weights-type", "q9"}, "unknown weights type"},
 		{"overflow", []string{"--preset", "gpt3-175b", "--batch", "1000000000", "--seq", "1000000000"}, "overflows"},
 		{"stray argument", []string{"--preset", "llama2-7b", "extra"}, "unknown command"},
+		{"block zero", []string{"--preset", "llama2-7b", "--kv-block", "0"}, "--kv-block 0 must be positive"},
+		{"block too large", []string{"--preset", "llama2-7b", "--kv-block", "70000"}, "block size must be between 1 and 65536"},
+		{"kivi block", []string{"--preset", "llama2-7b", "--kv-type", "kivi4", "--kv-block", "48"}, "key groups of 32 tokens must be a multiple of the block size 48"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

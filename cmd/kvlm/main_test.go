@@ -142,7 +142,7 @@ func TestBenchAndInspect(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &b); err != nil {
 		t.Fatal(err)
 	}
-	if b.PrefillTokS <= 0 || b.DecodeTokS <= 0 || b.PeakRSSBytes <= 0 || b.KVBytesPerToken != 1280 || b.WeightsBytes < 1000000 {
+	if b.PrefillTokS <= 0 || b.DecodeTokS <= 0 || b.PeakRSSBytes <= 0 || b.KVBytesPerToken != 1360 || b.WeightsBytes < 1000000 {
 		t.Fatalf("bench result %+v", b)
 	}
 	// the paired ceiling rounds: each fraction is its decode speed over the
@@ -170,7 +170,7 @@ func TestBenchAndInspect(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &in); err != nil {
 			t.Fatal(err)
 		}
-		if in.KVBytesPerToken["f32"] != 1280 || in.Config.KVHeads != 4 || in.Config.Layers != 5 {
+		if in.KVBytesPerToken["f32"] != 1360 || in.KVFormulaBytesPerToken["f32"] != 1280 || in.Config.KVHeads != 4 || in.Config.Layers != 5 {
 			t.Fatalf("inspect %s: %+v", path, in)
 		}
 	}
