@@ -107,6 +107,11 @@ The committed docs/RESULTS.md comes from:
 				}
 				cfg.Seeds = append(cfg.Seeds, eval.SeedTable{Title: t.title, Command: "kvlm " + t.args, Output: buf.String()})
 			}
+			p, err := resolveModel(modelPath)
+			if err != nil {
+				return err
+			}
+			modelPath, cfg.Model = p, p
 			if err := os.MkdirAll(out, 0o755); err != nil {
 				return err
 			}
