@@ -251,7 +251,9 @@ type Result struct {
 	// size or sha256 differed from the published one); "" when it was not.
 	Replaced string
 	// Adopted is the old-layout path (OWNER/REPO/FILE, HOST/NAME) the file
-	// was moved from, after its sha256 matched; "" when none.
+	// was moved from, after its sha256 matched, or the old-layout partial
+	// download (.part) that was resumed, when a sha256 checks the result;
+	// "" when none.
 	Adopted string
 }
 
@@ -329,6 +331,18 @@ func Pull(ctx context.Context, ref Ref, opt Options) (Result, error) {
 	}
 	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
 		return res, fmt.Errorf("hub: %w", err)
+	}
+	// A partial download the old layout left is resumed here when the
+	// result will be checked against a sha256 (the old layout could mix up
+	// files of one name, so an unchecked resume could join two files).
+	if _, err := os.Stat(part); errors.Is(err, fs.ErrNotExist) && want != "" && ref.Legacy != "" && ref.Legacy != ref.Rel {
+		old := filepath.Join(dir, filepath.FromSlash(ref.Legacy)) + PartSuffix
+		if st, err := os.Stat(old); err == nil && st.Mode().IsRegular() {
+			if err := os.Rename(old, part); err != nil {
+				return res, fmt.Errorf("hub: %w", err)
+			}
+			res.Adopted = old
+		}
 	}
 	f, err := os.OpenFile(part, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {

@@ -542,3 +542,50 @@ func TestPullAdoptsOldLayout(t *testing.T) {
 		})
 	}
 }
+
+// TestPullResumesOldPart: a partial download the old layout left is resumed
+// when a sha256 will check the result, and left alone otherwise.
+func TestPullResumesOldPart(t *testing.T) {
+	h := newFakeHub(t)
+	data := randomData(60_000)
+	h.files["me/m/m.gguf"] = data
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+	}))
+	defer plain.Close()
+	for _, c := range []struct {
+		name   string
+		url    string
+		old    []byte // the old partial file
+		resume bool
+	}{
+		{"hub, sha256 published", "hf://me/m/m.gguf", data[:25_000], true},
+		{"plain URL, no sha256", plain.URL + "/a/m.gguf", randomData(25_000), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ref, err := Parse(c.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			old := filepath.Join(dir, filepath.FromSlash(ref.Legacy)) + PartSuffix
+			os.MkdirAll(filepath.Dir(old), 0o755)
+			os.WriteFile(old, c.old, 0o644)
+			res, err := Pull(context.Background(), ref, Options{Dir: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := os.ReadFile(res.Path); !bytes.Equal(got, data) {
+				t.Fatal("file differs")
+			}
+			_, errOld := os.Stat(old)
+			if c.resume {
+				if !res.Verified || res.Resumed != int64(len(c.old)) || res.Adopted != old || !os.IsNotExist(errOld) {
+					t.Errorf("result %+v, old part: %v; want it resumed", res, errOld)
+				}
+			} else if res.Resumed != 0 || res.Adopted != "" || errOld != nil {
+				t.Errorf("result %+v, old part: %v; want it left alone", res, errOld)
+			}
+		})
+	}
+}

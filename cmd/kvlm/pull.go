@@ -58,8 +58,11 @@ func newPull() *cobra.Command {
 			if res.Replaced != "" {
 				fmt.Fprintf(errw, "downloaded again: %s\n", res.Replaced)
 			}
+			if res.Adopted != "" && !res.Skipped {
+				fmt.Fprintf(errw, "continued the old layout's partial download %s\n", res.Adopted)
+			}
 			switch {
-			case res.Adopted != "":
+			case res.Adopted != "" && res.Skipped:
 				fmt.Fprintf(errw, "moved %s (sha256 %s verified) from the old layout\n", res.Adopted, res.SHA256)
 			case res.Skipped && res.Verified:
 				fmt.Fprintf(errw, "already present (%s), sha256 %s verified\n", hub.HumanBytes(res.Size), res.SHA256)

@@ -33,10 +33,10 @@ type Bar struct {
 
 // New starts a bar on w counting to max (max < 0: unknown, a spinner), with
 // byte counts and a rate when bytes is set. It draws nothing unless w is a
-// terminal.
+// terminal, nor for max 0.
 func New(w io.Writer, max int64, desc string, bytes bool) *Bar {
-	if w == nil || !IsTerminal(w) {
-		return &Bar{}
+	if w == nil || max == 0 || !IsTerminal(w) {
+		return &Bar{} // nothing to show
 	}
 	opts := []progressbar.Option{
 		progressbar.OptionSetWriter(w),
