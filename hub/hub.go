@@ -1,6 +1,14 @@
 // Package hub downloads model files into the local model directory: from
 // the Hugging Face hub (hf://OWNER/REPO/FILE) or any http(s) URL, resumably,
-// checking the size and the sha256 the hub publishes for LFS files.
+// checking the size and the sha256 the hub publishes for LFS files, with
+// timeouts on every stage of a request so that a stalled server gives an
+// error, never a hang.
+//
+// Layout of the model directory: a hub file goes to
+// hf/OWNER/REPO/REV/FILE (REV as asked for, path-escaped: main, v1.0, a
+// commit), a URL to url/HOST/PATH (HOST_PORT with a port; a query string
+// adds a q-HASH folder before the file name), so that files of the same name
+// in different repositories, revisions or places never collide.
 package hub
 
 import (
@@ -11,15 +19,20 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"github.com/kvlm/kvlm/internal/progress"
 )
 
 // DefaultEndpoint is the Hugging Face hub.
@@ -53,8 +66,13 @@ func Dir() (string, error) {
 type Ref struct {
 	URL string // where to GET it
 	// Rel is where it goes, relative to the model directory (slash
-	// separated): OWNER/REPO/FILE for the hub, HOST/NAME for a URL.
+	// separated): hf/OWNER/REPO/REV/FILE for the hub, url/HOST/PATH for a
+	// URL.
 	Rel string
+	// Legacy is where the layout before revisions were kept put it
+	// (OWNER/REPO/FILE, HOST/NAME): Pull moves a file found there into Rel
+	// when it matches a known sha256.
+	Legacy string
 	// Hub: the file is on the Hugging Face hub, which publishes the sha256
 	// of LFS files in X-Linked-Etag.
 	Hub                    bool
@@ -81,29 +99,62 @@ func Parse(s string) (Ref, error) {
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 		return Ref{}, fmt.Errorf("hub: %q is neither hf://OWNER/REPO/FILE nor an http(s) URL", s)
 	}
-	// A hub URL: OWNER/REPO/{resolve,blob}/REV/FILE on the hub's host.
+	// A hub URL: OWNER/REPO/{resolve,blob}/REV/FILE on the hub's host. The
+	// escaped path is split, so that a revision such as refs%2Fpr%2F1
+	// stays one segment.
 	if ep, err := url.Parse(Endpoint()); err == nil && u.Host == ep.Host {
-		p := strings.TrimPrefix(strings.TrimPrefix(u.Path, strings.TrimRight(ep.Path, "/")), "/")
+		p := strings.TrimPrefix(strings.TrimPrefix(u.EscapedPath(), strings.TrimRight(ep.EscapedPath(), "/")), "/")
 		parts := strings.SplitN(p, "/", 5)
 		if len(parts) == 5 && (parts[2] == "resolve" || parts[2] == "blob") {
-			return hubRef(parts[0], parts[1], parts[3], parts[4], Endpoint())
+			segs := make([]string, 4)
+			for i, e := range []string{parts[0], parts[1], parts[3]} {
+				if segs[i], err = url.PathUnescape(e); err != nil {
+					return Ref{}, fmt.Errorf("hub: %q: %v", s, err)
+				}
+			}
+			var file []string
+			for _, e := range strings.Split(parts[4], "/") {
+				d, err := url.PathUnescape(e)
+				if err != nil {
+					return Ref{}, fmt.Errorf("hub: %q: %v", s, err)
+				}
+				file = append(file, d)
+			}
+			return hubRef(segs[0], segs[1], segs[2], strings.Join(file, "/"), Endpoint())
 		}
 	}
 	name := path.Base(u.Path)
 	if name == "/" || name == "." || name == "" {
 		return Ref{}, fmt.Errorf("hub: %q names no file", s)
 	}
-	r := Ref{URL: u.String(), Rel: u.Hostname() + "/" + name}
+	host := u.Hostname()
+	if p := u.Port(); p != "" {
+		host += "_" + p
+	}
+	rel := "url/" + host + "/" + strings.TrimPrefix(path.Clean("/"+u.Path), "/")
+	if u.RawQuery != "" {
+		q := sha256.Sum256([]byte(u.RawQuery))
+		rel = path.Dir(rel) + "/q-" + hex.EncodeToString(q[:6]) + "/" + name
+	}
+	r := Ref{URL: u.String(), Rel: rel, Legacy: u.Hostname() + "/" + name}
 	if err := checkRel(r.Rel); err != nil {
 		return Ref{}, err
+	}
+	if checkRel(r.Legacy) != nil {
+		r.Legacy = ""
 	}
 	return r, nil
 }
 
 func hubRef(owner, repo, rev, file, endpoint string) (Ref, error) {
-	r := Ref{Hub: true, Owner: owner, Repo: repo, Rev: rev, File: file, Rel: owner + "/" + repo + "/" + file}
+	r := Ref{Hub: true, Owner: owner, Repo: repo, Rev: rev, File: file,
+		Rel:    "hf/" + owner + "/" + repo + "/" + url.PathEscape(rev) + "/" + file,
+		Legacy: owner + "/" + repo + "/" + file}
 	if err := checkRel(r.Rel); err != nil {
 		return Ref{}, err
+	}
+	if checkRel(r.Legacy) != nil {
+		r.Legacy = ""
 	}
 	segs := []string{owner, repo, "resolve", rev}
 	segs = append(segs, strings.Split(file, "/")...)
@@ -124,24 +175,86 @@ func checkRel(rel string) error {
 	return nil
 }
 
+// Timeouts bound each stage of a request, so that a stalled server gives an
+// error instead of a hang. A zero field takes DefaultTimeouts' value; a
+// negative one means no limit.
+type Timeouts struct {
+	Connect        time.Duration // TCP connection
+	TLSHandshake   time.Duration // TLS handshake
+	ResponseHeader time.Duration // from the request sent to the response's headers
+	// Idle is the longest wait for the next byte of a body: not a deadline
+	// on the whole download, which may legitimately take an hour.
+	Idle time.Duration
+}
+
+// DefaultTimeouts are the limits Pull uses when none are given.
+var DefaultTimeouts = Timeouts{Connect: 30 * time.Second, TLSHandshake: 30 * time.Second, ResponseHeader: 60 * time.Second, Idle: 60 * time.Second}
+
+// withDefaults fills zero fields from DefaultTimeouts and turns negative
+// ones into 0 (net/http's "no limit").
+func (t Timeouts) withDefaults() Timeouts {
+	fill := func(v, d time.Duration) time.Duration {
+		switch {
+		case v == 0:
+			return d
+		case v < 0:
+			return 0
+		}
+		return v
+	}
+	return Timeouts{
+		Connect:        fill(t.Connect, DefaultTimeouts.Connect),
+		TLSHandshake:   fill(t.TLSHandshake, DefaultTimeouts.TLSHandshake),
+		ResponseHeader: fill(t.ResponseHeader, DefaultTimeouts.ResponseHeader),
+		Idle:           fill(t.Idle, DefaultTimeouts.Idle),
+	}
+}
+
+// NewClient is an HTTP client whose connections, TLS handshakes and
+// response headers are bounded by t (zero fields: DefaultTimeouts). Idle
+// bodies are bounded by Pull itself (Timeouts.Idle). Proxies come from the
+// environment, as with http.DefaultTransport.
+func NewClient(t Timeouts) *http.Client {
+	t = t.withDefaults()
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: t.Connect, KeepAlive: 30 * time.Second}).DialContext
+	tr.TLSHandshakeTimeout = t.TLSHandshake
+	tr.ResponseHeaderTimeout = t.ResponseHeader
+	return &http.Client{Transport: tr}
+}
+
 // Options control a download.
 type Options struct {
-	Dir      string       // model directory; "": Dir()
-	Client   *http.Client // nil: http.DefaultClient
-	Progress io.Writer    // a progress bar is drawn here; nil: none
-	Token    string       // bearer token for the hub (gated models)
-	SHA256   string       // expected sha256 (hex), overriding the hub's
-	Force    bool         // download even if the file is present
+	Dir string // model directory; "": Dir()
+	// Client makes the requests; nil: NewClient(Timeouts). A client given
+	// here brings its own connect, TLS and header limits; Timeouts.Idle
+	// applies either way.
+	Client   *http.Client
+	Timeouts Timeouts
+	// Progress gets a progress bar when it is a terminal; other writers
+	// (logs, pipes) get nothing.
+	Progress io.Writer
+	Token    string // bearer token for the hub (gated models)
+	SHA256   string // expected sha256 (hex), overriding the hub's
+	Force    bool   // download even if the file is present
 }
 
 // Result says what Pull did.
 type Result struct {
 	Path     string // the complete file
 	Size     int64
-	SHA256   string // of the file, when it was hashed ("" when skipped)
+	SHA256   string // of the file, when it was hashed ("" when not)
 	Verified bool   // the sha256 matched a published or given one
 	Resumed  int64  // bytes of an earlier partial download kept
-	Skipped  bool   // the file was already present
+	Skipped  bool   // the file was already present (and matched its sha256 when one is known)
+	// Replaced says why a file already present was downloaded again (its
+	// size or sha256 differed from the published one); "" when it was not.
+	Replaced string
+	// Adopted is the old-layout path (OWNER/REPO/FILE, HOST/NAME) the file
+	// was moved from, after its sha256 matched, or the old-layout partial
+	// download (.part) that was resumed, when a sha256 checks the result;
+	// "" when none.
+	Adopted string
 }
 
 // remote is what a HEAD request says of a file.
@@ -156,7 +269,12 @@ const PartSuffix = ".part"
 // Pull downloads ref into the model directory. An interrupted download
 // leaves DEST.part, which the next Pull resumes with a Range request. When a
 // size or sha256 is known (published by the hub, or in opt.SHA256) the
-// result is checked; on a mismatch the partial file is deleted.
+// result is checked; on a mismatch the partial file is deleted. A file
+// already present is kept only if it has the published size and, when a
+// sha256 is known, that sha256 (it is hashed again each time); otherwise it
+// is downloaded again and replaced once the new copy is verified. A file
+// found where the old layout put it is moved into place when it matches a
+// known sha256.
 func Pull(ctx context.Context, ref Ref, opt Options) (Result, error) {
 	var res Result
 	dir := opt.Dir
@@ -170,9 +288,14 @@ func Pull(ctx context.Context, ref Ref, opt Options) (Result, error) {
 	if err := checkRel(ref.Rel); err != nil {
 		return res, err
 	}
+	want := strings.ToLower(opt.SHA256)
+	if want != "" && !isSHA256(want) {
+		return res, fmt.Errorf("hub: --sha256 %q is not 64 hex digits", opt.SHA256)
+	}
+	tmo := opt.Timeouts.withDefaults()
 	client := opt.Client
 	if client == nil {
-		client = http.DefaultClient
+		client = NewClient(opt.Timeouts)
 	}
 	dest := filepath.Join(dir, filepath.FromSlash(ref.Rel))
 	part := dest + PartSuffix
@@ -182,19 +305,44 @@ func Pull(ctx context.Context, ref Ref, opt Options) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	want := strings.ToLower(opt.SHA256)
-	if want != "" && !isSHA256(want) {
-		return res, fmt.Errorf("hub: --sha256 %q is not 64 hex digits", opt.SHA256)
-	}
 	if want == "" {
 		want = rem.sha
 	}
-	if st, err := os.Stat(dest); err == nil && !opt.Force && (rem.size < 0 || st.Size() == rem.size) {
-		res.Size, res.Skipped = st.Size(), true
-		return res, nil
+	if !opt.Force {
+		if st, err := os.Stat(dest); err == nil {
+			ok, sum, why, err := present(ctx, dest, st, rem.size, want, opt.Progress)
+			if err != nil {
+				return res, err
+			}
+			if ok {
+				res.Size, res.Skipped, res.SHA256, res.Verified = st.Size(), true, sum, sum != ""
+				return res, nil
+			}
+			res.Replaced = why
+		} else if ok, err := adopt(ctx, dir, ref, dest, rem.size, want, opt.Progress); err != nil {
+			return res, err
+		} else if ok != "" {
+			res.Size, res.Skipped, res.SHA256, res.Verified, res.Adopted = rem.size, true, want, true, ok
+			if st, err := os.Stat(dest); err == nil {
+				res.Size = st.Size()
+			}
+			return res, nil
+		}
 	}
 	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
 		return res, fmt.Errorf("hub: %w", err)
+	}
+	// A partial download the old layout left is resumed here when the
+	// result will be checked against a sha256 (the old layout could mix up
+	// files of one name, so an unchecked resume could join two files).
+	if _, err := os.Stat(part); errors.Is(err, fs.ErrNotExist) && want != "" && ref.Legacy != "" && ref.Legacy != ref.Rel {
+		old := filepath.Join(dir, filepath.FromSlash(ref.Legacy)) + PartSuffix
+		if st, err := os.Stat(old); err == nil && st.Mode().IsRegular() {
+			if err := os.Rename(old, part); err != nil {
+				return res, fmt.Errorf("hub: %w", err)
+			}
+			res.Adopted = old
+		}
 	}
 	f, err := os.OpenFile(part, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
@@ -224,7 +372,7 @@ func Pull(ctx context.Context, ref Ref, opt Options) (Result, error) {
 	}
 	total := rem.size
 	if rem.size < 0 || have != rem.size {
-		from, t, err := fetch(ctx, client, ref, opt, f, h, have, rem.size)
+		from, t, err := fetch(ctx, client, ref, opt, tmo.Idle, f, h, have, rem.size)
 		if err != nil {
 			return res, err
 		}
@@ -265,6 +413,82 @@ func Pull(ctx context.Context, ref Ref, opt Options) (Result, error) {
 		return res, fmt.Errorf("hub: %w", err)
 	}
 	return res, nil
+}
+
+// present says whether the file at p (st) is the one published: the same
+// size when the size is known and the same sha256 when want is known. sum
+// is its sha256 when it was hashed and matched; why says what differs.
+func present(ctx context.Context, p string, st fs.FileInfo, size int64, want string, prog io.Writer) (ok bool, sum, why string, err error) {
+	if size >= 0 && st.Size() != size {
+		return false, "", fmt.Sprintf("the file present has %d bytes, the server announces %d", st.Size(), size), nil
+	}
+	if want == "" {
+		return true, "", "", nil // nothing to hash it against
+	}
+	got, err := hashFile(ctx, p, st.Size(), prog)
+	if err != nil {
+		return false, "", "", err
+	}
+	if got != want {
+		return false, "", fmt.Sprintf("the file present has sha256 %s, want %s", got, want), nil
+	}
+	return true, got, "", nil
+}
+
+// adopt moves a file from the old layout (ref.Legacy) to dest when a sha256
+// is known and the file matches it, and returns the path it came from. A
+// file that cannot be checked, or does not match, is left where it is.
+func adopt(ctx context.Context, dir string, ref Ref, dest string, size int64, want string, prog io.Writer) (string, error) {
+	if want == "" || ref.Legacy == "" || ref.Legacy == ref.Rel {
+		return "", nil
+	}
+	old := filepath.Join(dir, filepath.FromSlash(ref.Legacy))
+	st, err := os.Stat(old)
+	if err != nil || !st.Mode().IsRegular() {
+		return "", nil
+	}
+	ok, _, _, err := present(ctx, old, st, size, want, prog)
+	if err != nil || !ok {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
+		return "", fmt.Errorf("hub: %w", err)
+	}
+	if err := os.Rename(old, dest); err != nil {
+		return "", fmt.Errorf("hub: %w", err)
+	}
+	return old, nil
+}
+
+// hashFile is the sha256 of the file at p, with a progress bar on a
+// terminal.
+func hashFile(ctx context.Context, p string, size int64, prog io.Writer) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", fmt.Errorf("hub: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	bar := progress.New(prog, size, "checking "+filepath.Base(p), true)
+	_, err = io.Copy(io.MultiWriter(h, bar), ctxReader{ctx, f})
+	bar.Finish(err == nil)
+	if err != nil {
+		return "", fmt.Errorf("hub: hashing %s: %w", p, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// ctxReader stops reading once ctx is done (an interrupt while hashing).
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (r ctxReader) Read(p []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return r.r.Read(p)
 }
 
 func isSHA256(s string) bool {
@@ -327,7 +551,7 @@ func head(ctx context.Context, client *http.Client, ref Ref, token string) (remo
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return rem, fmt.Errorf("hub: %w", err)
+		return rem, requestError(ref, http.MethodHead, err)
 	}
 	resp.Body.Close()
 	switch {
@@ -358,8 +582,11 @@ func head(ctx context.Context, client *http.Client, ref Ref, token string) (remo
 
 // fetch GETs the file into f (positioned at its end, have bytes long),
 // resuming with a Range request. It returns the offset the body was written
-// from and the file's total size (-1 if unknown).
-func fetch(ctx context.Context, client *http.Client, ref Ref, opt Options, f *os.File, h hashWriter, have, size int64) (from, total int64, err error) {
+// from and the file's total size (-1 if unknown). The body is abandoned when
+// no byte arrives for idle (0: no limit).
+func fetch(ctx context.Context, client *http.Client, ref Ref, opt Options, idle time.Duration, f *os.File, h hashWriter, have, size int64) (from, total int64, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	req, err := newRequest(ctx, http.MethodGet, ref, opt.Token)
 	if err != nil {
 		return 0, -1, err
@@ -369,7 +596,7 @@ func fetch(ctx context.Context, client *http.Client, ref Ref, opt Options, f *os
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, -1, fmt.Errorf("hub: %w", err)
+		return 0, -1, requestError(ref, http.MethodGet, err)
 	}
 	defer resp.Body.Close()
 	total = size
@@ -403,11 +630,18 @@ func fetch(ctx context.Context, client *http.Client, ref Ref, opt Options, f *os
 	if size >= 0 && total >= 0 && total != size {
 		return 0, -1, fmt.Errorf("hub: %s: the server sends %d bytes, the hub announced %d", ref.URL, total, size)
 	}
-	bar := newProgress(opt.Progress, path.Base(ref.Rel), from, total)
-	w := io.MultiWriter(f, h, bar)
-	n, err := io.Copy(w, resp.Body)
-	bar.done(err == nil)
+	bar := progress.New(opt.Progress, total, path.Base(ref.Rel), true)
+	bar.Set64(from)
+	body := newIdleReader(resp.Body, idle, cancel)
+	n, err := io.Copy(io.MultiWriter(f, h, bar), body)
+	body.stop()
+	bar.Finish(err == nil)
 	if err != nil {
+		if body.fired.Load() {
+			err = fmt.Errorf("no data for %v", idle)
+		} else if ctx.Err() != nil && !errors.Is(err, context.Canceled) {
+			err = ctx.Err()
+		}
 		got := from + n
 		of := "?"
 		if total >= 0 {
@@ -416,6 +650,50 @@ func fetch(ctx context.Context, client *http.Client, ref Ref, opt Options, f *os
 		return from, total, fmt.Errorf("hub: %s: download interrupted after %d of %s bytes (%v); the partial file is kept: pull again to resume", ref.Rel, got, of, err)
 	}
 	return from, total, nil
+}
+
+// idleReader cancels its request when no byte has come for d: a bound on a
+// stalled body, not on a long one.
+type idleReader struct {
+	r     io.Reader
+	d     time.Duration
+	t     *time.Timer
+	fired atomic.Bool
+}
+
+func newIdleReader(r io.Reader, d time.Duration, cancel context.CancelFunc) *idleReader {
+	ir := &idleReader{r: r, d: d}
+	if d > 0 {
+		ir.t = time.AfterFunc(d, func() {
+			ir.fired.Store(true)
+			cancel()
+		})
+	}
+	return ir
+}
+
+func (r *idleReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if n > 0 && r.t != nil && !r.fired.Load() {
+		r.t.Reset(r.d)
+	}
+	return n, err
+}
+
+func (r *idleReader) stop() {
+	if r.t != nil {
+		r.t.Stop()
+	}
+}
+
+// requestError explains a request that got no response: a timeout names
+// the limit that ran out.
+func requestError(ref Ref, method string, err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("hub: %s %s: the server did not answer in time (%v)", method, ref.URL, err)
+	}
+	return fmt.Errorf("hub: %s %s: %w", method, ref.URL, err)
 }
 
 type hashWriter interface {
@@ -463,53 +741,6 @@ func parseContentRange(v string) (start, end, total int64, ok bool) {
 		total = t
 	}
 	return start, end, total, true
-}
-
-// progress draws a one-line progress bar, at most every 100 ms.
-type progress struct {
-	w           io.Writer
-	name        string
-	n, total    int64
-	start, last time.Time
-	from        int64
-}
-
-func newProgress(w io.Writer, name string, from, total int64) *progress {
-	now := time.Now()
-	return &progress{w: w, name: name, n: from, from: from, total: total, start: now}
-}
-
-func (p *progress) Write(b []byte) (int, error) {
-	p.n += int64(len(b))
-	if p.w != nil && time.Since(p.last) >= 100*time.Millisecond {
-		p.draw()
-	}
-	return len(b), nil
-}
-
-func (p *progress) draw() {
-	p.last = time.Now()
-	rate := float64(p.n-p.from) / max(time.Since(p.start).Seconds(), 1e-3)
-	if p.total > 0 {
-		const width = 30
-		frac := float64(p.n) / float64(p.total)
-		fill := int(frac * width)
-		bar := strings.Repeat("=", fill) + strings.Repeat(" ", width-fill)
-		if fill > 0 && fill < width {
-			bar = strings.Repeat("=", fill-1) + ">" + strings.Repeat(" ", width-fill)
-		}
-		fmt.Fprintf(p.w, "\r%s %3d%% [%s] %s / %s  %s/s ", p.name, int(frac*100), bar, HumanBytes(p.n), HumanBytes(p.total), HumanBytes(int64(rate)))
-		return
-	}
-	fmt.Fprintf(p.w, "\r%s %s  %s/s ", p.name, HumanBytes(p.n), HumanBytes(int64(rate)))
-}
-
-func (p *progress) done(ok bool) {
-	if p.w == nil {
-		return
-	}
-	p.draw()
-	fmt.Fprintln(p.w)
 }
 
 // HumanBytes formats a byte count: 512 B, 1.5 KiB, 4.2 GiB.
@@ -571,10 +802,17 @@ func List(dir string) ([]Entry, error) {
 	return out, nil
 }
 
-// Resolve finds a model given as a path or as a name under the model
-// directory (OWNER/REPO/FILE, hf://OWNER/REPO/FILE or a file name that is
-// unique there). A path that exists is returned as is.
+// Resolve finds a model given as a path or as a name in the model
+// directory. A path that exists wins. Otherwise name is looked for there:
+// as a name kvlm list shows (hf/OWNER/REPO/REV/FILE, url/HOST/PATH, or an
+// older layout's OWNER/REPO/FILE), as hf://OWNER/REPO[@REV]/FILE or a URL
+// (where kvlm pull puts it), as OWNER/REPO/FILE (that file at revision
+// main), or as a file name, or the end of a name, that only one model has.
+// An unknown name is an error that says how to list and pull models.
 func Resolve(name string) (string, error) {
+	if name == "" {
+		return "", errors.New("no model given")
+	}
 	if _, err := os.Stat(name); err == nil {
 		return name, nil
 	}
@@ -582,13 +820,18 @@ func Resolve(name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	rel := strings.TrimPrefix(name, "hf://")
-	if r, err := Parse(name); err == nil {
-		rel = r.Rel
+	var rels []string
+	if checkRel(name) == nil {
+		rels = append(rels, name)
 	}
-	if checkRel(rel) == nil {
+	if r, err := Parse(name); err == nil {
+		rels = append(rels, r.Rel)
+	} else if r, err := Parse("hf://" + name); err == nil {
+		rels = append(rels, r.Rel)
+	}
+	for _, rel := range rels {
 		p := filepath.Join(dir, filepath.FromSlash(rel))
-		if _, err := os.Stat(p); err == nil {
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
 			return p, nil
 		}
 	}
@@ -596,17 +839,23 @@ func Resolve(name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var found []string
+	var found, partial []string
 	for _, e := range entries {
-		if !e.Partial && (path.Base(e.Rel) == name || strings.HasSuffix(e.Rel, "/"+name)) {
-			found = append(found, e.Path)
+		if e.Rel == name || path.Base(e.Rel) == name || strings.HasSuffix(e.Rel, "/"+name) || slices.Contains(rels, e.Rel) {
+			if e.Partial {
+				partial = append(partial, e.Path)
+			} else {
+				found = append(found, e.Path)
+			}
 		}
 	}
-	switch len(found) {
-	case 1:
+	switch {
+	case len(found) == 1:
 		return found[0], nil
-	case 0:
-		return "", fmt.Errorf("%s: no such file, nor a model of that name in %s", name, dir)
+	case len(found) > 1:
+		return "", fmt.Errorf("%s: several models match in %s: %s (give the whole name kvlm list shows)", name, dir, strings.Join(found, ", "))
+	case len(partial) > 0:
+		return "", fmt.Errorf("%s: only a partial download in %s (%s): kvlm pull it again to finish it", name, dir, strings.Join(partial, ", "))
 	}
-	return "", fmt.Errorf("%s: several models match in %s: %s", name, dir, strings.Join(found, ", "))
+	return "", fmt.Errorf("%s: no such file, nor a model of that name in %s (kvlm list shows the models there; kvlm pull hf://OWNER/REPO/FILE.gguf downloads one; $KVLM_MODELS moves the directory)", name, dir)
 }

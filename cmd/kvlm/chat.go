@@ -76,6 +76,9 @@ first tokens and the last --window (StreamingLLM), never re-encoding history.`,
 			if err != nil {
 				return err
 			}
+			if f.model, err = resolveModel(f.model); err != nil {
+				return err
+			}
 			m, tok, err := loadModel(f.model, f.tokenizer, f.mmap)
 			if err != nil {
 				return err

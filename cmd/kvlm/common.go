@@ -131,6 +131,11 @@ func (f *modelFlags) load() (*model.Model, tokenizer.Tokenizer, error) {
 	if _, err := f.policyConfig(); err != nil {
 		return nil, nil, err
 	}
+	p, err := resolveModel(f.model)
+	if err != nil {
+		return nil, nil, err
+	}
+	f.model = p
 	m, tok, err := loadModel(f.model, f.tokenizer, f.mmap)
 	f.tok = tok
 	return m, tok, err

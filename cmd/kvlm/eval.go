@@ -10,12 +10,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"time"
 
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/eval"
+	"github.com/kvlm/kvlm/internal/progress"
 	"github.com/kvlm/kvlm/internal/shared"
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -108,6 +107,11 @@ The committed docs/RESULTS.md comes from:
 				}
 				cfg.Seeds = append(cfg.Seeds, eval.SeedTable{Title: t.title, Command: "kvlm " + t.args, Output: buf.String()})
 			}
+			p, err := resolveModel(modelPath)
+			if err != nil {
+				return err
+			}
+			modelPath, cfg.Model = p, p
 			if err := os.MkdirAll(out, 0o755); err != nil {
 				return err
 			}
@@ -119,7 +123,7 @@ The committed docs/RESULTS.md comes from:
 				return err
 			}
 			defer m.Close()
-			if !noProgress {
+			if !noProgress && progress.IsTerminal(cmd.ErrOrStderr()) {
 				cfg.Progress = newEvalBar(cmd.ErrOrStderr())
 			}
 			res, err := eval.Sweep(m, tok, cfg)
@@ -168,7 +172,7 @@ The committed docs/RESULTS.md comes from:
 	f.IntVar(&streamTokens, "stream-tokens", 0, "tokens streamed through the bounded caches (default 20000; --quick 1200)")
 	f.IntVar(&denseTokens, "dense-tokens", 0, "tokens streamed through the dense cache (default 4096; --quick 1200)")
 	f.IntVar(&jobs, "jobs", runtime.NumCPU(), "trials run at once")
-	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr")
+	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr (there is none unless stderr is a terminal)")
 	return c
 }
 
@@ -216,37 +220,19 @@ func gitCommit() (string, bool) {
 	return strings.TrimSpace(string(out)), len(bytes.TrimSpace(st)) > 0
 }
 
-// evalBar is the progress bar on stderr.
+// evalBar is the progress bar on stderr (a terminal).
 type evalBar struct {
 	w   io.Writer
-	bar *progressbar.ProgressBar
+	bar *progress.Bar
 }
 
 func newEvalBar(w io.Writer) *evalBar { return &evalBar{w: w} }
 
-func (b *evalBar) Start(total int64) {
-	b.bar = progressbar.NewOptions64(total,
-		progressbar.OptionSetWriter(b.w),
-		progressbar.OptionSetDescription("eval"),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionSetPredictTime(true),
-		progressbar.OptionSetElapsedTime(true),
-		progressbar.OptionThrottle(250*time.Millisecond),
-		progressbar.OptionShowDescriptionAtLineEnd(),
-	)
-}
+func (b *evalBar) Start(total int64) { b.bar = progress.New(b.w, total, "eval", false) }
 
 func (b *evalBar) Add(n int64, what string) {
-	if b.bar == nil {
-		return
-	}
 	b.bar.Describe(what)
-	_ = b.bar.Add64(n)
+	b.bar.Add64(n)
 }
 
-func (b *evalBar) finish() {
-	if b.bar != nil {
-		_ = b.bar.Finish()
-		fmt.Fprintln(b.w)
-	}
-}
+func (b *evalBar) finish() { b.bar.Finish(true) }

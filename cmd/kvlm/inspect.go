@@ -50,7 +50,10 @@ func newInspect() *cobra.Command {
 		Short: "Show a model file's metadata, tensors, sizes and KV bytes per token",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			path := args[0]
+			path, err := resolveModel(args[0])
+			if err != nil {
+				return err
+			}
 			var info inspectJSON
 			isGGUF, err := engine.IsGGUF(path)
 			if err != nil {

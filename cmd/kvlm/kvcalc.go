@@ -89,7 +89,11 @@ KV codecs: f32 f16 bf16 q8 q4 kivi2 kivi4.`,
 					return err
 				}
 			case modelPath != "":
-				if m, err = kvcalc.FromFile(modelPath); err != nil {
+				p, err := resolveModel(modelPath)
+				if err != nil {
+					return err
+				}
+				if m, err = kvcalc.FromFile(p); err != nil {
 					return err
 				}
 			default:

@@ -24,7 +24,10 @@ func newList() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "List the models in the model directory",
-		Args:  cobra.NoArgs,
+		Long: "List the models in the model directory ($KVLM_MODELS, default kvlm/models under the user cache\n" +
+			"directory), with partial downloads. Every command that takes a model (-m, inspect's MODEL) accepts\n" +
+			"the NAME shown here.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			if dir == "" {

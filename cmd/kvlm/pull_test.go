@@ -85,12 +85,12 @@ func TestPullAndList(t *testing.T) {
 		t.Fatalf("cut pull: code %d, %q", code, errOut)
 	}
 	out, _, _ := kvlm(t, "list")
-	if !strings.Contains(out, "acme/Tiny-GGUF/tiny-q8_0.gguf") || !strings.Contains(out, "(partial download)") {
+	if !strings.Contains(out, "hf/acme/Tiny-GGUF/main/tiny-q8_0.gguf") || !strings.Contains(out, "(partial download)") {
 		t.Errorf("list during a partial download:\n%s", out)
 	}
 	// Resume.
 	out, errOut, code = kvlm(t, "pull", "hf://acme/Tiny-GGUF/tiny-q8_0.gguf")
-	want := filepath.Join(dir, "acme", "Tiny-GGUF", "tiny-q8_0.gguf")
+	want := filepath.Join(dir, "hf", "acme", "Tiny-GGUF", "main", "tiny-q8_0.gguf")
 	if code != 0 || strings.TrimSpace(out) != want || !strings.Contains(errOut, "verified") || !strings.Contains(errOut, "resumed after") {
 		t.Fatalf("resumed pull: code %d, out %q, stderr %q", code, out, errOut)
 	}
@@ -102,7 +102,7 @@ func TestPullAndList(t *testing.T) {
 		t.Fatal("pulled file differs")
 	}
 	out, _, code = kvlm(t, "list")
-	if code != 0 || !strings.Contains(out, "acme/Tiny-GGUF/tiny-q8_0.gguf") || !strings.Contains(out, "qwen2") || !strings.Contains(out, "Tiny Qwen") || strings.Contains(out, "partial") {
+	if code != 0 || !strings.Contains(out, "hf/acme/Tiny-GGUF/main/tiny-q8_0.gguf") || !strings.Contains(out, "qwen2") || !strings.Contains(out, "Tiny Qwen") || strings.Contains(out, "partial") {
 		t.Errorf("list:\n%s", out)
 	}
 	out, _, _ = kvlm(t, "list", "--json")
@@ -116,7 +116,7 @@ func TestPullAndList(t *testing.T) {
 	}
 	// Present: skipped.
 	_, errOut, code = kvlm(t, "pull", "-q", "hf://acme/Tiny-GGUF/tiny-q8_0.gguf")
-	if code != 0 || !strings.Contains(errOut, "already present") {
+	if code != 0 || !strings.Contains(errOut, "already present") || !strings.Contains(errOut, "verified") {
 		t.Errorf("second pull: %d %q", code, errOut)
 	}
 }
@@ -138,5 +138,68 @@ func TestPullChecksumMismatch(t *testing.T) {
 		if _, errOut, code := kvlm(t, "pull", "--dir", dir, bad); code != 1 || !strings.Contains(errOut, "hf://OWNER/REPO/FILE") {
 			t.Errorf("pull %s: %d %q", bad, code, errOut)
 		}
+	}
+}
+
+// TestPullStalledServer: --timeout bounds a server that stops sending, and
+// must be positive.
+func TestPullStalledServer(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "5000")
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodGet {
+			w.Write(make([]byte, 1000))
+			w.(http.Flusher).Flush()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	dir := t.TempDir()
+	start := time.Now()
+	_, errOut, code := kvlm(t, "pull", "--dir", dir, "--timeout", "300ms", srv.URL+"/m.gguf")
+	if code != 1 || !strings.Contains(errOut, "no data for 300ms") || !strings.Contains(errOut, "pull again to resume") {
+		t.Errorf("stalled body: code %d, %q", code, errOut)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("took %v with --timeout 300ms", el)
+	}
+	for _, bad := range []string{"0s", "-1s"} {
+		if _, errOut, code := kvlm(t, "pull", "--dir", dir, "--timeout", bad, srv.URL+"/m.gguf"); code != 1 || !strings.Contains(errOut, "--timeout must be positive") {
+			t.Errorf("--timeout %s: code %d, %q", bad, code, errOut)
+		}
+	}
+}
+
+// TestPullReplacesCorrupted: a same-size corrupted file is downloaded again;
+// progress bars stay off a stderr that is not a terminal.
+func TestPullReplacesCorrupted(t *testing.T) {
+	data := bytes.Repeat([]byte("GGUF-abc"), 20_000)
+	h := &hubServer{files: map[string][]byte{"a/b/c.gguf": data}}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	t.Setenv("KVLM_HF_ENDPOINT", srv.URL)
+	dir := t.TempDir()
+	out, errOut, code := kvlm(t, "pull", "--dir", dir, "hf://a/b/c.gguf")
+	if code != 0 {
+		t.Fatalf("pull: %d %q", code, errOut)
+	}
+	if strings.Contains(errOut, "\r") || strings.Count(errOut, "\n") != 1 {
+		t.Errorf("stderr (not a terminal) got more than the final line: %q", errOut)
+	}
+	path := strings.TrimSpace(out)
+	bad := bytes.Clone(data)
+	bad[100] ^= 0xff
+	os.WriteFile(path, bad, 0o644)
+	_, errOut, code = kvlm(t, "pull", "--dir", dir, "hf://a/b/c.gguf")
+	if code != 0 || !strings.Contains(errOut, "downloaded again: the file present has sha256") || !strings.Contains(errOut, "verified") {
+		t.Errorf("pull over a corrupted file: %d %q", code, errOut)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, data) {
+		t.Error("the corrupted file was kept")
 	}
 }

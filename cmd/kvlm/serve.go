@@ -115,6 +115,9 @@ type, type_k, type_v, slot, cache_prompt).`,
 					return fmt.Errorf("--slot-dir %s is not a directory", slotDir)
 				}
 			}
+			if f.model, err = resolveModel(f.model); err != nil {
+				return err
+			}
 			m, tok, err := loadModel(f.model, f.tokenizer, f.mmap)
 			if err != nil {
 				return err

@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/gguf"
-	"github.com/kvlm/kvlm/hub"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"
@@ -88,7 +87,7 @@ func loadTokenizer(modelPath, tokPath string) (tokenizer.Tokenizer, error) {
 		if modelPath == "" {
 			return nil, errors.New("no model given: use -m MODEL or --tokenizer T")
 		}
-		p, err := hub.Resolve(modelPath)
+		p, err := resolveModel(modelPath)
 		if err != nil {
 			return nil, err
 		}
