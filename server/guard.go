@@ -99,8 +99,9 @@ func (s *Server) guard(next http.Handler) http.Handler {
 		}
 		body, aerr := s.readBody(w, r)
 		if hasBody {
-			// Generation may take long: no read deadline past the body (it
-			// would cancel the request's context).
+			// Generation may take long: no read deadline past the body.
+			// (net/http clears it too when it starts its background read
+			// at the body's end; this does not rely on that.)
 			_ = rc.SetReadDeadline(time.Time{})
 		}
 		if aerr != nil {
