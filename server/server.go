@@ -8,6 +8,13 @@
 // codecs, e.g. {"policy":"snapkv","ratio":0.25,"type_k":"q8"}. Everything a
 // client sends is validated: bad JSON, wrong types, unknown fields, values
 // out of range and oversized bodies are answered 4xx with a message.
+//
+// A guard runs before every endpoint (guard.go): the Host header must name
+// the server (against DNS rebinding), an API key is checked when one is
+// set (all but /health), every request other than GET, HEAD and OPTIONS
+// must be Content-Type: application/json (so no web page can post a form
+// to it), and the body is read within a deadline. HTTPServer and
+// LimitListener add the connection limits (listen.go).
 package server
 
 import (
