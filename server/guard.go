@@ -53,6 +53,11 @@ func (s *Server) guard(next http.Handler) http.Handler {
 	}
 	loopback := listensOnLoopback(s.opt.ListenAddr)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.opt.WriteTimeout > 0 {
+			dw := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.opt.WriteTimeout}
+			defer dw.done()
+			w = dw
+		}
 		rc := http.NewResponseController(w)
 		hasBody := r.ContentLength != 0 // -1: unknown length (chunked)
 		if hasBody && s.opt.BodyTimeout > 0 {
@@ -112,6 +117,35 @@ func (s *Server) guard(next http.Handler) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 }
+
+// deadlineWriter gives every write and flush of a response WriteTimeout to
+// complete: a client that stops reading (a stream it no longer wants, a
+// full window it never drains) loses the connection, and its request ends
+// and frees its KV memory, instead of holding both forever. A stream that
+// the client reads is never cut, however long it runs.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (w *deadlineWriter) arm() { _ = w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
+
+func (w *deadlineWriter) Write(b []byte) (int, error) {
+	w.arm()
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *deadlineWriter) Flush() {
+	w.arm()
+	_ = w.rc.Flush()
+}
+
+// done gives what the handler left buffered the deadline for the server's
+// last flush (net/http clears the deadline once the response is done).
+func (w *deadlineWriter) done() { w.arm() }
+
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // isJSON reports whether a Content-Type is application/json (with any
 // parameters, such as charset).

@@ -11,9 +11,10 @@ import (
 // HTTPServer is an http.Server for s.Handler() with the connection
 // timeouts of the options: ReadHeaderTimeout for the request line and
 // headers, IdleTimeout between requests of a kept-alive connection, and
-// 64 KiB of headers at most. The body has its own deadline (BodyTimeout,
-// set by the guard); there is no ReadTimeout or WriteTimeout, which would
-// cut long generations and event streams.
+// 64 KiB of headers at most. The body has its own deadline (BodyTimeout),
+// and each write of a response its own (WriteTimeout), both set by the
+// guard; there is no ReadTimeout or WriteTimeout on the whole request,
+// which would cut long generations and event streams.
 func (s *Server) HTTPServer(errorLog *log.Logger) *http.Server {
 	return &http.Server{Handler: s.Handler(), ReadHeaderTimeout: s.opt.HeaderTimeout, IdleTimeout: s.opt.IdleTimeout,
 		MaxHeaderBytes: 64 << 10, ErrorLog: errorLog}
@@ -73,5 +74,6 @@ const (
 	DefaultHeaderTimeout = 10 * time.Second
 	DefaultBodyTimeout   = 10 * time.Second
 	DefaultIdleTimeout   = 60 * time.Second
+	DefaultWriteTimeout  = 30 * time.Second
 	DefaultMaxConns      = 512
 )

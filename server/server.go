@@ -61,6 +61,9 @@ type Options struct {
 	// (10s), IdleTimeout a kept-alive connection between requests (60s);
 	// both apply to HTTPServer.
 	HeaderTimeout, IdleTimeout time.Duration
+	// WriteTimeout bounds each write of a response, a stream's events one
+	// by one (30s): a client that stops reading loses its request.
+	WriteTimeout time.Duration
 }
 
 // Server answers the HTTP API. It owns its engine.
@@ -94,7 +97,7 @@ func New(m *model.Model, tok tokenizer.Tokenizer, cfg engine.Config, opt Options
 	for _, d := range []struct {
 		v   *time.Duration
 		def time.Duration
-	}{{&opt.BodyTimeout, DefaultBodyTimeout}, {&opt.HeaderTimeout, DefaultHeaderTimeout}, {&opt.IdleTimeout, DefaultIdleTimeout}} {
+	}{{&opt.BodyTimeout, DefaultBodyTimeout}, {&opt.HeaderTimeout, DefaultHeaderTimeout}, {&opt.IdleTimeout, DefaultIdleTimeout}, {&opt.WriteTimeout, DefaultWriteTimeout}} {
 		if *d.v == 0 {
 			*d.v = d.def
 		}

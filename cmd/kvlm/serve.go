@@ -85,7 +85,7 @@ func newServe() *cobra.Command {
 	var f serveFlags
 	var addr, name, slotDir, maxBody, apiKey string
 	var allowedHosts []string
-	var headerTimeout, bodyTimeout, idleTimeout time.Duration
+	var headerTimeout, bodyTimeout, idleTimeout, writeTimeout time.Duration
 	var maxConns int
 	c := &cobra.Command{
 		Use:   "serve -m MODEL [--addr 127.0.0.1:8080]",
@@ -121,7 +121,7 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 			for _, t := range []struct {
 				name string
 				v    *time.Duration
-			}{{"--header-timeout", &headerTimeout}, {"--body-timeout", &bodyTimeout}, {"--idle-timeout", &idleTimeout}} {
+			}{{"--header-timeout", &headerTimeout}, {"--body-timeout", &bodyTimeout}, {"--idle-timeout", &idleTimeout}, {"--write-timeout", &writeTimeout}} {
 				switch {
 				case *t.v < 0:
 					return fmt.Errorf("%s must not be negative, got %s", t.name, *t.v)
@@ -165,7 +165,7 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 			defer ln.Close()
 			srv, err := server.New(m, tok, cfg, server.Options{ModelName: name, MaxBody: limit, SlotDir: slotDir, Format: format,
 				Logger: log.New(stderr, "", log.LstdFlags), APIKey: apiKey, ListenAddr: ln.Addr().String(), AllowedHosts: allowedHosts,
-				HeaderTimeout: headerTimeout, BodyTimeout: bodyTimeout, IdleTimeout: idleTimeout})
+				HeaderTimeout: headerTimeout, BodyTimeout: bodyTimeout, IdleTimeout: idleTimeout, WriteTimeout: writeTimeout})
 			if err != nil {
 				return err
 			}
@@ -205,6 +205,7 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 	fl.DurationVar(&headerTimeout, "header-timeout", server.DefaultHeaderTimeout, "longest time to read a request's line and headers (0: none)")
 	fl.DurationVar(&bodyTimeout, "body-timeout", server.DefaultBodyTimeout, "longest time to read a request body, after its headers (0: none)")
 	fl.DurationVar(&idleTimeout, "idle-timeout", server.DefaultIdleTimeout, "longest time a kept-alive connection waits for its next request (0: none)")
+	fl.DurationVar(&writeTimeout, "write-timeout", server.DefaultWriteTimeout, "longest time one write to a client may block (a stream's events one by one; a stream read on is never cut) (0: none)")
 	fl.IntVar(&maxConns, "max-conns", server.DefaultMaxConns, "connections served at once; more wait to be accepted (0: no limit)")
 	return c
 }

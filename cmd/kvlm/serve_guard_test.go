@@ -110,6 +110,20 @@ func TestServeAPIKey(t *testing.T) {
 	}
 }
 
+func TestServeConnectionFlagValues(t *testing.T) {
+	for _, c := range []struct{ flag, value string }{
+		{"--header-timeout", "-1s"}, {"--body-timeout", "-1ms"}, {"--idle-timeout", "-2s"}, {"--write-timeout", "-1s"},
+		{"--max-conns", "-1"}, {"--body-timeout", "soon"},
+	} {
+		t.Run(c.flag+" "+c.value, func(t *testing.T) {
+			_, errOut, code := kvlm(t, "serve", "-m", "x", c.flag, c.value)
+			if code == 0 || !strings.Contains(errOut, c.flag) {
+				t.Errorf("code %d, %q", code, errOut)
+			}
+		})
+	}
+}
+
 // Listening on a non-loopback address without a key warns, in one line.
 func TestServeWarning(t *testing.T) {
 	const warning = "without --api-key"
