@@ -201,7 +201,7 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 	fl.StringVar(&slotDir, "slot-dir", "", "directory of slot files for /v1/slots/{id}?action=save|restore (default: disabled)")
 	fl.StringVar(&maxBody, "max-body", "1MiB", "largest request body accepted")
 	fl.StringVar(&apiKey, "api-key", "", "API key every request but /health must send as \"Authorization: Bearer KEY\" (default: $KVLM_API_KEY; none: no key)")
-	fl.StringSliceVar(&allowedHosts, "allowed-hosts", nil, "host names accepted in the Host header besides localhost and IPs, comma-separated (\"*\": any)")
+	fl.StringSliceVar(&allowedHosts, "allowed-hosts", nil, "host names accepted in the Host header besides localhost and IP literals (loopback ones only on a loopback --addr), comma-separated (\"*\": any)")
 	fl.DurationVar(&headerTimeout, "header-timeout", server.DefaultHeaderTimeout, "longest time to read a request's line and headers (0: none)")
 	fl.DurationVar(&bodyTimeout, "body-timeout", server.DefaultBodyTimeout, "longest time to read a request body, after its headers (0: none)")
 	fl.DurationVar(&idleTimeout, "idle-timeout", server.DefaultIdleTimeout, "longest time a kept-alive connection waits for its next request (0: none)")
