@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
 	"reflect"
 	"strings"
@@ -114,12 +113,7 @@ type contentPart struct {
 
 // decodeBody reads one JSON object into v, strictly.
 func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-			return &apiError{status: http.StatusUnsupportedMediaType, msg: fmt.Sprintf("Content-Type must be application/json, got %q", ct), typ: "invalid_request_error"}
-		}
-	}
+	// The guard has checked the Content-Type and read the body.
 	body := http.MaxBytesReader(w, r.Body, s.opt.MaxBody)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
@@ -627,11 +621,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, g
 	start := time.Now()
 	h, err := s.e.Submit(gr)
 	if err != nil {
-		ae := engineError(err)
-		if ae.status == http.StatusTooManyRequests {
-			w.Header().Set("Retry-After", "1")
-		}
-		writeError(w, ae)
+		writeError(w, engineError(err))
 		return
 	}
 	defer h.Cancel() // the client went away or we are done: release at once
@@ -713,15 +703,22 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, g
 			}
 			continue
 		}
-		if ev.Finish == engine.FinishError {
+		fin := finishName(ev.Finish)
+		switch ev.Finish {
+		case engine.FinishError:
 			c.err = ev.Err
 			s.log.Printf("kvlm server: generation failed: %v", ev.Err)
-		}
-		if ev.Finish == engine.FinishCancelled {
+		case engine.FinishCancelled:
 			// Only our own Cancel or shutdown get here.
 			c.err = engine.ErrClosed
 		}
-		if delta(ev.Choice, c.ts.Flush(), finishName(ev.Finish)) != nil {
+		if c.err != nil {
+			// A failed sample has no finish_reason: the stream ends with
+			// an error event instead.
+			fin = ""
+			c.finish = "error"
+		}
+		if delta(ev.Choice, c.ts.Flush(), fin) != nil {
 			return
 		}
 	}

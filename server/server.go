@@ -8,6 +8,13 @@
 // codecs, e.g. {"policy":"snapkv","ratio":0.25,"type_k":"q8"}. Everything a
 // client sends is validated: bad JSON, wrong types, unknown fields, values
 // out of range and oversized bodies are answered 4xx with a message.
+//
+// A guard runs before every endpoint (guard.go): the Host header must name
+// the server (against DNS rebinding), an API key is checked when one is
+// set (all but /health), every request other than GET, HEAD and OPTIONS
+// must be Content-Type: application/json (so no web page can post a form
+// to it), and the body is read within a deadline. HTTPServer and
+// LimitListener add the connection limits (listen.go).
 package server
 
 import (
@@ -36,6 +43,27 @@ type Options struct {
 	SlotDir   string     // directory of slot files; "" disables save and restore
 	Format    ChatFormat // chat template (plain)
 	Logger    *log.Logger
+
+	// APIKey, when set, is required of every request except /health, as
+	// "Authorization: Bearer KEY".
+	APIKey string
+	// ListenAddr is the address the server listens on (host:port); it
+	// decides which Host headers are accepted (see guard.go). "" takes the
+	// loopback rule.
+	ListenAddr string
+	// AllowedHosts are further host names accepted in the Host header
+	// ("*": any).
+	AllowedHosts []string
+	// BodyTimeout bounds the reading of a request body, from the end of
+	// its headers (10s); negative: none.
+	BodyTimeout time.Duration
+	// HeaderTimeout bounds the reading of the request line and headers
+	// (10s), IdleTimeout a kept-alive connection between requests (60s);
+	// both apply to HTTPServer.
+	HeaderTimeout, IdleTimeout time.Duration
+	// WriteTimeout bounds each write of a response, a stream's events one
+	// by one (30s): a client that stops reading loses its request.
+	WriteTimeout time.Duration
 }
 
 // Server answers the HTTP API. It owns its engine.
@@ -46,6 +74,7 @@ type Server struct {
 	opt     Options
 	met     *metrics
 	mux     *http.ServeMux
+	handler http.Handler
 	created int64
 	closing atomic.Bool
 	log     *log.Logger
@@ -65,7 +94,18 @@ func New(m *model.Model, tok tokenizer.Tokenizer, cfg engine.Config, opt Options
 	if opt.Logger == nil {
 		opt.Logger = log.Default()
 	}
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&opt.BodyTimeout, DefaultBodyTimeout}, {&opt.HeaderTimeout, DefaultHeaderTimeout}, {&opt.IdleTimeout, DefaultIdleTimeout}, {&opt.WriteTimeout, DefaultWriteTimeout}} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
 	s := &Server{m: m, tok: tok, opt: opt, created: time.Now().Unix(), log: opt.Logger}
+	if opt.SlotDir != "" {
+		s.removeOrphans()
+	}
 	obs := &lateObserver{}
 	cfg.Observer = obs
 	e, err := engine.New(m, cfg)
@@ -87,6 +127,7 @@ func New(m *model.Model, tok tokenizer.Tokenizer, cfg engine.Config, opt Options
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path), typ: "not_found_error"})
 	})
+	s.handler = s.guard(s.mux)
 	return s, nil
 }
 
@@ -129,8 +170,9 @@ func (o *lateObserver) Finished(r engine.FinishReason) {
 // Engine is the server's engine.
 func (s *Server) Engine() *engine.Engine { return s.e }
 
-// Handler is the HTTP handler of the whole API.
-func (s *Server) Handler() http.Handler { return s.mux }
+// Handler is the HTTP handler of the whole API, behind the guard (Host,
+// API key, Content-Type and body checks; see guard.go).
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Close stops the engine (requests in flight end) after the HTTP server
 // has stopped taking requests.
@@ -238,9 +280,13 @@ func (e *apiError) body() errorBody {
 	return b
 }
 
+// writeError answers e. 429 and 503 are retryable: they carry Retry-After.
 func writeError(w http.ResponseWriter, e *apiError) {
 	if e.typ == "" {
 		e.typ = "invalid_request_error"
+	}
+	if (e.status == http.StatusTooManyRequests || e.status == http.StatusServiceUnavailable) && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, e.status, e.body())
 }
@@ -256,18 +302,24 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// engineError maps an engine error to an HTTP answer.
+// engineError maps an engine error to an HTTP answer; it is the one place
+// that does (slotError adds the file errors of slots). Capacity limits are
+// retryable (429 or 503, which writeError sends with Retry-After), never 400.
 func engineError(err error) *apiError {
 	var ie *engine.InvalidError
 	switch {
 	case errors.As(err, &ie):
 		return badRequest("", "%s", cliToAPI.Replace(ie.Msg))
+	case errors.Is(err, engine.ErrNoSlot):
+		return &apiError{status: http.StatusNotFound, msg: "the slot is empty", typ: "invalid_request_error", param: "id"}
 	case errors.Is(err, engine.ErrQueueFull):
 		return &apiError{status: http.StatusTooManyRequests, msg: err.Error(), typ: "rate_limit_error", code: "queue_full"}
 	case errors.Is(err, engine.ErrClosed):
 		return &apiError{status: http.StatusServiceUnavailable, msg: "the server is shutting down", typ: "server_error"}
 	case errors.Is(err, context.Canceled):
 		return &apiError{status: 499, msg: "client closed the request", typ: "invalid_request_error"}
+	case errors.Is(err, context.DeadlineExceeded):
+		return &apiError{status: http.StatusGatewayTimeout, msg: "the request timed out", typ: "server_error"}
 	}
 	return &apiError{status: http.StatusInternalServerError, msg: err.Error(), typ: "server_error"}
 }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
+	"syscall"
 
 	"github.com/kvlm/kvlm/engine"
 )
@@ -49,7 +51,7 @@ func (s *Server) slotAction(w http.ResponseWriter, r *http.Request) {
 	switch action {
 	case "erase":
 		if err := s.e.EraseSlot(id); err != nil {
-			writeError(w, slotError(err))
+			writeError(w, engineError(err))
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"id_slot": id, "action": action})
@@ -73,10 +75,15 @@ func (s *Server) slotAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	path := filepath.Join(s.opt.SlotDir, req.Filename)
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		writeError(w, &apiError{status: http.StatusConflict, msg: fmt.Sprintf("%q in the slot directory is not a regular file", req.Filename),
+			typ: "invalid_request_error", param: "filename"})
+		return
+	}
 	if action == "save" {
 		n, info, err := s.saveSlot(id, path)
 		if err != nil {
-			writeError(w, slotError(err))
+			writeError(w, slotError(err, "write"))
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"id_slot": id, "filename": req.Filename, "n_saved": info.Tokens, "n_written": n})
@@ -88,14 +95,14 @@ func (s *Server) slotAction(w http.ResponseWriter, r *http.Request) {
 			writeError(w, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no slot file %q", req.Filename), typ: "invalid_request_error", param: "filename"})
 			return
 		}
-		writeError(w, &apiError{status: 500, msg: "cannot open the slot file", typ: "server_error"})
+		writeError(w, slotError(err, "open"))
 		return
 	}
 	defer f.Close()
 	cr := &countReader{r: f}
 	info, err := s.e.RestoreSlot(id, cr)
 	if err != nil {
-		writeError(w, slotError(err))
+		writeError(w, slotError(err, "read"))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"id_slot": id, "filename": req.Filename, "n_restored": info.Tokens, "n_read": cr.n})
@@ -105,7 +112,7 @@ func (s *Server) slotAction(w http.ResponseWriter, r *http.Request) {
 // directory, synced, then renamed over path, and the directory synced.
 func (s *Server) saveSlot(id int, path string) (int64, engine.SlotInfo, error) {
 	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, ".slot-*.tmp")
+	tmp, err := os.CreateTemp(dir, tmpPrefix+"*"+tmpSuffix)
 	if err != nil {
 		return 0, engine.SlotInfo{}, err
 	}
@@ -138,21 +145,64 @@ func (s *Server) saveSlot(id int, path string) (int64, engine.SlotInfo, error) {
 	return cw.n, info, nil
 }
 
-func slotError(err error) *apiError {
+// The temporary files of saves in progress: .slot-*.tmp.
+const tmpPrefix, tmpSuffix = ".slot-", ".tmp"
+
+// removeOrphans deletes the temporary files a save interrupted by a crash
+// left in the slot directory (a running save's file would go too: a slot
+// directory belongs to one server).
+func (s *Server) removeOrphans() {
+	entries, err := os.ReadDir(s.opt.SlotDir)
+	if err != nil {
+		s.log.Printf("kvlm server: cannot read the slot directory: %v", err)
+		return
+	}
+	n := 0
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasPrefix(name, tmpPrefix) || !strings.HasSuffix(name, tmpSuffix) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(s.opt.SlotDir, name)); err != nil {
+			s.log.Printf("kvlm server: cannot remove the orphaned slot file %s: %v", name, err)
+			continue
+		}
+		n++
+	}
+	if n > 0 {
+		s.log.Printf("kvlm server: removed %d orphaned temporary slot file(s) (%s*%s)", n, tmpPrefix, tmpSuffix)
+	}
+}
+
+// slotError maps the error of a slot file operation (op: open, read or
+// write): the engine's errors through engineError, the file system's
+// without their paths (no server path reaches a client).
+func slotError(err error, op string) *apiError {
 	var ie *engine.InvalidError
 	switch {
-	case errors.Is(err, engine.ErrNoSlot):
-		return &apiError{status: http.StatusNotFound, msg: "the slot is empty", typ: "invalid_request_error", param: "id"}
-	case errors.As(err, &ie):
-		return badRequest("", "%s", ie.Msg)
-	case errors.Is(err, engine.ErrClosed):
+	case errors.As(err, &ie), errors.Is(err, engine.ErrNoSlot), errors.Is(err, engine.ErrClosed):
 		return engineError(err)
 	}
 	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return &apiError{status: 500, msg: "cannot write the slot file: " + pe.Err.Error(), typ: "server_error"}
+	var le *os.LinkError
+	var errno error
+	switch {
+	case errors.As(err, &pe):
+		errno = pe.Err
+	case errors.As(err, &le):
+		errno = le.Err
 	}
-	return &apiError{status: http.StatusConflict, msg: err.Error(), typ: "invalid_request_error"}
+	switch {
+	case errno == nil:
+		// An engine error about the slot's state (e.g. a compressed
+		// sequence cannot be saved); engine messages hold no paths.
+		return &apiError{status: http.StatusConflict, msg: err.Error(), typ: "invalid_request_error"}
+	case errors.Is(errno, syscall.EISDIR), errors.Is(errno, syscall.ENOTDIR), errors.Is(errno, syscall.EEXIST), errors.Is(errno, syscall.ENOTEMPTY):
+		return &apiError{status: http.StatusConflict, msg: fmt.Sprintf("cannot %s the slot file: %v", op, errno), typ: "invalid_request_error", param: "filename"}
+	case errors.Is(errno, os.ErrPermission):
+		return &apiError{status: http.StatusForbidden, msg: fmt.Sprintf("cannot %s the slot file: permission denied", op), typ: "permission_error", param: "filename"}
+	}
+	return &apiError{status: http.StatusInternalServerError, msg: fmt.Sprintf("cannot %s the slot file: %v", op, errno), typ: "server_error"}
 }
 
 type countWriter struct {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -84,7 +83,10 @@ func (f *serveFlags) engineConfig() (engine.Config, error) {
 
 func newServe() *cobra.Command {
 	var f serveFlags
-	var addr, name, slotDir, maxBody string
+	var addr, name, slotDir, maxBody, apiKey string
+	var allowedHosts []string
+	var headerTimeout, bodyTimeout, idleTimeout, writeTimeout time.Duration
+	var maxConns int
 	c := &cobra.Command{
 		Use:   "serve -m MODEL [--addr 127.0.0.1:8080]",
 		Short: "Serve an OpenAI-compatible API with continuous batching and per-request KV policies",
@@ -96,7 +98,13 @@ func newServe() *cobra.Command {
 A request may choose its KV cache with a "kv" object, e.g.
   {"kv": {"policy": "snapkv", "ratio": 0.25, "type_k": "q8", "type_v": "q8"}}
 (policy, budget, ratio, window, sinks, every, positions, agg, pool, kernel,
-type, type_k, type_v, slot, cache_prompt).`,
+type, type_k, type_v, slot, cache_prompt).
+
+With --api-key (or $KVLM_API_KEY) every endpoint but /health needs
+"Authorization: Bearer KEY". Requests that are not GET must be
+Content-Type: application/json, and the Host header must name the server:
+localhost or a loopback IP on a loopback address; on other addresses also
+any IP, and the names of --allowed-hosts ("*": any).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.model == "" {
@@ -109,6 +117,26 @@ type, type_k, type_v, slot, cache_prompt).`,
 			limit, err := parseBytes(maxBody)
 			if err != nil {
 				return fmt.Errorf("--max-body: %w", err)
+			}
+			for _, t := range []struct {
+				name string
+				v    *time.Duration
+			}{{"--header-timeout", &headerTimeout}, {"--body-timeout", &bodyTimeout}, {"--idle-timeout", &idleTimeout}, {"--write-timeout", &writeTimeout}} {
+				switch {
+				case *t.v < 0:
+					return fmt.Errorf("%s must not be negative, got %s", t.name, *t.v)
+				case *t.v == 0:
+					*t.v = -1 // none
+				}
+			}
+			if maxConns < 0 {
+				return fmt.Errorf("--max-conns must not be negative, got %d", maxConns)
+			}
+			if !cmd.Flags().Changed("api-key") {
+				apiKey = os.Getenv("KVLM_API_KEY")
+			}
+			if strings.TrimSpace(apiKey) != apiKey || strings.ContainsAny(apiKey, "\r\n") {
+				return errors.New("--api-key must not start or end with spaces, nor hold line breaks")
 			}
 			if slotDir != "" {
 				if st, err := os.Stat(slotDir); err != nil || !st.IsDir() {
@@ -132,18 +160,20 @@ type, type_k, type_v, slot, cache_prompt).`,
 				name = strings.TrimSuffix(filepath.Base(f.model), filepath.Ext(f.model))
 			}
 			stderr := cmd.ErrOrStderr()
-			srv, err := server.New(m, tok, cfg, server.Options{ModelName: name, MaxBody: limit, SlotDir: slotDir, Format: format,
-				Logger: log.New(stderr, "", log.LstdFlags)})
-			if err != nil {
-				return err
-			}
-			defer srv.Close()
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
 				return err
 			}
-			hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
-				ErrorLog: log.New(stderr, "kvlm http: ", log.LstdFlags)}
+			ln = server.LimitListener(ln, maxConns)
+			defer ln.Close()
+			srv, err := server.New(m, tok, cfg, server.Options{ModelName: name, MaxBody: limit, SlotDir: slotDir, Format: format,
+				Logger: log.New(stderr, "", log.LstdFlags), APIKey: apiKey, ListenAddr: ln.Addr().String(), AllowedHosts: allowedHosts,
+				HeaderTimeout: headerTimeout, BodyTimeout: bodyTimeout, IdleTimeout: idleTimeout, WriteTimeout: writeTimeout})
+			if err != nil {
+				return err
+			}
+			defer srv.Close()
+			hs := srv.HTTPServer(log.New(stderr, "kvlm http: ", log.LstdFlags))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			done := make(chan error, 1)
@@ -151,6 +181,9 @@ type, type_k, type_v, slot, cache_prompt).`,
 			ec := srv.Engine().Config()
 			fmt.Fprintf(stderr, "kvlm: serving %s (chat template %s, by %s; KV budget %s, %s/%s, batch %d, queue %d)\n",
 				name, format.Name(), how, humanBytes(srv.Engine().Budget()), ec.K, ec.V, ec.MaxRunning, ec.MaxQueue)
+			if apiKey == "" && !server.Loopback(ln.Addr().String()) {
+				fmt.Fprintf(stderr, "kvlm: warning: listening on %s, not loopback, without --api-key: anyone who reaches it can use it\n", ln.Addr())
+			}
 			fmt.Fprintf(stderr, "kvlm: listening on http://%s\n", ln.Addr())
 			select {
 			case err := <-done:
@@ -170,6 +203,13 @@ type, type_k, type_v, slot, cache_prompt).`,
 	fl.StringVar(&name, "served-model-name", "", "model name in the API (default: the file name without extension)")
 	fl.StringVar(&slotDir, "slot-dir", "", "directory of slot files for /v1/slots/{id}?action=save|restore (default: disabled)")
 	fl.StringVar(&maxBody, "max-body", "1MiB", "largest request body accepted")
+	fl.StringVar(&apiKey, "api-key", "", "API key every request but /health must send as \"Authorization: Bearer KEY\" (default: $KVLM_API_KEY; none: no key)")
+	fl.StringSliceVar(&allowedHosts, "allowed-hosts", nil, "host names accepted in the Host header besides localhost and IP literals (loopback ones only on a loopback --addr), comma-separated (\"*\": any)")
+	fl.DurationVar(&headerTimeout, "header-timeout", server.DefaultHeaderTimeout, "longest time to read a request's line and headers (0: none)")
+	fl.DurationVar(&bodyTimeout, "body-timeout", server.DefaultBodyTimeout, "longest time to read a request body, after its headers (0: none)")
+	fl.DurationVar(&idleTimeout, "idle-timeout", server.DefaultIdleTimeout, "longest time a kept-alive connection waits for its next request (0: none)")
+	fl.DurationVar(&writeTimeout, "write-timeout", server.DefaultWriteTimeout, "longest time one write to a client may block (a stream's events one by one; a stream read on is never cut) (0: none)")
+	fl.IntVar(&maxConns, "max-conns", server.DefaultMaxConns, "connections served at once; more wait to be accepted (0: no limit)")
 	return c
 }
 

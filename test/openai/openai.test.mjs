@@ -1,6 +1,8 @@
 // Drives `kvlm serve` with the official openai client library for Node:
 // completions, chat, streaming, n=2, stop sequences, the kv extension, the
-// prefix cache, a cancelled stream and malformed requests.
+// prefix cache, a cancelled stream and malformed requests; the server runs
+// with an API key (through $KVLM_API_KEY), and a wrong or missing key is
+// refused.
 //
 //   cd test/openai && npm ci && node --test
 //
@@ -12,6 +14,7 @@ import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
@@ -22,6 +25,8 @@ const shared = process.env.KVLM_SHARED || path.resolve(repo, '..', 'shared');
 const modelPath = path.join(shared, 'models', 'stories260K', 'stories260K.bin');
 const tokPath = path.join(shared, 'models', 'stories260K', 'tok512.bin');
 const MODEL = 'stories260K';
+const API_KEY = `sk-kvlm-${randomBytes(16).toString('hex')}`;
+const auth = { authorization: `Bearer ${API_KEY}` };
 
 let server, baseURL, client, work;
 
@@ -34,7 +39,7 @@ before(async () => {
     execFileSync('go', ['build', '-o', bin, './cmd/kvlm'], { cwd: repo, stdio: 'inherit' });
   }
   server = spawn(bin, ['serve', '-m', modelPath, '--tokenizer', tokPath, '--addr', '127.0.0.1:0',
-    '--served-model-name', MODEL, '--slot-dir', work], { stdio: ['ignore', 'inherit', 'pipe'] });
+    '--served-model-name', MODEL, '--slot-dir', work], { stdio: ['ignore', 'inherit', 'pipe'], env: { ...process.env, KVLM_API_KEY: API_KEY } });
   baseURL = await new Promise((resolve, reject) => {
     let log = '';
     const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 60000);
@@ -49,7 +54,7 @@ before(async () => {
     });
     server.on('exit', (code) => reject(new Error(`server exited with ${code}:\n${log}`)));
   });
-  client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: 'not-needed', maxRetries: 0, timeout: 60000 });
+  client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: API_KEY, maxRetries: 0, timeout: 60000 });
 });
 
 after(async () => {
@@ -63,7 +68,7 @@ after(async () => {
 });
 
 async function metrics() {
-  const text = await (await fetch(`${baseURL}/metrics`)).text();
+  const text = await (await fetch(`${baseURL}/metrics`, { headers: auth })).text();
   const out = {};
   for (const line of text.split('\n')) {
     if (!line || line.startsWith('#')) continue;
@@ -222,7 +227,7 @@ test('malformed requests are answered 400', async () => {
   await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [] }), (err) => err.status === 400);
   await assert.rejects(client.completions.create({ model: 'gpt-nope', prompt: 'x' }), (err) => err.status === 404);
   // Invalid JSON, through fetch: the SDK always sends valid JSON.
-  const res = await fetch(`${baseURL}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt": ' });
+  const res = await fetch(`${baseURL}/v1/completions`, { method: 'POST', headers: { ...auth, 'content-type': 'application/json' }, body: '{"prompt": ' });
   assert.equal(res.status, 400);
   assert.match((await res.json()).error.message, /invalid JSON/);
 });
@@ -232,7 +237,7 @@ test('slot save and restore', async () => {
   await client.completions.create({ model: MODEL, prompt, max_tokens: 10,
     // @ts-expect-error kvlm's extension
     kv: { slot: 1 } });
-  const post = (q, body) => fetch(`${baseURL}/v1/slots/1?action=${q}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const post = (q, body) => fetch(`${baseURL}/v1/slots/1?action=${q}`, { method: 'POST', headers: { ...auth, 'content-type': 'application/json' }, body: JSON.stringify(body) });
   let res = await post('save', { filename: 'tom.slot' });
   assert.equal(res.status, 200);
   assert.ok((await res.json()).n_saved > 0);
@@ -241,6 +246,28 @@ test('slot save and restore', async () => {
   res = await post('restore', { filename: 'tom.slot' });
   assert.equal(res.status, 200);
   assert.ok((await res.json()).n_restored > 0);
+  // A form post, as a web page can send without a preflight, is refused.
+  res = await fetch(`${baseURL}/v1/slots/1?action=erase`, { method: 'POST', headers: auth, body: new URLSearchParams({ a: '1' }) });
+  assert.equal(res.status, 415);
   res = await post('erase', {});
   assert.equal(res.status, 200);
+});
+
+test('a wrong or missing API key is refused with 401; /health stays open', async () => {
+  for (const apiKey of ['sk-wrong', API_KEY.slice(0, -1), `${API_KEY}x`]) {
+    const bad = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0, timeout: 60000 });
+    await assert.rejects(bad.completions.create({ model: MODEL, prompt: 'x', max_tokens: 1 }), (err) => {
+      assert.ok(err instanceof OpenAI.AuthenticationError, `${err}`);
+      assert.equal(err.status, 401);
+      assert.equal(err.code, 'invalid_api_key');
+      return true;
+    });
+    await assert.rejects(bad.models.list(), (err) => err.status === 401);
+  }
+  for (const ep of ['/v1/models', '/metrics', '/v1/slots']) {
+    const res = await fetch(`${baseURL}${ep}`);
+    assert.equal(res.status, 401, ep);
+    assert.equal((await res.json()).error.code, 'invalid_api_key');
+  }
+  assert.equal((await fetch(`${baseURL}/health`)).status, 200);
 });
