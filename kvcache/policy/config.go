@@ -500,7 +500,7 @@ func (c Config) pruneShape(k kind, total, incoming int) (b, sinks, window int, e
 		if k == kindWindow {
 			param = "window"
 		}
-		return 0, 0, 0, perr(param, "policy: %s budget %d leaves no room for the token being decoded (it needs at least %d)", c.Method, total, incoming+1)
+		return 0, 0, 0, perr(param, "policy: %s budget %d leaves no room for the token being decoded (it needs at least %d, or --kv-every 0)", c.Method, total, incoming+1)
 	}
 	sinks, window = c.Sinks, c.Window
 	if k == kindAccum && window == 0 {
@@ -514,7 +514,7 @@ func (c Config) pruneShape(k kind, total, incoming int) (b, sinks, window int, e
 		window = min(window, b-sinks)
 	} else if b < sinks+window {
 		if incoming > 0 {
-			return 0, 0, 0, perr("budget", "policy: %s budget %d leaves no room for the token being decoded besides sinks %d + window %d", c.Method, total, sinks, window)
+			return 0, 0, 0, perr("budget", "policy: %s budget %d leaves no room for the token being decoded besides sinks %d + window %d (or use --kv-every 0)", c.Method, total, sinks, window)
 		}
 		return 0, 0, 0, perr("budget", "policy: %s budget %d is smaller than sinks %d + window %d", c.Method, total, sinks, window)
 	}
