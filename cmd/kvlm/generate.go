@@ -109,6 +109,7 @@ func newGenerate() *cobra.Command {
 		},
 	}
 	mf.register(c)
+	mf.registerPolicy(c)
 	f := c.Flags()
 	f.StringVarP(&prompt, "prompt", "p", "", "prompt text")
 	f.IntVarP(&n, "n", "n", 128, "new tokens to generate")

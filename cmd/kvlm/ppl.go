@@ -51,6 +51,13 @@ With a --kv-policy:
 			if reportEvery < 1 {
 				return fmt.Errorf("--report-every must be positive")
 			}
+			pc, err := mf.policyConfig()
+			if err != nil {
+				return err
+			}
+			if compressAfter > 0 && pc.Method == "full" {
+				return errors.New("--compress-after compresses the cache with the policy: give a --kv-policy other than full")
+			}
 			data, err := os.ReadFile(file)
 			if err != nil {
 				return err
@@ -74,10 +81,6 @@ With a --kv-policy:
 				return fmt.Errorf("%s encodes to %d tokens, fewer than --ctx %d", file, len(ids), ctx)
 			}
 			ids = ids[:ctx]
-			pc, err := mf.policyConfig()
-			if err != nil {
-				return err
-			}
 			opt, err := mf.kvOptions()
 			if err != nil {
 				return err
@@ -136,6 +139,7 @@ With a --kv-policy:
 		},
 	}
 	mf.register(c)
+	mf.registerPolicy(c)
 	c.Flags().StringVarP(&file, "file", "f", "", "text file")
 	c.Flags().IntVar(&ctx, "ctx", 512, "tokens to feed (BOS included)")
 	c.Flags().IntVar(&maxBytes, "bytes", 0, "use only the first N bytes of the file (0 = all)")
