@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/model"
 )
 
@@ -18,41 +19,46 @@ func TestPyramidInferChunkedPrefill(t *testing.T) {
 	m := st.m
 	const T = 355
 	prompt := st.ids[:T]
-	run := func(chunk int, cfg *Config) (*State, []int, [][][]int32, int64) {
-		seq, err := m.NewStandaloneSequence(model.KVOptions{BlockTokens: 16})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(seq.Close)
-		var ps *State
-		if cfg != nil {
-			if ps, err = New(*cfg, seq); err != nil {
+	for _, cn := range [][2]string{{"f32", "f32"}, {"q8", "q4"}, {"kivi4", "kivi2"}} {
+		kc, _ := codec.Parse(cn[0], codec.Keys)
+		vc, _ := codec.Parse(cn[1], codec.Values)
+		run := func(chunk int, cfg *Config) (*State, []int, [][][]int32, int64) {
+			seq, err := m.NewStandaloneSequence(model.KVOptions{BlockTokens: 16, K: kc, V: vc})
+			if err != nil {
 				t.Fatal(err)
 			}
-			ps.BeginPrefill(T)
-		}
-		for i := 0; i < T; i += chunk {
-			if _, err := seq.Forward(prompt[i:min(i+chunk, T)], false); err != nil {
+			t.Cleanup(seq.Close)
+			var ps *State
+			if cfg != nil {
+				if ps, err = New(*cfg, seq); err != nil {
+					t.Fatal(err)
+				}
+				ps.BeginPrefill(T)
+			}
+			for i := 0; i < T; i += chunk {
+				if _, err := seq.Forward(prompt[i:min(i+chunk, T)], false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if ps == nil {
+				return nil, nil, nil, seq.Cache().Bytes()
+			}
+			if err := ps.Compress(); err != nil {
 				t.Fatal(err)
 			}
+			return ps, ps.KeptPerLayer(), ps.Kept(), seq.Cache().Bytes()
 		}
-		if ps == nil {
-			return nil, nil, nil, seq.Cache().Bytes()
+		_, _, _, full := run(T, nil)
+		for _, decay := range []float64{0, 0.3} {
+			t.Run(fmt.Sprintf("%s-%s/decay%g", cn[0], cn[1], decay), func(t *testing.T) {
+				checkChunked(t, run, Config{Method: "pyramidinfer", Decay: decay}, full)
+			})
 		}
-		if err := ps.Compress(); err != nil {
-			t.Fatal(err)
-		}
-		return ps, ps.KeptPerLayer(), ps.Kept(), seq.Cache().Bytes()
-	}
-	_, _, _, full := run(T, nil)
-	for _, decay := range []float64{0, 0.3} {
-		t.Run(fmt.Sprintf("decay%g", decay), func(t *testing.T) {
-			chunked(t, run, Config{Method: "pyramidinfer", Decay: decay}, full)
-		})
 	}
 }
 
-func chunked(t *testing.T, run func(int, *Config) (*State, []int, [][][]int32, int64), cfg Config, full int64) {
+// checkChunked compares the one-step and the chunked prefill of cfg.
+func checkChunked(t *testing.T, run func(int, *Config) (*State, []int, [][][]int32, int64), cfg Config, full int64) {
 	const T = 355
 	_, oneN, oneKept, oneBytes := run(T, &cfg)
 	ps, chN, chKept, chBytes := run(128, &cfg)
