@@ -33,6 +33,8 @@ func TestPolicyFlagsRefused(t *testing.T) {
 		{"streaming sinks 0", append(gen[:len(gen):len(gen)], "--kv-policy", "streaming", "--kv-window", "8", "--kv-sinks", "0"), "--kv-sinks 0"},
 		{"positions typo", append(gen[:len(gen):len(gen)], "--kv-policy", "streaming", "--kv-window", "8", "--kv-positions", "orignal"), "unknown positions"},
 		{"compress-after without a policy", append(ppl[:len(ppl):len(ppl)], "--compress-after", "32"), "--compress-after"},
+		{"report-every without streaming", append(ppl[:len(ppl):len(ppl)], "--report-every", "10"), "--report-every"},
+		{"report-every with compress-after", append(ppl[:len(ppl):len(ppl)], "--kv-policy", "snapkv", "--kv-ratio", "0.5", "--compress-after", "32", "--report-every", "10"), "--report-every"},
 		{"bench takes no policy", []string{"bench", "-m", s.gguf, "--kv-policy", "snapkv"}, "unknown flag: --kv-policy"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

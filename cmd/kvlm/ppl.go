@@ -58,6 +58,9 @@ With a --kv-policy:
 			if compressAfter > 0 && pc.Method == "full" {
 				return errors.New("--compress-after compresses the cache with the policy: give a --kv-policy other than full")
 			}
+			if streamed := compressAfter == 0 && (stream || pc.Method != "full"); cmd.Flags().Changed("report-every") && !streamed {
+				return errors.New("--report-every reports a streamed run: give --stream (or a --kv-policy without --compress-after)")
+			}
 			data, err := os.ReadFile(file)
 			if err != nil {
 				return err
