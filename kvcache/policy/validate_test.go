@@ -13,8 +13,8 @@ import (
 
 // boundaryConfigs is, for one method, the product of boundary values of
 // the parameters it takes (budget, ratio, window, sinks, every,
-// positions), with its other parameters cycling through their own
-// boundary values.
+// positions: original only where it is not the default), with its other
+// parameters cycling through their own boundary values.
 func boundaryConfigs(method string) []Config {
 	uses := Params(method)
 	dim := func(p string, vals ...any) []any {
@@ -25,12 +25,16 @@ func boundaryConfigs(method string) []Config {
 	}
 	var out []Config
 	i := 0
+	positions := dim("positions", PosDefault, PosReindex)
+	if method == "streaming" { // the only method whose default is not original
+		positions = dim("positions", PosDefault, PosOriginal, PosReindex)
+	}
 	for _, b := range dim("budget", 0, 1, 2, 3, 20) {
 		for _, r := range dim("ratio", 0.0, 0.01, 1.0) {
 			for _, w := range dim("window", 0, 1, 3) {
 				for _, s := range dim("sinks", 0, 1, 3) {
 					for _, e := range dim("every", 0, EveryNever, 1, 2) {
-						for _, p := range dim("positions", PosDefault, PosOriginal, PosReindex) {
+						for _, p := range positions {
 							c := Config{Method: method}
 							if b != nil {
 								c.Budget = b.(int)
