@@ -337,7 +337,7 @@ func (e *Engine) preempt(s *seqState) {
 		}
 		s.cache.Free()
 	}
-	s.seq, s.cache, s.pol = nil, nil, nil
+	s.seq, s.cache, s.pol, s.bytes = nil, nil, nil, 0
 	s.fed, s.prefilling, s.sharedTail = 0, true, false
 	e.running = slices.DeleteFunc(e.running, func(t *seqState) bool { return t == s })
 	i, _ := slices.BinarySearchFunc(e.preempted, s, func(a, b *seqState) int {
@@ -516,6 +516,7 @@ func (e *Engine) prefill() int {
 		s.fed += n
 		left -= n
 		ran += n
+		e.notePeak(s) // before the policy compresses the prompt
 		q := s.req
 		if q.prefix() {
 			s.cache.RegisterPrefix(s.hist[:s.fed], 0)
@@ -525,7 +526,9 @@ func (e *Engine) prefill() int {
 		}
 		s.prefilling = false
 		if s.pol != nil {
-			before := e.slotsHeld(s)
+			// Every table received the whole prompt, unless the policy
+			// pruned it during the prefill (pyramidinfer): count those too.
+			before := int64(s.fed) * int64(e.tables)
 			if err := s.pol.Compress(); err != nil {
 				if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
 					e.preempt(s)
@@ -604,14 +607,7 @@ func (e *Engine) emit(s *seqState, logits []float32) {
 		e.obs.InterToken(now.Sub(s.last))
 	}
 	s.last = now
-	s.bytes = s.cache.Bytes()
-	var cur int64
-	for _, c := range q.choices {
-		if !c.done {
-			cur += c.bytes
-		}
-	}
-	q.usage.KVBytesPeak = max(q.usage.KVBytesPeak, cur)
+	e.notePeak(s)
 	if slices.Contains(q.r.StopTokens, tok) {
 		e.finish(s, FinishEOS, nil)
 		return
@@ -627,6 +623,21 @@ func (e *Engine) emit(s *seqState, logits []float32) {
 	case s.seq.Pos() >= s.seq.MaxPos:
 		e.finish(s, FinishContext, nil)
 	}
+}
+
+// notePeak records the bytes s holds now in its request's peak: the most
+// KV memory its live samples held together after any forward step (the
+// prompt's before compression included).
+func (e *Engine) notePeak(s *seqState) {
+	q := s.req
+	s.bytes = s.cache.Bytes()
+	var cur int64
+	for _, c := range q.choices {
+		if !c.done {
+			cur += c.bytes
+		}
+	}
+	q.usage.KVBytesPeak = max(q.usage.KVBytesPeak, cur)
 }
 
 // slotsHeld is the slots of every table of s together.

@@ -39,7 +39,7 @@ type kvParams struct {
 	Ratio     *float64 `json:"ratio"`     // or the fraction kept
 	Window    *int     `json:"window"`    // recent tokens always kept
 	Sinks     *int     `json:"sinks"`     // first tokens always kept
-	Every     *int     `json:"every"`     // prune every N decode steps
+	Every     *int     `json:"every"`     // prune every N decode steps (0: only after the prompt)
 	Positions string   `json:"positions"` // original or reindex
 	Agg       string   `json:"agg"`       // mean, max, sum
 	Pool      string   `json:"pool"`      // snapkv pooling: avg, max
@@ -181,7 +181,8 @@ func jsonKind(t reflect.Type) string {
 // cliToAPI turns the CLI flag names in engine and policy errors into the
 // request's field names.
 var cliToAPI = strings.NewReplacer("(--kv-budget N)", "(kv.budget)", "(--kv-ratio R)", "(kv.ratio)", "(--kv-budget)", "(kv.budget)",
-	"--kv-budget", "kv.budget", "--kv-ratio", "kv.ratio", "--kv-window", "kv.window", "--kv-sinks", "kv.sinks", "--kv-every", "kv.every", "--kv-kernel", "kv.kernel")
+	"--kv-budget", "kv.budget", "--kv-ratio", "kv.ratio", "--kv-window", "kv.window", "--kv-sinks", "kv.sinks", "--kv-every", "kv.every", "--kv-kernel", "kv.kernel",
+	"--kv-pool", "kv.pool", "--kv-agg", "kv.agg", "--kv-positions", "kv.positions", "--kv-policy", "kv.policy")
 
 var seedCounter atomic.Uint64
 
@@ -311,6 +312,7 @@ func kvRequest(kv *kvParams, gr *engine.GenRequest) *apiError {
 		dst  *int
 	}{{"budget", kv.Budget, &c.Budget}, {"window", kv.Window, &c.Window}, {"sinks", kv.Sinks, &c.Sinks},
 		{"every", kv.Every, &c.Every}, {"kernel", kv.Kernel, &c.Kernel}}
+	var given []string // the parameters present, which the policy must use
 	for _, f := range ints {
 		if f.src == nil {
 			continue
@@ -319,12 +321,19 @@ func kvRequest(kv *kvParams, gr *engine.GenRequest) *apiError {
 			return badRequest("kv."+f.name, "kv.%s must be between 0 and %d, got %d", f.name, 1<<24, *f.src)
 		}
 		*f.dst = *f.src
+		given = append(given, f.name)
 	}
 	if kv.Ratio != nil {
 		if !(*kv.Ratio > 0 && *kv.Ratio <= 1) {
 			return badRequest("kv.ratio", "kv.ratio must be in (0, 1], got %g", *kv.Ratio)
 		}
 		c.Ratio = *kv.Ratio
+		given = append(given, "ratio")
+	}
+	for _, f := range []struct{ name, v string }{{"positions", kv.Positions}, {"agg", kv.Agg}, {"pool", kv.Pool}} {
+		if f.v != "" {
+			given = append(given, f.name)
+		}
 	}
 	var err error
 	if c.Positions, err = policy.ParsePositions(kv.Positions); err != nil {
@@ -333,8 +342,12 @@ func kvRequest(kv *kvParams, gr *engine.GenRequest) *apiError {
 	if c.Agg, err = policy.ParseAgg(kv.Agg); err != nil {
 		return badRequest("kv.agg", "kv.agg: %s", strings.TrimPrefix(err.Error(), "policy: "))
 	}
-	if c, err = c.Normalize(); err != nil {
-		return badRequest("kv.policy", "kv: %s", cliToAPI.Replace(strings.TrimPrefix(err.Error(), "policy: ")))
+	if c, err = c.NormalizeGiven(given...); err != nil {
+		param := "kv.policy"
+		if pe := (*policy.ParamError)(nil); errors.As(err, &pe) {
+			param = "kv." + pe.Param
+		}
+		return badRequest(param, "kv: %s", cliToAPI.Replace(strings.TrimPrefix(err.Error(), "policy: ")))
 	}
 	gr.Policy = c
 	gr.K, gr.V = kv.Type, kv.Type

@@ -35,9 +35,10 @@ type modelFlags struct {
 	tok      tokenizer.Tokenizer // set by load, for the key means
 	keyMeans [][]float32         // computed once, for q8/q4 keys
 
-	pol       policy.Config // --kv-policy and its parameters
+	pol       policy.Config // --kv-policy and its parameters (registerPolicy)
 	agg       string
 	positions string
+	polCmd    *cobra.Command // where they were registered; nil: the command takes no policy
 }
 
 func (f *modelFlags) register(c *cobra.Command) {
@@ -51,7 +52,13 @@ func (f *modelFlags) register(c *cobra.Command) {
 	c.Flags().StringVar(&f.kvTypeV, "kv-type-v", "", "codec of the values (overrides --kv-type)")
 	c.Flags().StringVar(&f.kvMem, "kv-mem", "", "KV block pool size, e.g. 64MiB or 2GiB (default: room for the whole context)")
 	c.Flags().BoolVar(&f.keyShift, "kv-key-shift", true, "store q8/q4 keys around the model's mean keys (estimated once from a text the model writes from BOS; see docs/KVCACHE.md)")
+}
+
+// registerPolicy adds --kv-policy and its parameters, for the commands
+// that apply a policy (generate, ppl).
+func (f *modelFlags) registerPolicy(c *cobra.Command) {
 	fl := c.Flags()
+	f.polCmd = c
 	fl.StringVar(&f.pol.Method, "kv-policy", "full", "KV compression: "+strings.Join(policy.Methods, ", "))
 	fl.IntVar(&f.pol.Budget, "kv-budget", 0, "tokens kept per (layer, KV head)")
 	fl.Float64Var(&f.pol.Ratio, "kv-ratio", 0, "fraction of tokens kept (kvpress's compression_ratio is 1 − R)")
@@ -59,14 +66,18 @@ func (f *modelFlags) register(c *cobra.Command) {
 	fl.IntVar(&f.pol.Sinks, "kv-sinks", 0, "first tokens always kept (streaming, lminfinite: default 4)")
 	fl.StringVar(&f.pol.Pool, "kv-pool", "", "snapkv family: score pooling, avg or max")
 	fl.IntVar(&f.pol.Kernel, "kv-kernel", 0, "snapkv family: pooling kernel (odd, default 5)")
-	fl.IntVar(&f.pol.Every, "kv-every", 0, "during decoding, prune every N steps (window methods, h2o and tova: every step)")
-	fl.StringVar(&f.positions, "kv-positions", "", "original (default) or reindex (StreamingLLM's positions inside the cache; streaming's default)")
+	fl.IntVar(&f.pol.Every, "kv-every", 0, "during decoding, prune every N steps; 0: never, only after the prompt (default: every step for window methods, h2o and tova; never for the others)")
+	fl.StringVar(&f.positions, "kv-positions", "", "original or reindex (StreamingLLM's positions inside the cache); default: reindex for streaming, original otherwise")
 	fl.StringVar(&f.agg, "kv-agg", "mean", "how the query heads of a KV head combine their scores: mean, max or sum")
 }
 
-// policyConfig is the --kv-policy configuration, normalized.
+// policyConfig is the --kv-policy configuration, normalized. A parameter
+// flag given that the method does not use is refused (policy.NormalizeGiven).
 func (f *modelFlags) policyConfig() (policy.Config, error) {
 	c := f.pol
+	if f.polCmd == nil {
+		return c.Normalize()
+	}
 	var err error
 	if c.Agg, err = policy.ParseAgg(f.agg); err != nil {
 		return c, err
@@ -74,7 +85,13 @@ func (f *modelFlags) policyConfig() (policy.Config, error) {
 	if c.Positions, err = policy.ParsePositions(f.positions); err != nil {
 		return c, err
 	}
-	return c.Normalize()
+	var given []string
+	for _, p := range policy.FlagParams {
+		if f.polCmd.Flags().Changed("kv-" + p) {
+			given = append(given, p)
+		}
+	}
+	return c.NormalizeGiven(given...)
 }
 
 // attachPolicy puts the --kv-policy on a sequence (nil for full).

@@ -56,6 +56,16 @@ With a --kv-policy:
 			if reportEvery < 1 {
 				return fmt.Errorf("--report-every must be positive")
 			}
+			pc, err := mf.policyConfig()
+			if err != nil {
+				return err
+			}
+			if compressAfter > 0 && pc.Method == "full" {
+				return errors.New("--compress-after compresses the cache with the policy: give a --kv-policy other than full")
+			}
+			if streamed := compressAfter == 0 && (stream || pc.Method != "full"); cmd.Flags().Changed("report-every") && !streamed {
+				return errors.New("--report-every reports a streamed run: give --stream (or a --kv-policy without --compress-after)")
+			}
 			data, err := os.ReadFile(file)
 			if err != nil {
 				return err
@@ -85,10 +95,6 @@ With a --kv-policy:
 				return fmt.Errorf("%s encodes to %d tokens, fewer than --ctx %d", file, len(ids), ctx)
 			}
 			ids = ids[:ctx]
-			pc, err := mf.policyConfig()
-			if err != nil {
-				return err
-			}
 			opt, err := mf.kvOptions()
 			if err != nil {
 				return err
@@ -151,6 +157,7 @@ With a --kv-policy:
 		},
 	}
 	mf.register(c)
+	mf.registerPolicy(c)
 	c.Flags().StringVarP(&file, "file", "f", "", "text file")
 	c.Flags().IntVar(&ctx, "ctx", 512, "tokens to feed (BOS included); --stream: default the whole file, and more than the file means all of it")
 	c.Flags().IntVar(&maxBytes, "bytes", 0, "use only the first N bytes of the file (0 = all)")

@@ -15,7 +15,6 @@ package policy
 // layer stays unmerged: stories260K (5 layers) merges (2, 3) and keeps 4.
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/kvlm/kvlm/attention"
@@ -28,13 +27,17 @@ import (
 func (c Config) normalizeMiniCache() (Config, error) {
 	switch {
 	case c.Budget > 0 || c.Ratio > 0:
-		return c, errors.New("policy: minicache merges layers and drops no token; it takes no budget or ratio (set t, gamma, merge-from)")
+		return c, perr("budget", "policy: minicache merges layers and drops no token; it takes no budget or ratio (set t, gamma, merge-from)")
 	case c.Sinks > 0:
-		return c, errors.New("policy: minicache takes no sinks")
+		return c, perr("sinks", "policy: minicache takes no --kv-sinks")
 	case c.Positions == PosReindex:
-		return c, errors.New("policy: minicache keeps original positions")
-	case c.Agg != attention.AggMean || c.Pool != "" || c.Kernel > 0:
-		return c, errors.New("policy: minicache uses no attention scores (agg, pool, kernel)")
+		return c, perr("positions", "policy: minicache keeps original positions")
+	case c.Agg != attention.AggMean:
+		return c, perr("agg", "policy: minicache uses no attention scores; it takes no --kv-agg")
+	case c.Pool != "":
+		return c, perr("pool", "policy: minicache uses no attention scores; it takes no --kv-pool")
+	case c.Kernel > 0:
+		return c, perr("kernel", "policy: minicache uses no attention scores; it takes no --kv-kernel")
 	case c.MergeFrom < 0:
 		return c, fmt.Errorf("policy: merge-from must not be negative, got %d", c.MergeFrom)
 	}
@@ -44,6 +47,7 @@ func (c Config) normalizeMiniCache() (Config, error) {
 	if c.Gamma == 0 {
 		c.Gamma = 0.05
 	}
+	c.Positions = PosOriginal
 	if !(c.Interp > 0 && c.Interp <= 1) {
 		return c, fmt.Errorf("policy: minicache t must be in (0, 1], got %g", c.Interp)
 	}
@@ -86,7 +90,7 @@ func (st *State) merge(decode bool) error {
 
 // mergeBefore is the decoding schedule: a merge every Every steps.
 func (st *State) mergeBefore() error {
-	if st.cfg.Every == 0 {
+	if st.cfg.Every <= 0 {
 		return nil
 	}
 	st.steps++

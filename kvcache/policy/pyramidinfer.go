@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"errors"
 	"fmt"
 	"math"
 
@@ -12,7 +11,8 @@ import (
 // prefill: after each layer only the pivotal context (PvC) goes on, so the
 // next layer computes keys, values, attention and FFN for fewer tokens.
 //
-// Prefill (the whole prompt of T tokens runs as one forward step):
+// Prefill (the whole prompt of T tokens runs as one forward step; a
+// prompt run in several steps is pruned after its last one, pruneChunked):
 //   - the recent window is the last 1+⌊Recent·T⌋ tokens (the last token
 //     included); their queries score every earlier token at each layer:
 //     attention averaged over all query heads, each query's row weighted by
@@ -47,15 +47,15 @@ const (
 func (c Config) normalizePyramid() (Config, error) {
 	switch {
 	case c.Budget > 0 || c.Ratio > 0:
-		return c, errors.New("policy: pyramidinfer follows its own schedule; it takes no budget or ratio (set recent, decay, gen-decay, min-keep)")
+		return c, perr("budget", "policy: pyramidinfer follows its own schedule; it takes no budget or ratio (set recent, decay, gen-decay, min-keep)")
 	case c.Window > 0:
-		return c, errors.New("policy: pyramidinfer's recent window is a share of the prompt (recent), not a window")
-	case c.Every > 0:
-		return c, errors.New("policy: pyramidinfer compresses generated tokens 16 at a time; it takes no every")
+		return c, perr("window", "policy: pyramidinfer's recent window is a share of the prompt (recent), not a --kv-window")
+	case c.Every != 0:
+		return c, perr("every", "policy: pyramidinfer compresses generated tokens 16 at a time; it takes no --kv-every")
 	case c.Positions == PosReindex:
-		return c, errors.New("policy: pyramidinfer keeps original positions")
+		return c, perr("positions", "policy: pyramidinfer keeps original positions")
 	case c.Agg != attention.AggMean:
-		return c, errors.New("policy: pyramidinfer averages attention over the heads (agg mean)")
+		return c, perr("agg", "policy: pyramidinfer averages attention over the heads; it takes no --kv-agg")
 	case c.MinKeep < 0:
 		return c, fmt.Errorf("policy: min-keep must not be negative, got %d", c.MinKeep)
 	}
@@ -74,6 +74,7 @@ func (c Config) normalizePyramid() (Config, error) {
 	if c.Sinks == 0 {
 		c.Sinks = 4
 	}
+	c.Positions = PosOriginal
 	if !(c.Recent > 0 && c.Recent < 1) {
 		return c, fmt.Errorf("policy: recent must be in (0, 1), got %g", c.Recent)
 	}
@@ -119,6 +120,11 @@ type pyramid struct {
 	rows   []int32   // history index of each row still computed in the step
 	score  []float32 // the current layer's score of each row
 
+	// A prompt run in several steps (chunked prefill) is computed whole
+	// and pruned by Compress (pruneChunked).
+	chunked bool        // a step of the prefill did not run the whole prompt
+	wmass   [][]float32 // [layer][slot] the recent window's weighted head-mean attention
+
 	// Decoding (after Compress).
 	decoding bool
 	pending  int           // generated tokens not yet compressed: the last slots of every table
@@ -130,16 +136,19 @@ func newPyramid(st *State) *pyramid {
 	return &pyramid{st: st, qrows: make([][][]float32, st.L)}
 }
 
-// begin starts a prefill of n tokens: they must run as one forward step
+// begin starts a prefill of n tokens: they should run as one forward step
 // (the window's queries score the whole prompt at every layer), so the
 // sequence's chunk grows to n until Compress restores it. A prompt run in
-// several steps anyway is not pruned.
+// several steps anyway (a server's chunked prefill) is computed whole and
+// pruned to the same per-layer counts by Compress (pruneChunked).
 func (p *pyramid) begin(n int) {
 	p.T, p.win = n, pyrWindow(n, p.st.cfg.Recent)
 	p.chunk = p.st.seq.Chunk
 	if p.st.seq.Chunk < n {
 		p.st.seq.Chunk = n
 	}
+	p.chunked = false
+	p.wmass = make([][]float32, p.st.L)
 }
 
 // request implements State.Request.
@@ -148,6 +157,9 @@ func (p *pyramid) request(layer, start, n int) *attention.MassRequest {
 	if layer == 0 {
 		p.stepN = n
 		p.active = p.T > 0 && start == st.prefAt && n == p.T
+		if p.T > 0 && !p.active {
+			p.chunked = true
+		}
 		p.rows = p.rows[:0]
 		for i := 0; i < n; i++ {
 			p.rows = append(p.rows, int32(start+i))
@@ -171,6 +183,15 @@ func (p *pyramid) request(layer, start, n int) *attention.MassRequest {
 		// The window's queries, weighted by distance (only at layers that
 		// prune: the first one never does).
 		req = &attention.MassRequest{From: n - p.win, Agg: attention.AggMean, Weights: pyrWeights(p.win)}
+	case p.T > 0 && !p.active && layer < st.L-1:
+		// A chunk of a prompt run in several steps: the part of the recent
+		// window it holds, with the window's weights.
+		w0 := st.prefAt + p.T - p.win // history index of the window's first token
+		from := max(0, w0-start)
+		if from >= n {
+			return nil
+		}
+		req = &attention.MassRequest{From: from, Agg: attention.AggMean, Weights: pyrWeights(p.win)[start+from-w0 : start+n-w0]}
 	case p.decoding:
 		// The step's last query (one per decode step).
 		req = &attention.MassRequest{From: n - 1, Agg: attention.AggMean}
@@ -204,6 +225,17 @@ func (p *pyramid) done(layer int, req *attention.MassRequest) {
 	if p.active {
 		n := len(p.rows)
 		p.score = mean(slots-n, n) // the step's rows are the table's last slots
+		return
+	}
+	if p.T > 0 {
+		// Chunked prefill: the window's mass, summed over its chunks.
+		m := mean(0, slots)
+		for len(p.wmass[layer]) < slots {
+			p.wmass[layer] = append(p.wmass[layer], 0)
+		}
+		for i, v := range m {
+			p.wmass[layer][i] += v
+		}
 		return
 	}
 	if p.decoding {
@@ -270,6 +302,11 @@ func (p *pyramid) compress() error {
 	st := p.st
 	if p.T > 0 {
 		st.seq.Chunk = p.chunk
+		if p.chunked {
+			if err := p.pruneChunked(); err != nil {
+				return err
+			}
+		}
 	}
 	pruned := false
 	for l := 1; l < st.L; l++ {
@@ -287,8 +324,73 @@ func (p *pyramid) compress() error {
 		p.win = pyrWindow(st.seen, st.cfg.Recent)
 	}
 	p.T, p.active, p.decoding, p.pending = 0, false, true, 0
+	p.chunked, p.wmass = false, nil
 	for l := range p.qrows {
 		p.qrows[l] = nil
+	}
+	return nil
+}
+
+// pruneChunked applies the prefill's schedule after a prompt that ran in
+// several steps, so every layer stored all of it: layer by layer, of the
+// tokens alive at the layer, the same counts as a single-step prefill
+// (target) go on to the next, the first Sinks and the recent window kept,
+// the rest chosen by the window's weighted attention at that layer; then
+// each layer's tables keep the tokens alive at it. The counts, and so the
+// bytes, are those of the single-step prefill; the choice is close to it
+// but not identical (there, deeper layers never computed the pruned
+// tokens, so their attention differs), and the prefill saves no compute.
+func (p *pyramid) pruneChunked() error {
+	st, c := p.st, p.st.cfg
+	T, W := p.T, p.win
+	first := st.cache.Slots(0, 0) - T // slots before the prompt stay
+	for t := range st.orig {
+		if st.cache.Slots(t/st.H, t%st.H) != first+T {
+			return fmt.Errorf("policy: pyramidinfer: layer %d head %d holds %d slots after a %d-token prompt, %d expected", t/st.H, t%st.H, st.cache.Slots(t/st.H, t%st.H), T, first+T)
+		}
+	}
+	alive := make([]int, T) // prompt tokens alive at the layer, as offsets in the prompt
+	for i := range alive {
+		alive[i] = i
+	}
+	for l := 0; l < st.L; l++ {
+		if l > 0 && len(alive) < T {
+			keep := make([]int, 0, first+len(alive))
+			for i := 0; i < first; i++ {
+				keep = append(keep, i)
+			}
+			for _, r := range alive {
+				keep = append(keep, first+r)
+			}
+			for h := 0; h < st.H; h++ {
+				t := l*st.H + h
+				if err := st.cache.Keep(l, h, keep); err != nil {
+					return err
+				}
+				st.orig[t] = gather32(st.orig[t], keep)
+			}
+		}
+		n := len(alive)
+		k := p.target(l, n)
+		if k == 0 {
+			continue
+		}
+		score := make([]float32, n)
+		for i, r := range alive {
+			if s := first + r; s < len(p.wmass[l]) {
+				score[i] = p.wmass[l][s]
+			}
+		}
+		sinks := 0
+		for sinks < n-W && st.prefAt+alive[sinks] < c.Sinks {
+			sinks++
+		}
+		keep := Keep(n, max(k, sinks)+W, sinks, W, score)
+		next := make([]int, len(keep))
+		for i, j := range keep {
+			next[i] = alive[j]
+		}
+		alive = next
 	}
 	return nil
 }

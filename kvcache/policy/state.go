@@ -51,6 +51,9 @@ func New(cfg Config, seq *model.Sequence) (*State, error) {
 	}
 	k, _ := methodKind(cfg.Method)
 	l := cache.Layout()
+	if k == kindMerge && len(cfg.MergedPairs(l.Layers)) == 0 {
+		return nil, fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(cfg.MergeFrom, l.Layers/2), l.Layers)
+	}
 	st := &State{cfg: cfg, kind: k, seq: seq, cache: cache, L: l.Layers, H: l.KVHeads,
 		scores: make([][]float32, l.Layers*l.KVHeads), orig: make([][]int32, l.Layers*l.KVHeads), seen: seq.Pos()}
 	for i := range st.orig {
@@ -199,7 +202,7 @@ func (st *State) Before(incoming int) error {
 	if st.kind == kindMerge { // hook: minicache.go
 		return st.mergeBefore()
 	}
-	if st.kind == kindNone || st.cfg.Every == 0 {
+	if st.kind == kindNone || st.cfg.Every <= 0 {
 		return nil
 	}
 	st.steps++
@@ -234,23 +237,9 @@ func (st *State) budget(n int) int {
 // prune brings every table to its budget minus room for incoming tokens.
 func (st *State) prune(incoming int) error {
 	c := st.cfg
-	n0 := st.seen + incoming
-	b := st.budget(n0) - incoming
-	if b <= 0 {
-		return fmt.Errorf("policy: budget %d leaves no room for %d incoming tokens", b+incoming, incoming)
-	}
-	sinks, window := c.Sinks, c.Window
-	if st.kind == kindAccum && window == 0 {
-		window = (b + incoming) / 2 // H2O: half the budget for recent tokens
-	}
-	// The incoming tokens are the newest of the window.
-	window = max(0, window-incoming)
-	if c.Budget == 0 {
-		// Ratio budgets: the window never exceeds the budget.
-		sinks = min(sinks, b)
-		window = min(window, b-sinks)
-	} else if b < sinks+window {
-		return fmt.Errorf("policy: budget %d is smaller than sinks %d + window %d", b, sinks, window)
+	b, sinks, window, err := c.pruneShape(st.kind, st.budget(st.seen+incoming), incoming)
+	if err != nil {
+		return err // Normalize refuses the budgets this can happen with, for one incoming token
 	}
 	for l := 0; l < st.L; l++ {
 		budgets := make([]int, st.H)
