@@ -134,7 +134,7 @@ func (e *Engine) step() {
 }
 
 func (e *Engine) gauges() {
-	e.nRunning.Store(int64(len(e.running)))
+	e.nRunning.Store(int64(e.runningSamples()))
 	pre := len(e.preempted)
 	e.mu.Lock()
 	e.nWaiting.Store(int64(len(e.waiting) + pre))
@@ -228,12 +228,32 @@ func (e *Engine) finish(s *seqState, why FinishReason, err error) {
 	e.endChoice(q, s.choice, why, err)
 }
 
+// places is how many of MaxRunning's places s takes: every sample of its
+// request until samples 1..N-1 are forked from it (after its prefill),
+// then its own.
+func places(s *seqState) int {
+	if s.choice == 0 && !s.req.forked {
+		return s.req.r.N
+	}
+	return 1
+}
+
+// runningSamples is the places the running samples take (MaxRunning):
+// a request with n > 1 counts n from its admission on.
+func (e *Engine) runningSamples() int {
+	n := 0
+	for _, s := range e.running {
+		n += places(s)
+	}
+	return n
+}
+
 // admit starts preempted samples, then waiting requests, while the KV
 // budget and MaxRunning allow.
 func (e *Engine) admit() {
 	for len(e.preempted) > 0 {
 		s := e.preempted[0]
-		if len(e.running) >= e.cfg.MaxRunning || !e.fits(e.admitBytes(s.req.pool, len(s.hist), 1)) {
+		if e.runningSamples()+places(s) > e.cfg.MaxRunning || !e.fits(e.admitBytes(s.req.pool, len(s.hist), places(s))) {
 			return
 		}
 		e.preempted = e.preempted[1:]
@@ -247,7 +267,7 @@ func (e *Engine) admit() {
 		}
 		q := e.waiting[0]
 		e.mu.Unlock()
-		if len(e.running)+q.r.N > e.cfg.MaxRunning || !e.fits(e.admitBytes(q.pool, len(q.r.Prompt), q.r.N)) {
+		if e.runningSamples()+q.r.N > e.cfg.MaxRunning || !e.fits(e.admitBytes(q.pool, len(q.r.Prompt), q.r.N)) {
 			return
 		}
 		e.mu.Lock()

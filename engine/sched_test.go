@@ -459,3 +459,63 @@ func BenchmarkEngineThroughput(b *testing.B) {
 		})
 	}
 }
+
+// stepWatch records, at the end of every scheduler step, the most samples
+// that were running at once (read on the scheduler goroutine).
+type stepWatch struct {
+	nopObserver
+	e   *Engine
+	mu  sync.Mutex
+	max int
+}
+
+func (w *stepWatch) Step(int, int, time.Duration) {
+	w.mu.Lock()
+	w.max = max(w.max, len(w.e.running))
+	w.mu.Unlock()
+}
+
+// --max-running counts every sample of an n > 1 request, also before its
+// samples are forked (after the prompt's prefill) and when it is preempted.
+func TestEngineMaxRunningCountsSamples(t *testing.T) {
+	m, tok := loadStories(t)
+	ps := prompts(tok)
+	cases := []struct {
+		name       string
+		maxRunning int
+		ns         []int // n of each request, submitted together
+	}{
+		{"n=4 then singles", 4, []int{4, 1, 1, 1}},
+		{"singles then n=3", 4, []int{1, 3, 1, 2}},
+		{"two n=2", 3, []int{2, 2, 1}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := &stepWatch{}
+			e := newEngine(t, m, Config{MaxRunning: c.maxRunning, Observer: w})
+			w.e = e
+			var hs []*Handle
+			for i, n := range c.ns {
+				hs = append(hs, must(e.Submit(GenRequest{Prompt: ps[i], MaxTokens: 20, N: n,
+					Sampling: sample.Params{Temperature: 1, Seed: uint64(i + 1)}})))
+			}
+			for i, h := range hs {
+				o := collect(t, h)
+				for j, f := range o.finish {
+					if f != FinishLength && f != FinishEOS {
+						t.Errorf("request %d sample %d: %s %v", i, j, f, o.errs[j])
+					}
+				}
+			}
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.max > c.maxRunning {
+				t.Errorf("%d samples ran at once, MaxRunning is %d", w.max, c.maxRunning)
+			}
+			if w.max < c.maxRunning-1 {
+				t.Errorf("at most %d samples ran at once: the test does not load the engine (MaxRunning %d)", w.max, c.maxRunning)
+			}
+			checkFree(t, e)
+		})
+	}
+}
