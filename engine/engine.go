@@ -222,8 +222,11 @@ func (e *Engine) pool(kn, vn string) (*kvcache.Pool, error) {
 			}
 		}
 	}
+	if e.cfg.MaxPools == 1 && e.defPool != nil {
+		return nil, fmt.Errorf("the server keeps one KV codec pair, %s/%s (MaxPools 1)", e.cfg.K, e.cfg.V)
+	}
 	if len(e.pools) >= e.cfg.MaxPools {
-		return nil, fmt.Errorf("the server keeps at most %d KV codec pairs at once and all are in use (%s)", e.cfg.MaxPools, strings.Join(e.poolNamesLocked(), ", "))
+		return nil, capacity(ErrPoolsBusy, "the server keeps at most %d KV codec pairs at once and all are in use (%s); retry later", e.cfg.MaxPools, strings.Join(e.poolNamesLocked(), ", "))
 	}
 	var shift [][]float32
 	if len(e.cfg.KeyShiftPrompt) > 0 && codec.Shifted(k, make([]float32, e.m.HeadDim)) != k {
@@ -239,6 +242,17 @@ func (e *Engine) pool(kn, vn string) (*kvcache.Pool, error) {
 	}
 	e.pools[key] = &poolEntry{p: p, refs: 1}
 	return p, nil
+}
+
+// poolError is what Submit and RestoreSlot answer when pool fails: a
+// capacity error as it is, anything else (unknown codecs, a budget too
+// small for the pair) as the client's.
+func poolError(err error) error {
+	var ce *CapacityError
+	if errors.As(err, &ce) {
+		return err
+	}
+	return invalid("kv: %v", err)
 }
 
 // ref adds delta references to the pool p.
@@ -289,7 +303,8 @@ func (e *Engine) wake() {
 }
 
 // Submit validates a request and queues it. Errors: *InvalidError (the
-// request can never run), ErrQueueFull, ErrClosed.
+// request can never run), *CapacityError (not now: ErrQueueFull,
+// ErrPoolsBusy), ErrClosed.
 func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 	if r.N == 0 {
 		r.N = 1
@@ -299,7 +314,7 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 	}
 	pool, err := e.pool(r.K, r.V)
 	if err != nil {
-		return nil, invalid("kv: %v", err)
+		return nil, poolError(err)
 	}
 	queued := false
 	defer func() {
@@ -338,7 +353,7 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 		return nil, ErrClosed
 	}
 	if len(e.waiting) >= e.cfg.MaxQueue {
-		return nil, fmt.Errorf("%w (%d requests waiting); retry later", ErrQueueFull, len(e.waiting))
+		return nil, capacity(ErrQueueFull, "%v (%d requests waiting); retry later", ErrQueueFull, len(e.waiting))
 	}
 	e.nextID++
 	req := &request{id: e.nextID, r: r, h: h, pool: pool, submitted: time.Now(),

@@ -7,6 +7,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/sample"
@@ -157,11 +158,40 @@ func (h *Handle) setUsage(u Usage) {
 
 // Errors of Submit.
 var (
-	// ErrQueueFull: the bounded waiting queue is full; retry later.
+	// ErrQueueFull: the bounded waiting queue is full; retry later
+	// (wrapped in a *CapacityError).
 	ErrQueueFull = errors.New("engine: the request queue is full")
+	// ErrPoolsBusy: every one of the MaxPools (K, V) codec pairs is held
+	// by running requests or kept slots, and the request asks for another
+	// pair; retry later (wrapped in a *CapacityError).
+	ErrPoolsBusy = errors.New("engine: every KV codec pool is in use")
+	// ErrKVBusy: the KV memory is taken by other sequences now; retry
+	// later (wrapped in a *CapacityError; RestoreSlot).
+	ErrKVBusy = errors.New("engine: not enough free KV memory now")
 	// ErrClosed: the engine is shut down.
 	ErrClosed = errors.New("engine: closed")
 )
+
+// DefaultRetryAfter is the RetryAfter hint of capacity errors.
+const DefaultRetryAfter = time.Second
+
+// CapacityError is a request the engine cannot take now but may take
+// later: a capacity limit is reached (the waiting queue, the codec pools,
+// the KV memory). It is not the client's fault, unlike *InvalidError:
+// the server answers 429 or 503 with a Retry-After header. errors.Is with
+// ErrQueueFull, ErrPoolsBusy or ErrKVBusy tells which limit.
+type CapacityError struct {
+	Err        error         // ErrQueueFull, ErrPoolsBusy or ErrKVBusy
+	Msg        string        // what is full, for people
+	RetryAfter time.Duration // when a retry may succeed: a hint
+}
+
+func (e *CapacityError) Error() string { return e.Msg }
+func (e *CapacityError) Unwrap() error { return e.Err }
+
+func capacity(kind error, format string, args ...any) error {
+	return &CapacityError{Err: kind, Msg: fmt.Sprintf(format, args...), RetryAfter: DefaultRetryAfter}
+}
 
 // InvalidError is a request the engine can never run (bad parameters, a
 // prompt too long, more KV than the pool holds): the client's fault.

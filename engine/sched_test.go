@@ -242,8 +242,9 @@ func TestEngineCancelAndStop(t *testing.T) {
 	}
 	b := must(e2.Submit(GenRequest{Prompt: prompts(tok)[2], MaxTokens: 300}))
 	c := must(e2.Submit(GenRequest{Prompt: prompts(tok)[2], MaxTokens: 300}))
-	if _, err := e2.Submit(GenRequest{Prompt: prompts(tok)[2], MaxTokens: 300}); !errors.Is(err, ErrQueueFull) {
-		t.Errorf("queue full: %v", err)
+	var ce *CapacityError
+	if _, err := e2.Submit(GenRequest{Prompt: prompts(tok)[2], MaxTokens: 300}); !errors.Is(err, ErrQueueFull) || !errors.As(err, &ce) || ce.RetryAfter <= 0 {
+		t.Errorf("queue full: %v, want a *CapacityError with ErrQueueFull and a RetryAfter", err)
 	}
 	b.Cancel()
 	c.Cancel()
@@ -325,8 +326,9 @@ func TestEnginePoliciesAndCodecs(t *testing.T) {
 	for _, kv := range [][2]string{{"q8", "q8"}, {"kivi4", "kivi4"}, {"f16", "q4"}} {
 		held = append(held, must(e.Submit(GenRequest{Prompt: long, MaxTokens: 300, K: kv[0], V: kv[1]})))
 	}
-	if _, err := e.Submit(GenRequest{Prompt: long, MaxTokens: 1, K: "bf16"}); err == nil {
-		t.Error("a fifth codec pair accepted while four are in use")
+	var ce *CapacityError
+	if _, err := e.Submit(GenRequest{Prompt: long, MaxTokens: 1, K: "bf16"}); !errors.As(err, &ce) || !errors.Is(err, ErrPoolsBusy) || ce.RetryAfter <= 0 {
+		t.Errorf("a fifth codec pair while four are in use: %v, want a *CapacityError with ErrPoolsBusy and a RetryAfter", err)
 	}
 	for _, h := range held {
 		h.Cancel()

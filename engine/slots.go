@@ -376,7 +376,7 @@ func (e *Engine) RestoreSlot(id int, r io.Reader) (SlotInfo, error) {
 	}
 	pool, err := e.pool(d.hdr.K, d.hdr.V)
 	if err != nil {
-		return SlotInfo{}, invalid("%v", err)
+		return SlotInfo{}, poolError(err)
 	}
 	defer e.ref(pool, -1) // the slot takes its own reference
 	var info SlotInfo
@@ -384,12 +384,15 @@ func (e *Engine) RestoreSlot(id int, r io.Reader) (SlotInfo, error) {
 		e.dropSlot(id)
 		need := e.admitBytes(pool, len(d.tokens), 1)
 		if e.usedBytes()+need > e.budget {
-			err = fmt.Errorf("engine: not enough free KV memory to restore %d tokens (%w)", len(d.tokens), kvcache.ErrNoBlocks)
+			err = capacity(ErrKVBusy, "engine: not enough free KV memory now to restore %d tokens; retry later", len(d.tokens))
 			return
 		}
 		c := pool.NewSequence()
 		if err = d.fill(c, e.m.KVLayout()); err != nil {
 			c.Free()
+			if errors.Is(err, kvcache.ErrNoBlocks) {
+				err = capacity(ErrKVBusy, "engine: not enough free KV memory now to restore %d tokens; retry later", len(d.tokens))
+			}
 			return
 		}
 		c.RegisterPrefix(d.tokens, 0)

@@ -27,6 +27,7 @@ import (
 	"log"
 	"net/http"
 	"runtime/debug"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -250,6 +251,9 @@ type apiError struct {
 	typ    string
 	param  string
 	code   string
+	// retryAfter is the Retry-After (seconds) writeError sends with a 429
+	// or 503 (1 when 0): the engine's hint for a capacity limit.
+	retryAfter int
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -286,7 +290,7 @@ func writeError(w http.ResponseWriter, e *apiError) {
 		e.typ = "invalid_request_error"
 	}
 	if (e.status == http.StatusTooManyRequests || e.status == http.StatusServiceUnavailable) && w.Header().Get("Retry-After") == "" {
-		w.Header().Set("Retry-After", "1")
+		w.Header().Set("Retry-After", strconv.Itoa(max(1, e.retryAfter)))
 	}
 	writeJSON(w, e.status, e.body())
 }
@@ -303,17 +307,32 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // engineError maps an engine error to an HTTP answer; it is the one place
-// that does (slotError adds the file errors of slots). Capacity limits are
-// retryable (429 or 503, which writeError sends with Retry-After), never 400.
+// that does (slotError adds the file errors of slots). The client's fault
+// (*engine.InvalidError) is 400; a capacity limit (*engine.CapacityError)
+// is retryable, 429 for the full queue and 503 for the codec pools or the
+// KV memory, which writeError sends with Retry-After (the engine's hint).
 func engineError(err error) *apiError {
 	var ie *engine.InvalidError
+	var ce *engine.CapacityError
 	switch {
 	case errors.As(err, &ie):
 		return badRequest("", "%s", cliToAPI.Replace(ie.Msg))
 	case errors.Is(err, engine.ErrNoSlot):
 		return &apiError{status: http.StatusNotFound, msg: "the slot is empty", typ: "invalid_request_error", param: "id"}
-	case errors.Is(err, engine.ErrQueueFull):
-		return &apiError{status: http.StatusTooManyRequests, msg: err.Error(), typ: "rate_limit_error", code: "queue_full"}
+	case errors.As(err, &ce), errors.Is(err, engine.ErrQueueFull):
+		ae := &apiError{status: http.StatusServiceUnavailable, msg: err.Error(), typ: "server_error"}
+		if ce != nil {
+			ae.retryAfter = int((ce.RetryAfter + time.Second - 1) / time.Second)
+		}
+		switch {
+		case errors.Is(err, engine.ErrQueueFull):
+			ae.status, ae.typ, ae.code = http.StatusTooManyRequests, "rate_limit_error", "queue_full"
+		case errors.Is(err, engine.ErrPoolsBusy):
+			ae.code = "kv_pools_busy"
+		case errors.Is(err, engine.ErrKVBusy):
+			ae.code = "kv_memory_busy"
+		}
+		return ae
 	case errors.Is(err, engine.ErrClosed):
 		return &apiError{status: http.StatusServiceUnavailable, msg: "the server is shutting down", typ: "server_error"}
 	case errors.Is(err, context.Canceled):

@@ -180,7 +180,7 @@ func (s *Server) removeOrphans() {
 func slotError(err error, op string) *apiError {
 	var ie *engine.InvalidError
 	switch {
-	case errors.As(err, &ie), errors.Is(err, engine.ErrNoSlot), errors.Is(err, engine.ErrClosed):
+	case errors.As(err, &ie), errors.Is(err, engine.ErrNoSlot), errors.Is(err, engine.ErrClosed), errors.As(err, new(*engine.CapacityError)):
 		return engineError(err)
 	}
 	var pe *os.PathError
