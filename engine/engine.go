@@ -15,11 +15,16 @@ package engine
 // cache usually hands most of them back).
 //
 // KV memory: one kvcache.Pool per (key codec, value codec) pair, created on
-// first use, all drawing on one byte budget (Config.KVMem): admission and
-// each step check the bytes referenced in every pool together against it.
-// Each pool's arena is sized to the whole budget but only touched as
-// blocks are used, so several pools cost virtual memory, not resident
-// memory, beyond what the budget lets them reference at once.
+// first use, all drawing on one kvcache.Arena of Config.KVMem bytes. A pool
+// takes a chunk of the arena (1/256 of it, or one f32 block if larger)
+// when it has no free block left, so together the pools never allocate
+// more than the budget: a pool dropped (at MaxPools) gives its chunks back
+// for the next one, and a pool that needs memory when the arena is spent
+// takes the chunks other pools hold only free blocks or cached prefixes in
+// (those prefixes are dropped) before it evicts its own cached prefixes
+// and, last, fails. Admission and each step check the bytes referenced in
+// every pool together against the budget, and what the sample's pool can
+// still take from the arena (chunk granularity).
 
 import (
 	"errors"
@@ -82,6 +87,7 @@ type Engine struct {
 	obs    Observer
 	tables int   // (layer, KV head) tables per sequence
 	budget int64 // KV bytes
+	arena  *kvcache.Arena
 
 	mu      sync.Mutex
 	pools   map[string]*poolEntry // "k/v" → pool
@@ -159,6 +165,14 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 		perSeq := int64((m.CtxLen+cfg.BlockTokens-1)/cfg.BlockTokens) * int64(e.tables) * int64(probe.BlockBytes())
 		e.budget = min(int64(cfg.MaxRunning)*perSeq, 4<<30)
 	}
+	chunk, err := chunkBytes(l, cfg.BlockTokens, e.budget)
+	if err != nil {
+		return nil, err
+	}
+	if e.arena, err = kvcache.NewArena(e.budget, chunk); err != nil {
+		return nil, err
+	}
+	e.budget = e.arena.Budget()
 	if e.defPool, err = e.pool(cfg.K, cfg.V); err != nil {
 		return nil, err
 	}
@@ -185,6 +199,32 @@ func parseCodecs(kn, vn string) (codec.Codec, codec.Codec, error) {
 		return nil, nil, err
 	}
 	return k, v, nil
+}
+
+// chunkBytes is the arena chunk of an engine: 1/256 of the budget (so
+// that MaxPools pools lose little to partly used chunks), and at least
+// the largest block of any codec pair (with its 64-byte alignment); 64
+// MiB at most.
+func chunkBytes(l kvcache.Layout, B int, budget int64) (int, error) {
+	big := 0
+	for _, kn := range codec.Names {
+		for _, vn := range codec.Names {
+			k, v, err := parseCodecs(kn, vn)
+			if err != nil {
+				continue
+			}
+			f, err := kvcache.FootprintOf(kvcache.PoolConfig{Layout: l, BlockTokens: B, K: k, V: v})
+			if err != nil {
+				continue // a pair no pool can take (NewPool says why)
+			}
+			big = max(big, f.BlockBytes+3*64) // its three regions 64-byte aligned
+		}
+	}
+	c := max(int64(big), min(budget/256, 64<<20))
+	if c > budget {
+		return 0, fmt.Errorf("a KV budget of %d bytes cannot hold one block of %d tokens (%d bytes)", budget, B, big)
+	}
+	return int(c), nil
 }
 
 // poolEntry is a pool and the requests and slots using it.
@@ -216,8 +256,8 @@ func (e *Engine) pool(kn, vn string) (*kvcache.Pool, error) {
 	}
 	if len(e.pools) >= e.cfg.MaxPools {
 		for name, pe := range e.pools {
-			if pe.p != e.defPool && pe.refs == 0 && pe.p.Usage().Used == 0 {
-				delete(e.pools, name)
+			if pe.p != e.defPool && pe.refs == 0 && pe.p.Usage().Used == 0 && pe.p.Close() == nil {
+				delete(e.pools, name) // its memory went back to the arena
 				break
 			}
 		}
@@ -236,7 +276,7 @@ func (e *Engine) pool(kn, vn string) (*kvcache.Pool, error) {
 		}
 		shift = e.shift
 	}
-	p, err := kvcache.NewPool(kvcache.PoolConfig{Layout: e.m.KVLayout(), BlockTokens: e.cfg.BlockTokens, K: k, V: v, MemBytes: e.budget, KeyShift: shift})
+	p, err := kvcache.NewPool(kvcache.PoolConfig{Layout: e.m.KVLayout(), BlockTokens: e.cfg.BlockTokens, K: k, V: v, Arena: e.arena, KeyShift: shift})
 	if err != nil {
 		return nil, err
 	}
@@ -426,6 +466,8 @@ type Stats struct {
 	Running, Waiting int   // samples decoding or prefilling; requests and preempted samples waiting
 	BudgetBytes      int64 // the KV byte budget
 	UsedBytes        int64 // referenced by sequences, all pools
+	ArenaBytes       int64 // KV memory allocated (arena chunks; never more than BudgetBytes)
+	HeldBytes        int64 // of which held by pools now (the rest waits for reuse)
 	Pools            []PoolStats
 	PrefixQueried    int64 // prompt tokens looked up in the prefix cache
 	PrefixHit        int64 // prompt tokens served from it
@@ -444,6 +486,8 @@ type PoolStats struct {
 func (e *Engine) Stats() Stats {
 	st := Stats{Running: int(e.nRunning.Load()), Waiting: int(e.nWaiting.Load()), BudgetBytes: e.budget,
 		PrefixQueried: e.prefixQueried.Load(), PrefixHit: e.prefixHit.Load(), Preemptions: e.preemptions.Load()}
+	au := e.arena.Usage()
+	st.ArenaBytes, st.HeldBytes = au.Allocated, au.Held
 	e.mu.Lock()
 	names := make(map[*kvcache.Pool]string, len(e.pools))
 	for k, pe := range e.pools {

@@ -253,7 +253,7 @@ func (e *Engine) runningSamples() int {
 func (e *Engine) admit() {
 	for len(e.preempted) > 0 {
 		s := e.preempted[0]
-		if e.runningSamples()+places(s) > e.cfg.MaxRunning || !e.fits(e.admitBytes(s.req.pool, len(s.hist), places(s))) {
+		if e.runningSamples()+places(s) > e.cfg.MaxRunning || !e.fits(s.req.pool, e.admitBytes(s.req.pool, len(s.hist), places(s))) {
 			return
 		}
 		e.preempted = e.preempted[1:]
@@ -267,7 +267,7 @@ func (e *Engine) admit() {
 		}
 		q := e.waiting[0]
 		e.mu.Unlock()
-		if e.runningSamples()+q.r.N > e.cfg.MaxRunning || !e.fits(e.admitBytes(q.pool, len(q.r.Prompt), q.r.N)) {
+		if e.runningSamples()+q.r.N > e.cfg.MaxRunning || !e.fits(q.pool, e.admitBytes(q.pool, len(q.r.Prompt), q.r.N)) {
 			return
 		}
 		e.mu.Lock()
@@ -294,21 +294,28 @@ func samplerFor(p sample.Params, i int) (*sample.Sampler, error) {
 	return sample.New(p)
 }
 
-// fits reports whether need more bytes fit the budget (keeping 1% spare
-// while others run). Kept slots are released when that makes room. With
-// nothing running, anything Submit accepted fits.
-func (e *Engine) fits(need int64) bool {
+// fits reports whether need more bytes of pool p fit the budget (keeping
+// 1% spare while others run). Kept slots are released when that makes
+// room. With nothing running, anything Submit accepted fits.
+func (e *Engine) fits(p *kvcache.Pool, need int64) bool {
 	spare := e.budget / 100
 	if len(e.running) == 0 {
 		spare = 0
 	}
-	if e.usedBytes()+need+spare <= e.budget {
+	if e.room(p, need+spare) {
 		return true
 	}
-	if e.releaseSlots() && e.usedBytes()+need+spare <= e.budget {
+	if e.releaseSlots() && e.room(p, need+spare) {
 		return true
 	}
 	return len(e.running) == 0 && len(e.preempted) == 0
+}
+
+// room reports whether need more bytes of pool p fit: within the budget
+// (bytes referenced in every pool), and within what p can still take
+// from the arena (which goes by chunks).
+func (e *Engine) room(p *kvcache.Pool, need int64) bool {
+	return e.usedBytes()+need <= e.budget && need <= int64(p.Obtainable())*int64(p.BlockBytes())
 }
 
 // start gives a sample a fresh sequence: cached prompt blocks are taken
@@ -407,7 +414,7 @@ func (e *Engine) stepNeed(s *seqState, n int) int64 {
 // end (it could never fit).
 func (e *Engine) makeRoom(s *seqState, n int) bool {
 	for {
-		if e.usedBytes()+e.stepNeed(s, n) <= e.budget {
+		if e.room(s.cache.Pool(), e.stepNeed(s, n)) {
 			return true
 		}
 		if e.releaseSlots() {
@@ -425,6 +432,27 @@ func (e *Engine) makeRoom(s *seqState, n int) bool {
 		}
 		e.preempt(v)
 	}
+}
+
+// batchFits reports whether one more token of every sample of batch fits
+// the budget together, and each pool's part what the pool can take.
+func (e *Engine) batchFits(batch []*seqState) bool {
+	var total int64
+	need := map[*kvcache.Pool]int64{}
+	for _, s := range batch {
+		n := e.stepNeed(s, 1)
+		total += n
+		need[s.cache.Pool()] += n
+	}
+	if e.usedBytes()+total > e.budget {
+		return false
+	}
+	for p, n := range need {
+		if n > int64(p.Obtainable())*int64(p.BlockBytes()) {
+			return false
+		}
+	}
+	return true
 }
 
 // decode runs one token of every sample past its prefill, as one batch.
@@ -469,18 +497,13 @@ func (e *Engine) decode() int {
 		return 0
 	}
 	// One more check of the whole batch together.
-	var need int64
-	for _, s := range batch {
-		need += e.stepNeed(s, 1)
-	}
-	for len(batch) > 1 && e.usedBytes()+need > e.budget {
+	for len(batch) > 1 && !e.batchFits(batch) {
 		v := batch[len(batch)-1]
 		for _, s := range batch {
 			if s.newer(v) {
 				v = s
 			}
 		}
-		need -= e.stepNeed(v, 1)
 		e.preempt(v)
 		batch = slices.DeleteFunc(batch, func(s *seqState) bool { return s == v })
 	}

@@ -383,7 +383,7 @@ func (e *Engine) RestoreSlot(id int, r io.Reader) (SlotInfo, error) {
 	if derr := e.do(func() {
 		e.dropSlot(id)
 		need := e.admitBytes(pool, len(d.tokens), 1)
-		if e.usedBytes()+need > e.budget {
+		if !e.room(pool, need) {
 			err = capacity(ErrKVBusy, "engine: not enough free KV memory now to restore %d tokens; retry later", len(d.tokens))
 			return
 		}

@@ -367,11 +367,11 @@ func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained in
 			}
 		}
 	}
-	if p.nfree+freed < need {
+	if free := p.obtainable(); free+freed < need {
 		if fresh {
 			ta.mini, tb.mini = nil, nil
 		}
-		return 0, 0, fmt.Errorf("%w: merging needs %d blocks, %d free", ErrNoBlocks, need, p.nfree+freed)
+		return 0, 0, fmt.Errorf("%w: merging needs %d blocks, %d free", ErrNoBlocks, need, free+freed)
 	}
 	// Retained slots of blocks move without decoding (those of the
 	// residual are encoded from full precision): stage them before the

@@ -119,7 +119,7 @@ func (s *Paged) minLen() int {
 func (s *Paged) Room() int {
 	p := s.pool
 	p.mu.Lock()
-	free := p.nfree
+	free := p.obtainable()
 	p.mu.Unlock()
 	tables := len(s.tables)
 	// Each table first fills its last block, then needs one block per B tokens.

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/kvlm/kvlm/kvcache/codec"
 )
@@ -15,14 +17,17 @@ const DefaultBlockTokens = 16
 // ErrNoBlocks is returned when the pool has no free block left.
 var ErrNoBlocks = errors.New("kvcache: no free KV blocks")
 
-// PoolConfig sizes a block pool. Exactly one of MemBytes and Tokens sets
-// its capacity.
+// PoolConfig sizes a block pool. Exactly one of Arena, MemBytes and
+// Tokens sets its capacity.
 type PoolConfig struct {
 	Layout      Layout
 	BlockTokens int         // token slots per block (DefaultBlockTokens is vLLM's 16)
 	K, V        codec.Codec // storage codecs of keys and values; nil means f32
-	MemBytes    int64       // arena size in bytes (blocks of every (layer, head) together)
-	Tokens      int         // or: room for this many tokens in every (layer, head)
+	// Arena, if set, is a byte budget shared with other pools: the pool
+	// takes its memory from it chunk by chunk as it grows (Arena).
+	Arena    *Arena
+	MemBytes int64 // or: a budget of the pool's own, in bytes (blocks of every (layer, head) together)
+	Tokens   int   // or: room for this many tokens in every (layer, head)
 	// KIVI residual: tokens kept in full precision at the end of each
 	// table before they are sealed (only used when K or V is KIVI);
 	// 0 means codec.DefaultResidual.
@@ -149,20 +154,39 @@ func (f Footprint) TableBytes(n int) int64 {
 }
 
 // pblock is the bookkeeping of one physical block; its data lives in the
-// pool's arenas at the same index.
+// chunk of slot index/bpc, at index%bpc.
 type pblock struct {
 	ref        int32        // sequences (tables) holding the block
 	n          int32        // filled slots
-	prev, next int32        // links of the free LRU list (−1: none)
-	onFree     bool         // in the free list
+	prev, next int32        // links of the list the block is in (−1: none)
+	list       uint8        // listNone, listFree or listCached
 	entry      *prefixEntry // the prefix-cache entry the block belongs to, if any
 }
 
-// Pool is the arena of KV blocks all sequences draw from. A block holds
-// BlockTokens tokens of one (layer, KV head): keys in the K codec, values in
-// the V codec, and the position of each slot. Blocks are reference counted;
-// unreferenced blocks wait in an LRU free list, and those that hold a cached
-// prefix stay findable until they are reused.
+// The lists an unreferenced block waits in.
+const (
+	listNone   = iota // referenced, or not present (its chunk was given back)
+	listFree          // unreferenced, holding nothing of value
+	listCached        // unreferenced, holding a cached prefix (LRU order)
+)
+
+// blist is an intrusive doubly linked list of blocks: O(1) push, pop and
+// removal.
+type blist struct {
+	head, tail int32
+	n          int
+}
+
+// Pool is the set of KV blocks all sequences of one codec pair draw from.
+// A block holds BlockTokens tokens of one (layer, KV head): keys in the K
+// codec, values in the V codec, and the position of each slot. Blocks are
+// reference counted; unreferenced blocks wait in a free list, or, when
+// they hold a cached prefix, in an LRU list where they stay findable until
+// they are reused. The memory comes from an Arena, a chunk at a time, only
+// when no free block is left: a new block is taken from the free list,
+// else from a new chunk (or one another pool of the arena does not use),
+// else by evicting the least recently used cached prefix, else from a
+// chunk of another pool that only holds cached prefixes.
 type Pool struct {
 	mu sync.Mutex
 
@@ -176,13 +200,17 @@ type Pool struct {
 	residual   int           // KIVI full-precision residual (tokens)
 	group      int           // KIVI key group (tokens); 0 without KIVI keys
 
-	kdata []byte   // [blocks][kBytes]
-	vdata []byte   // [blocks][vBytes]
-	pos   []int32  // [blocks][B]
-	meta  []pblock // [blocks]
+	arena  *Arena
+	bpc    int       // blocks per chunk
+	limit  int       // blocks at most
+	chunks []*pchunk // by slot; nil: given back to the arena
+	held   int       // blocks in the chunks held
+	meta   []pblock  // [len(chunks)·bpc]
+	closed bool
 
-	freeHead, freeTail int32 // LRU free list: allocate from the head
-	nfree              int
+	free, cached blist
+	nfree        int         // free.n + cached.n
+	idle         idleCounter // chunks held whose blocks are all unreferenced (read by other pools' growth)
 
 	index map[uint64]*prefixEntry // prefix cache: block hash → blocks
 
@@ -197,7 +225,7 @@ type PoolStats struct {
 	CopyOnWrite     int64 // shared blocks copied before a write
 }
 
-// NewPool allocates the arena.
+// NewPool makes a pool; it takes memory as blocks are used.
 func NewPool(cfg PoolConfig) (*Pool, error) {
 	if err := cfg.Layout.Validate(); err != nil {
 		return nil, err
@@ -212,7 +240,8 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if cfg.V == nil {
 		cfg.V = codec.F32
 	}
-	p := &Pool{layout: cfg.Layout, B: B, kc: cfg.K, vc: cfg.V, index: map[uint64]*prefixEntry{}}
+	p := &Pool{layout: cfg.Layout, B: B, kc: cfg.K, vc: cfg.V, index: map[uint64]*prefixEntry{},
+		free: blist{-1, -1, 0}, cached: blist{-1, -1, 0}}
 	if err := p.setKeyShift(cfg.KeyShift); err != nil {
 		return nil, err
 	}
@@ -223,6 +252,26 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	p.kBytes, p.vBytes, p.blockBytes = f.KBytes, f.VBytes, f.BlockBytes
 	p.group, p.residual = f.KeyGroup, f.Residual
 	heads := cfg.Layout.Layers * cfg.Layout.KVHeads
+	if cfg.Arena != nil {
+		if cfg.MemBytes > 0 || cfg.Tokens > 0 {
+			return nil, errors.New("kvcache: give the pool an arena, or a size in bytes or tokens, not both")
+		}
+		p.arena = cfg.Arena
+		p.bpc = p.fitBlocks(p.arena.chunk)
+		if p.bpc == 0 {
+			return nil, fmt.Errorf("kvcache: arena chunks of %d bytes cannot hold one %s/%s block of %d bytes", p.arena.chunk, cfg.K.Name(), cfg.V.Name(), p.blockBytes)
+		}
+		if int64(p.arena.max)*int64(p.bpc) > 1<<31-1 {
+			return nil, fmt.Errorf("kvcache: an arena of %d blocks is too large", int64(p.arena.max)*int64(p.bpc))
+		}
+		p.limit = p.arena.max * p.bpc
+		if p.limit < heads {
+			return nil, fmt.Errorf("kvcache: a budget of %d bytes holds %d blocks of %d bytes, fewer than one per (layer, KV head) (%d)",
+				p.arena.budget, p.limit, p.blockBytes, heads)
+		}
+		p.arena.register(p)
+		return p, nil
+	}
 	var blocks int64
 	switch {
 	case cfg.MemBytes > 0 && cfg.Tokens > 0:
@@ -241,17 +290,40 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if blocks > 1<<31-1 || blocks*int64(p.blockBytes) > 1<<40 {
 		return nil, fmt.Errorf("kvcache: pool of %d blocks is too large", blocks)
 	}
-	n := int(blocks)
-	p.kdata = make([]byte, n*p.kBytes)
-	p.vdata = make([]byte, n*p.vBytes)
-	p.pos = make([]int32, n*B)
-	p.meta = make([]pblock, n)
-	p.freeHead, p.freeTail = -1, -1
-	for i := range p.meta {
-		p.meta[i].prev, p.meta[i].next = -1, -1
-		p.pushFree(int32(i))
-	}
+	// An arena of its own, taken in eighths.
+	p.limit = int(blocks)
+	p.bpc = (p.limit + 7) / 8
+	chunk := p.chunkBytes(p.bpc)
+	p.arena = &Arena{chunk: chunk, max: (p.limit + p.bpc - 1) / p.bpc}
+	p.arena.budget = int64(p.arena.max) * int64(chunk)
+	p.arena.register(p)
 	return p, nil
+}
+
+// Chunk layout: the keys of its blocks, then their values, then their
+// positions, each region starting at a multiple of 64 bytes.
+
+func align64(n int) int { return (n + 63) &^ 63 }
+
+func (p *Pool) chunkOffsets(n int) (v, pos, end int) {
+	v = align64(n * p.kBytes)
+	pos = align64(v + n*p.vBytes)
+	return v, pos, pos + PosBytes*n*p.B
+}
+
+// chunkBytes is the size of a chunk of n blocks.
+func (p *Pool) chunkBytes(n int) int {
+	_, _, end := p.chunkOffsets(n)
+	return end
+}
+
+// fitBlocks is how many blocks a chunk of size bytes holds.
+func (p *Pool) fitBlocks(size int) int {
+	n := size / p.blockBytes
+	for n > 0 && p.chunkBytes(n) > size {
+		n--
+	}
+	return n
 }
 
 // setKeyShift checks a KeyShift and makes the per-table key codecs.
@@ -309,16 +381,18 @@ func (p *Pool) Codecs() (k, v codec.Codec) { return p.kc, p.vc }
 // Layout is the per-token shape the pool stores.
 func (p *Pool) Layout() Layout { return p.layout }
 
-// Blocks is the total number of blocks in the arena.
-func (p *Pool) Blocks() int { return len(p.meta) }
+// Blocks is the most blocks the pool can hold (when it holds the whole
+// arena).
+func (p *Pool) Blocks() int { return p.limit }
 
 // Usage is a snapshot of the pool's occupancy.
 type Usage struct {
-	Blocks     int   // in the arena
+	Blocks     int   // held: in the arena chunks the pool holds now
+	Capacity   int   // the most blocks the pool can hold
 	Used       int   // referenced by at least one sequence
 	Cached     int   // free, but still holding a findable prefix
 	Free       int   // not referenced (Cached included)
-	BytesTotal int64 // arena bytes
+	BytesTotal int64 // bytes of the arena chunks the pool holds
 	BytesUsed  int64 // bytes of the used blocks
 	PoolStats        // counters
 }
@@ -327,78 +401,254 @@ type Usage struct {
 func (p *Pool) Usage() Usage {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	u := Usage{Blocks: len(p.meta), Free: p.nfree, PoolStats: p.stats}
+	u := Usage{Blocks: p.held, Capacity: p.limit, Free: p.nfree, Cached: p.cached.n, PoolStats: p.stats}
 	u.Used = u.Blocks - u.Free
-	for _, e := range p.index {
-		for _, b := range e.blocks {
-			if p.meta[b].ref == 0 {
-				u.Cached++
-			}
+	for _, c := range p.chunks {
+		if c != nil {
+			u.BytesTotal += int64(len(c.mem))
 		}
 	}
-	u.BytesTotal = int64(u.Blocks) * int64(p.blockBytes)
 	u.BytesUsed = int64(u.Used) * int64(p.blockBytes)
 	return u
 }
 
-// The free list is intrusive and doubly linked: O(1) push, pop and removal.
+func (p *Pool) chunkOf(b int32) *pchunk { return p.chunks[int(b)/p.bpc] }
 
-func (p *Pool) pushFree(b int32) {
-	m := &p.meta[b]
-	m.prev, m.next, m.onFree = p.freeTail, -1, true
-	if p.freeTail >= 0 {
-		p.meta[p.freeTail].next = b
-	} else {
-		p.freeHead = b
+func (p *Pool) listOf(id uint8) *blist {
+	if id == listCached {
+		return &p.cached
 	}
-	p.freeTail = b
-	p.nfree++
+	return &p.free
 }
 
-func (p *Pool) unlinkFree(b int32) {
+// push appends b to the tail of list id.
+func (p *Pool) push(id uint8, b int32) {
+	l := p.listOf(id)
 	m := &p.meta[b]
+	m.prev, m.next, m.list = l.tail, -1, id
+	if l.tail >= 0 {
+		p.meta[l.tail].next = b
+	} else {
+		l.head = b
+	}
+	l.tail = b
+	l.n++
+	p.nfree++
+	if id == listCached {
+		p.chunkOf(b).cached++
+	}
+}
+
+// unlink takes b out of the list it is in.
+func (p *Pool) unlink(b int32) {
+	m := &p.meta[b]
+	if m.list == listNone {
+		return
+	}
+	l := p.listOf(m.list)
 	if m.prev >= 0 {
 		p.meta[m.prev].next = m.next
 	} else {
-		p.freeHead = m.next
+		l.head = m.next
 	}
 	if m.next >= 0 {
 		p.meta[m.next].prev = m.prev
 	} else {
-		p.freeTail = m.prev
+		l.tail = m.prev
 	}
-	m.prev, m.next, m.onFree = -1, -1, false
+	if m.list == listCached {
+		p.chunkOf(b).cached--
+	}
+	m.prev, m.next, m.list = -1, -1, listNone
+	l.n--
 	p.nfree--
 }
 
-// alloc takes the least recently freed block, dropping the cached prefix it
-// held, if any. The caller holds p.mu.
+// uncache moves b, whose prefix entry was dropped, from the cached list
+// to the free list if it waits there. The caller holds p.mu.
+func (p *Pool) uncache(b int32) {
+	if p.meta[b].list == listCached {
+		p.unlink(b)
+		p.push(listFree, b)
+	}
+}
+
+// busy notes that b got its first reference (+1) or lost its last (−1).
+func (p *Pool) busy(b int32, d int) {
+	c := p.chunkOf(b)
+	c.busy += d
+	switch {
+	case d > 0 && c.busy == 1:
+		p.idle.Add(-1)
+	case d < 0 && c.busy == 0:
+		p.idle.Add(1)
+	}
+}
+
+// grow takes a chunk from the arena (allowCached: also one of another
+// pool's that holds cached prefixes) and adds its blocks to the free
+// list. The caller holds p.mu.
+func (p *Pool) grow(allowCached bool) bool {
+	if p.closed || p.held >= p.limit {
+		return false
+	}
+	mem := p.arena.take(p, allowCached)
+	if mem == nil {
+		return false
+	}
+	n := min(p.bpc, p.limit-p.held)
+	slot := slices.Index(p.chunks, nil)
+	if slot < 0 {
+		slot = len(p.chunks)
+		p.chunks = append(p.chunks, nil)
+		p.meta = append(p.meta, make([]pblock, p.bpc)...)
+	}
+	vo, po, _ := p.chunkOffsets(n)
+	c := &pchunk{mem: mem, k: mem[:n*p.kBytes], v: mem[vo : vo+n*p.vBytes],
+		pos: unsafe.Slice((*int32)(unsafe.Pointer(&mem[po])), n*p.B)}
+	p.chunks[slot] = c
+	p.held += n
+	p.idle.Add(1)
+	for i := range n {
+		b := int32(slot*p.bpc + i)
+		p.meta[b] = pblock{prev: -1, next: -1}
+		p.push(listFree, b)
+	}
+	return true
+}
+
+// releaseIdleChunk gives back to the arena a chunk none of whose blocks
+// is referenced (allowCached: also one holding cached prefixes, which are
+// dropped), and returns its memory; nil if there is none. The caller
+// holds p.mu.
+func (p *Pool) releaseIdleChunk(allowCached bool) []byte {
+	slot := -1
+	for i, c := range p.chunks {
+		if c != nil && c.busy == 0 && c.cached == 0 {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 && allowCached {
+		// The chunk of the least recently used cached block that has no
+		// referenced block (sequences free their newest blocks first, so
+		// the tails of prefixes go before their heads).
+		for b := p.cached.head; b >= 0; b = p.meta[b].next {
+			if p.chunkOf(b).busy == 0 {
+				slot = int(b) / p.bpc
+				break
+			}
+		}
+	}
+	if slot >= 0 {
+		c := p.chunks[slot]
+		n := len(c.pos) / p.B
+		for i := range n {
+			if e := p.meta[slot*p.bpc+i].entry; e != nil {
+				p.dropEntry(e)
+				p.stats.PrefixEvictions++
+			}
+		}
+		for i := range n {
+			b := int32(slot*p.bpc + i)
+			p.unlink(b)
+			p.meta[b] = pblock{prev: -1, next: -1}
+		}
+		p.chunks[slot] = nil
+		p.held -= n
+		p.idle.Add(-1)
+		return c.mem
+	}
+	return nil
+}
+
+// obtainable is how many blocks alloc can give now: the free ones and
+// those of the chunks the arena could hand over. The caller holds p.mu.
+func (p *Pool) obtainable() int {
+	return p.nfree + min(p.limit-p.held, p.arena.spare(p)*p.bpc)
+}
+
+// Obtainable is how many blocks the pool can allocate now: its free ones
+// and those of the arena chunks it could take (new ones, or ones other
+// pools use only for free blocks or cached prefixes).
+func (p *Pool) Obtainable() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.obtainable()
+}
+
+// Close gives the pool's memory back to its arena. Every sequence of the
+// pool must be freed first; the pool cannot be used afterwards.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	var mems [][]byte
+	for _, c := range p.chunks {
+		if c != nil && c.busy > 0 {
+			return fmt.Errorf("kvcache: closing a pool that still has %d blocks in use", p.held-p.nfree)
+		}
+		if c != nil {
+			mems = append(mems, c.mem)
+		}
+	}
+	p.closed = true
+	p.arena.give(p, mems)
+	p.chunks, p.meta, p.held, p.nfree = nil, nil, 0, 0
+	p.free, p.cached = blist{-1, -1, 0}, blist{-1, -1, 0}
+	p.index = map[uint64]*prefixEntry{}
+	p.idle.Store(0)
+	return nil
+}
+
+// alloc takes a block: a free one; else one of a new chunk (or a chunk
+// another pool of the arena does not use); else the least recently used
+// cached one, dropping its prefix; else one of a chunk another pool only
+// keeps cached prefixes in. The caller holds p.mu.
 func (p *Pool) alloc() (int32, error) {
-	b := p.freeHead
-	if b < 0 {
+	if p.free.n == 0 {
+		p.grow(false)
+	}
+	if p.free.n == 0 && p.cached.n == 0 {
+		p.grow(true)
+	}
+	var b int32
+	switch {
+	case p.free.n > 0:
+		b = p.free.head
+	case p.cached.n > 0:
+		b = p.cached.head
+	case p.closed:
+		return -1, errors.New("kvcache: the pool is closed")
+	default:
 		return -1, ErrNoBlocks
 	}
-	p.unlinkFree(b)
+	p.unlink(b)
 	m := &p.meta[b]
 	if m.entry != nil {
 		p.dropEntry(m.entry)
 		p.stats.PrefixEvictions++
 	}
 	m.ref, m.n = 1, 0
+	p.busy(b, 1)
 	return b, nil
 }
 
-// incref takes one more reference; a free block leaves the free list.
+// incref takes one more reference; a free block leaves its list.
 func (p *Pool) incref(b int32) {
 	m := &p.meta[b]
-	if m.ref == 0 && m.onFree {
-		p.unlinkFree(b)
+	if m.ref == 0 {
+		p.unlink(b)
+		p.busy(b, 1)
 	}
 	m.ref++
 }
 
-// decref drops a reference; at zero the block joins the free list's tail,
-// keeping its data (and its prefix entry) until it is reused.
+// decref drops a reference; at zero the block joins the tail of the free
+// list, or of the cached list if it holds a prefix entry: it keeps its
+// data (and entry) until it is reused.
 func (p *Pool) decref(b int32) {
 	m := &p.meta[b]
 	if m.ref <= 0 {
@@ -406,19 +656,29 @@ func (p *Pool) decref(b int32) {
 	}
 	m.ref--
 	if m.ref == 0 {
-		p.pushFree(b)
+		p.busy(b, -1)
+		if m.entry != nil {
+			p.push(listCached, b)
+		} else {
+			p.push(listFree, b)
+		}
 	}
 }
 
 // Block data views.
 
 func (p *Pool) kbuf(b int32) []byte {
-	return p.kdata[int(b)*p.kBytes : (int(b)+1)*p.kBytes : (int(b)+1)*p.kBytes]
+	c, i := p.chunks[int(b)/p.bpc], int(b)%p.bpc
+	return c.k[i*p.kBytes : (i+1)*p.kBytes : (i+1)*p.kBytes]
 }
 func (p *Pool) vbuf(b int32) []byte {
-	return p.vdata[int(b)*p.vBytes : (int(b)+1)*p.vBytes : (int(b)+1)*p.vBytes]
+	c, i := p.chunks[int(b)/p.bpc], int(b)%p.bpc
+	return c.v[i*p.vBytes : (i+1)*p.vBytes : (i+1)*p.vBytes]
 }
-func (p *Pool) posbuf(b int32) []int32 { return p.pos[int(b)*p.B : (int(b)+1)*p.B : (int(b)+1)*p.B] }
+func (p *Pool) posbuf(b int32) []int32 {
+	c, i := p.chunks[int(b)/p.bpc], int(b)%p.bpc
+	return c.pos[i*p.B : (i+1)*p.B : (i+1)*p.B]
+}
 
 // copyBlock copies the first n slots of block src into block dst.
 func (p *Pool) copyBlock(dst, src int32, n int) {

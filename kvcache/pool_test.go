@@ -105,32 +105,80 @@ func refsFromTables(seqs []*Paged) map[int32]int32 {
 }
 
 // checkInvariants: reference counts equal the references tables hold, never
-// negative; free-list membership matches ref == 0; counts add up.
+// negative; list membership matches ref == 0 (the cached list: a prefix
+// entry); chunk and list counts add up.
 func checkInvariants(t testing.TB, p *Pool, seqs []*Paged) {
 	t.Helper()
 	refs := refsFromTables(seqs)
-	free := 0
+	inList := map[uint8]int{}
+	held := 0
 	for b := range p.meta {
 		m := p.meta[b]
+		c := p.chunks[b/p.bpc]
+		if c == nil || b%p.bpc >= len(c.pos)/p.B {
+			if m.ref != 0 || m.list != listNone || m.entry != nil || refs[int32(b)] != 0 {
+				t.Fatalf("absent block %d: %+v, tables hold %d", b, m, refs[int32(b)])
+			}
+			continue
+		}
+		held++
 		if m.ref < 0 {
 			t.Fatalf("block %d has reference count %d", b, m.ref)
 		}
 		if m.ref != refs[int32(b)] {
 			t.Fatalf("block %d has reference count %d, tables hold %d", b, m.ref, refs[int32(b)])
 		}
-		if (m.ref == 0) != m.onFree {
-			t.Fatalf("block %d: ref %d but onFree %v", b, m.ref, m.onFree)
+		want := uint8(listNone)
+		if m.ref == 0 {
+			want = listFree
+			if m.entry != nil {
+				want = listCached
+			}
 		}
-		if m.onFree {
-			free++
+		if m.list != want {
+			t.Fatalf("block %d: ref %d entry %v in list %d, want %d", b, m.ref, m.entry != nil, m.list, want)
+		}
+		inList[m.list]++
+	}
+	for _, l := range []struct {
+		id uint8
+		l  blist
+	}{{listFree, p.free}, {listCached, p.cached}} {
+		n := 0
+		for b := l.l.head; b >= 0; b = p.meta[b].next {
+			n++
+		}
+		if n != l.l.n || n != inList[l.id] {
+			t.Fatalf("list %d has %d blocks, counter %d, flags %d", l.id, n, l.l.n, inList[l.id])
 		}
 	}
-	n := 0
-	for b := p.freeHead; b >= 0; b = p.meta[b].next {
-		n++
+	if p.nfree != p.free.n+p.cached.n || held != p.held {
+		t.Fatalf("nfree %d (lists %d + %d), held %d (present %d)", p.nfree, p.free.n, p.cached.n, p.held, held)
 	}
-	if free != p.nfree || n != p.nfree {
-		t.Fatalf("free list has %d blocks, counter %d, flags %d", n, p.nfree, free)
+	idle := 0
+	for slot, c := range p.chunks {
+		if c == nil {
+			continue
+		}
+		busy, cached := 0, 0
+		for i := range len(c.pos) / p.B {
+			m := p.meta[slot*p.bpc+i]
+			if m.ref > 0 {
+				busy++
+			}
+			if m.list == listCached {
+				cached++
+			}
+		}
+		if busy != c.busy || cached != c.cached {
+			t.Fatalf("chunk %d: busy %d cached %d, blocks say %d and %d", slot, c.busy, c.cached, busy, cached)
+		}
+		if busy == 0 {
+			idle++
+		}
+	}
+	if int64(idle) != p.idle.Load() {
+		t.Fatalf("%d idle chunks, counter %d", idle, p.idle.Load())
 	}
 }
 

@@ -64,6 +64,7 @@ func (p *Pool) dropEntry(e *prefixEntry) {
 	for _, b := range e.blocks {
 		if p.meta[b].entry == e {
 			p.meta[b].entry = nil
+			p.uncache(b)
 		}
 	}
 }

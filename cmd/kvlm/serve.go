@@ -41,7 +41,7 @@ func (f *serveFlags) register(c *cobra.Command) {
 	fl.StringVarP(&f.model, "model", "m", "", "model file: GGUF, or a llama2.c checkpoint (then --tokenizer)")
 	fl.StringVar(&f.tokenizer, "tokenizer", "", "llama2.c tokenizer.bin (required for llama2.c checkpoints, overrides a GGUF's)")
 	fl.BoolVar(&f.mmap, "mmap", false, mmapUsage)
-	fl.StringVar(&f.kvMem, "kv-mem", "", "KV byte budget of all sequences together, e.g. 256MiB (default: --max-running full contexts, at most 4GiB)")
+	fl.StringVar(&f.kvMem, "kv-mem", "", "KV memory of all sequences and codec pools together, cached prefixes included, e.g. 256MiB (default: --max-running full contexts, at most 4GiB)")
 	fl.StringVar(&f.kvType, "kv-type", "f32", "default KV codec for keys and values (a request's kv.type_k/type_v may choose others)")
 	fl.StringVar(&f.kvTypeK, "kv-type-k", "", "default codec of the keys (overrides --kv-type)")
 	fl.StringVar(&f.kvTypeV, "kv-type-v", "", "default codec of the values (overrides --kv-type)")
