@@ -104,8 +104,8 @@ type Engine struct {
 	preempted []*seqState
 	slots     map[int]*slot
 
-	fpOnce sync.Once
-	fp     string
+	fpStop atomic.Bool   // Close: give up the fingerprint started by New
+	fpDone chan struct{} // closed when it ended
 
 	shiftOnce sync.Once
 	shift     [][]float32 // key means for q8/q4 key pools (Config.KeyShiftPrompt)
@@ -176,6 +176,13 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	if e.defPool, err = e.pool(cfg.K, cfg.V); err != nil {
 		return nil, err
 	}
+	// The weights' fingerprint (slots, system_fingerprint), in the
+	// background: loading does not wait for it.
+	e.fpDone = make(chan struct{})
+	go func() {
+		defer close(e.fpDone)
+		fingerprint(m, &e.fpStop)
+	}()
 	go e.loop()
 	return e, nil
 }
@@ -522,8 +529,10 @@ func (e *Engine) Close() {
 	}
 	e.closed = true
 	e.mu.Unlock()
+	e.fpStop.Store(true) // the model may be closed after the engine
 	e.wake()
 	<-e.doneCh
+	<-e.fpDone
 }
 
 // do runs fn on the scheduler goroutine and waits for it.

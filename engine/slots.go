@@ -30,7 +30,13 @@ import (
 	"hash"
 	"io"
 	"math"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
+	"weak"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/model"
@@ -68,39 +74,165 @@ type slotHeader struct {
 	Checksum string `json:"checksum"` // sha256 algorithm name, for readers
 }
 
-// Fingerprint identifies a model's weights: a hash of its shape and of
-// samples of its tensors (rows at the start, middle and end of each, as
-// float32, so that the layout the weights were loaded in does not count:
-// tensor.NewPanelMatrix). A slot file restores only into the same model.
+// Fingerprint identifies a model's weights: a sha256 over its shape
+// (Config) and, for every tensor in a fixed order (name, type, shape), the
+// xxhash64 of every byte of it in the row layout of a GGUF file
+// (tensor.Matrix.WriteRows: the layout the weights were loaded in, panels
+// or rows, mapped or read, does not count). A slot file restores only into
+// a model of the same fingerprint. It is computed once per model (tensors
+// hashed in parallel; the engine starts it in the background when it is
+// made) and cached: weights must not change after the first call.
 func Fingerprint(m *model.Model) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%+v", m.Config)
-	var row []float32
-	var buf []byte
-	sampleRows := func(w *tensor.Matrix) {
-		row = slices.Grow(row[:0], w.Cols)[:w.Cols]
-		for _, i := range []int{0, 1, w.Rows / 2, w.Rows - 2, w.Rows - 1} {
-			w.Row(max(i, 0), row)
-			buf = buf[:0]
-			for _, v := range row {
-				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
-			}
-			h.Write(buf)
-		}
-	}
-	sampleRows(m.TokEmb)
-	sampleRows(m.Output)
-	for _, l := range m.Layers {
-		sampleRows(l.Wq)
-		sampleRows(l.WDown)
-	}
-	return hex.EncodeToString(h.Sum(nil))[:32]
+	fp, _ := fingerprint(m, nil)
+	return fp
 }
 
-func (e *Engine) fingerprint() string {
-	e.fpOnce.Do(func() { e.fp = Fingerprint(e.m) })
-	return e.fp
+// fpEntry caches a model's fingerprint; fpCache maps weak pointers to
+// models to their entries (dropped when a model is collected).
+type fpEntry struct {
+	mu sync.Mutex
+	fp string
 }
+
+var fpCache sync.Map // weak.Pointer[model.Model] → *fpEntry
+
+var errFingerprintStopped = errors.New("engine: fingerprint stopped")
+
+// fingerprint is Fingerprint, given up (errFingerprintStopped) once stop
+// is set.
+func fingerprint(m *model.Model, stop *atomic.Bool) (string, error) {
+	k := weak.Make(m)
+	v, ok := fpCache.Load(k)
+	if !ok {
+		var loaded bool
+		if v, loaded = fpCache.LoadOrStore(k, &fpEntry{}); !loaded {
+			runtime.AddCleanup(m, func(k weak.Pointer[model.Model]) { fpCache.Delete(k) }, k)
+		}
+	}
+	e := v.(*fpEntry)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.fp == "" {
+		fp, err := computeFingerprint(m, stop)
+		if err != nil {
+			return "", err
+		}
+		e.fp = fp
+	}
+	return e.fp, nil
+}
+
+// stopWriter hashes what is written until stop is set.
+type stopWriter struct {
+	h    *xxhash.Digest
+	stop *atomic.Bool
+}
+
+func (w stopWriter) Write(p []byte) (int, error) {
+	if w.stop != nil && w.stop.Load() {
+		return 0, errFingerprintStopped
+	}
+	return w.h.Write(p)
+}
+
+func computeFingerprint(m *model.Model, stop *atomic.Bool) (string, error) {
+	type tensorHash struct {
+		name string
+		mat  *tensor.Matrix
+		vec  []float32
+		sum  uint64
+	}
+	var ts []*tensorHash
+	addM := func(name string, w *tensor.Matrix) {
+		if w != nil {
+			ts = append(ts, &tensorHash{name: name, mat: w})
+		}
+	}
+	addV := func(name string, v []float32) {
+		if v != nil {
+			ts = append(ts, &tensorHash{name: name, vec: v})
+		}
+	}
+	addM("token_embd", m.TokEmb)
+	if m.Output != m.TokEmb {
+		addM("output", m.Output)
+	}
+	addV("output_norm", m.OutNorm)
+	for i, l := range m.Layers {
+		b := fmt.Sprintf("blk.%d.", i)
+		addV(b+"attn_norm", l.AttnNorm)
+		addM(b+"attn_q", l.Wq)
+		addM(b+"attn_k", l.Wk)
+		addM(b+"attn_v", l.Wv)
+		addM(b+"attn_output", l.Wo)
+		addV(b+"attn_q.bias", l.Bq)
+		addV(b+"attn_k.bias", l.Bk)
+		addV(b+"attn_v.bias", l.Bv)
+		addV(b+"ffn_norm", l.FFNNorm)
+		addM(b+"ffn_gate", l.WGate)
+		addM(b+"ffn_up", l.WUp)
+		addM(b+"ffn_down", l.WDown)
+	}
+	// Largest first, over a few workers: the embedding alone may be a
+	// tenth of a model.
+	order := slices.Clone(ts)
+	size := func(t *tensorHash) int {
+		if t.mat != nil {
+			return len(t.mat.Data)
+		}
+		return 4 * len(t.vec)
+	}
+	slices.SortStableFunc(order, func(a, b *tensorHash) int { return size(b) - size(a) })
+	next := make(chan *tensorHash, len(order))
+	for _, t := range order {
+		next <- t
+	}
+	close(next)
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	for range min(len(order), max(1, runtime.GOMAXPROCS(0)/2), 8) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var buf []byte
+			for t := range next {
+				h := xxhash.New()
+				w := stopWriter{h, stop}
+				var err error
+				if t.mat != nil {
+					err = t.mat.WriteRows(w)
+				} else {
+					buf = buf[:0]
+					for _, x := range t.vec {
+						buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(x))
+					}
+					_, err = w.Write(buf)
+				}
+				if err != nil {
+					failed.Store(true)
+					return
+				}
+				t.sum = h.Sum64()
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() {
+		return "", errFingerprintStopped
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "kvlm model fingerprint 2\n%+v\n", m.Config)
+	for _, t := range ts {
+		if t.mat != nil {
+			fmt.Fprintf(h, "%s %s %dx%d %016x\n", t.name, t.mat.Type, t.mat.Rows, t.mat.Cols, t.sum)
+		} else {
+			fmt.Fprintf(h, "%s f32 %d %016x\n", t.name, len(t.vec), t.sum)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32], nil
+}
+
+func (e *Engine) fingerprint() string { return Fingerprint(e.m) }
 
 // keepSlot moves a finished sample's cache into slot id. Scheduler only.
 func (e *Engine) keepSlot(id int, s *seqState) {
