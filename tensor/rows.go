@@ -1,6 +1,9 @@
 package tensor
 
-import "io"
+import (
+	"io"
+	"unsafe"
+)
 
 // WriteRows writes the matrix's values to w in the row layout NewMatrix
 // takes (row after row, RowBytes(Cols) bytes each: the bytes a GGUF file
@@ -19,17 +22,7 @@ func (m *Matrix) WriteRows(w io.Writer) error {
 	for p := range m.panels {
 		pd := m.Data[p*g : (p+1)*g]
 		if half {
-			// Tile t holds columns 16t…16t+15 of the 16 rows, column-major.
-			for t := range m.Cols / 16 {
-				tile := pd[t*512 : (t+1)*512]
-				for l := range 16 {
-					col := tile[32*l : 32*l+32]
-					o := 2 * (16*t + l)
-					for j := range panelRows {
-						buf[j*rb+o], buf[j*rb+o+1] = col[2*j], col[2*j+1]
-					}
-				}
-			}
+			unpanelHalf(buf, pd, m.Cols)
 		} else {
 			for b := range m.Cols / vals {
 				for j := range panelRows {
@@ -44,4 +37,34 @@ func (m *Matrix) WriteRows(w io.Writer) error {
 	}
 	_, err := w.Write(m.Data[m.panels*g:])
 	return err
+}
+
+// unpanelHalf writes the 16 rows of a half-float panel pd (cols values
+// each) row by row to dst. Tile t holds columns 16t…16t+15 of the 16 rows,
+// column-major: row j's value at column 16t+l is at 32·l + 2·j. Each row's
+// 16 values of a tile are written together.
+func unpanelHalf(dst, pd []byte, cols int) {
+	if uintptr(unsafe.Pointer(unsafe.SliceData(pd)))%2 != 0 || uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%2 != 0 {
+		for t := range cols / 16 {
+			tile := pd[t*512 : (t+1)*512]
+			for j := range panelRows {
+				row := dst[2*(j*cols+16*t) : 2*(j*cols+16*t+16)]
+				for l := range 16 {
+					row[2*l], row[2*l+1] = tile[32*l+2*j], tile[32*l+2*j+1]
+				}
+			}
+		}
+		return
+	}
+	src := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(pd))), len(pd)/2)
+	out := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(dst))), len(dst)/2)
+	for t := range cols / 16 {
+		tile := (*[256]uint16)(src[t*256 : (t+1)*256])
+		for j := range panelRows {
+			row := (*[16]uint16)(out[j*cols+16*t : j*cols+16*t+16])
+			for l := range 16 {
+				row[l] = tile[16*l+j]
+			}
+		}
+	}
 }

@@ -15,26 +15,31 @@ func TestWriteRows(t *testing.T) {
 		typ        DType
 		rows, cols int
 		panels     bool
+		odd        bool // data at an odd address (the byte-by-byte path)
 	}{
-		{F32, 5, 7, false},
-		{F16, 32, 48, true},
-		{F16, 37, 32, true}, // 5 rows after the panels
-		{BF16, 16, 16, true},
-		{BF16, 3, 32, false}, // fewer rows than a panel
-		{Q8_0, 32, 64, true},
-		{Q8_0, 20, 64, false}, // rows not a multiple of 16: rows
-		{Q4_0, 16, 96, true},
-		{Q4_K, 16, 512, true},
-		{Q6_K, 32, 512, true},
+		{F16, 32, 64, true, true},
+		{F32, 5, 7, false, false},
+		{F16, 32, 48, true, false},
+		{F16, 37, 32, true, false}, // 5 rows after the panels
+		{BF16, 16, 16, true, false},
+		{BF16, 3, 32, false, false}, // fewer rows than a panel
+		{Q8_0, 32, 64, true, false},
+		{Q8_0, 20, 64, false, false}, // rows not a multiple of 16: rows
+		{Q4_0, 16, 96, true, false},
+		{Q4_K, 16, 512, true, false},
+		{Q6_K, 32, 512, true, false},
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, c := range cases {
-		t.Run(fmt.Sprintf("%s %dx%d", c.typ, c.rows, c.cols), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s %dx%d odd %v", c.typ, c.rows, c.cols, c.odd), func(t *testing.T) {
 			rb, err := c.typ.RowBytes(c.cols)
 			if err != nil {
 				t.Fatal(err)
 			}
-			data := make([]byte, c.rows*rb)
+			data := make([]byte, c.rows*rb+1)[:c.rows*rb]
+			if c.odd {
+				data = make([]byte, c.rows*rb+1)[1:]
+			}
 			for i := range data {
 				data[i] = byte(rng.Uint32())
 			}
