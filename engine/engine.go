@@ -390,8 +390,8 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 			return nil, invalid("kv: %v", err)
 		}
 	}
-	if need := e.admitBytes(pool, len(r.Prompt), r.N); need > e.budget {
-		return nil, invalid("the prompt needs %d bytes of KV cache, more than the whole pool (%d bytes)", need, e.budget)
+	if need, whole := e.admitBytes(pool, len(r.Prompt), r.N), int64(pool.Blocks())*int64(pool.BlockBytes()); need > whole {
+		return nil, invalid("the prompt needs %d bytes of KV cache, more than the whole pool (%d bytes)", need, whole)
 	}
 	h := newHandle(r.N, e.wake)
 	e.mu.Lock()

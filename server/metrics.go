@@ -142,7 +142,7 @@ type engineCollector struct {
 }
 
 var (
-	dBlocksTotal  = prometheus.NewDesc("kvlm_kv_blocks_total", "KV blocks the pool's arena holds (each pool is sized to the whole budget).", []string{"pool"}, nil)
+	dBlocksTotal  = prometheus.NewDesc("kvlm_kv_blocks_total", "KV blocks the pool holds memory for now (taken from the one KV arena of all pools as it grows).", []string{"pool"}, nil)
 	dBlocksUsed   = prometheus.NewDesc("kvlm_kv_blocks_used", "KV blocks referenced by sequences.", []string{"pool"}, nil)
 	dBlocksCached = prometheus.NewDesc("kvlm_kv_blocks_cached", "Free KV blocks still holding a reusable prompt prefix.", []string{"pool"}, nil)
 	dBlocksBudget = prometheus.NewDesc("kvlm_kv_budget_blocks", "KV blocks of the default codecs that the byte budget holds.", nil, nil)
