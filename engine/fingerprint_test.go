@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvlm/kvlm/convert"
@@ -122,5 +123,19 @@ func TestFingerprintLayout(t *testing.T) {
 				t.Fatalf("read %s, mapped %s", a, b)
 			}
 		})
+	}
+}
+
+// A fingerprint given up (the engine closed while it ran) is not cached as
+// a result: the next call computes it.
+func TestFingerprintStop(t *testing.T) {
+	m, _ := loadStories(t)
+	var stop atomic.Bool
+	stop.Store(true)
+	if fp, err := fingerprint(m, &stop); !errors.Is(err, errFingerprintStopped) || fp != "" {
+		t.Fatalf("stopped: %q %v", fp, err)
+	}
+	if fp := Fingerprint(m); len(fp) != 32 {
+		t.Fatalf("after a stopped one: %q", fp)
 	}
 }

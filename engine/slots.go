@@ -129,10 +129,16 @@ type stopWriter struct {
 }
 
 func (w stopWriter) Write(p []byte) (int, error) {
-	if w.stop != nil && w.stop.Load() {
-		return 0, errFingerprintStopped
+	n := 0
+	for len(p) > 0 { // a MiB at a time: a mapped tensor may be read from disk
+		if w.stop != nil && w.stop.Load() {
+			return n, errFingerprintStopped
+		}
+		c := min(len(p), 1<<20)
+		w.h.Write(p[:c])
+		n, p = n+c, p[c:]
 	}
-	return w.h.Write(p)
+	return n, nil
 }
 
 func computeFingerprint(m *model.Model, stop *atomic.Bool) (string, error) {
