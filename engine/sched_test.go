@@ -486,19 +486,31 @@ func TestEngineMaxRunningCountsSamples(t *testing.T) {
 		name       string
 		maxRunning int
 		ns         []int // n of each request, submitted together
+		kvMem      int64 // small: samples are preempted (and readmitted)
+		long       bool  // long prompts, prefilled 8 tokens a step: preempted while prefilling, before their fork
 	}{
-		{"n=4 then singles", 4, []int{4, 1, 1, 1}},
-		{"singles then n=3", 4, []int{1, 3, 1, 2}},
-		{"two n=2", 3, []int{2, 2, 1}},
+		{"n=4 then singles", 4, []int{4, 1, 1, 1}, 0, false},
+		{"singles then n=3", 4, []int{1, 3, 1, 2}, 0, false},
+		{"two n=2", 3, []int{2, 2, 1}, 0, false},
+		{"preempted", 4, []int{3, 3, 1, 2, 4}, 120 << 10, false},
+		{"preempted in prefill", 4, []int{1, 3, 3, 1, 2}, 200 << 10, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			w := &stepWatch{}
-			e := newEngine(t, m, Config{MaxRunning: c.maxRunning, Observer: w})
+			cfg := Config{MaxRunning: c.maxRunning, KVMem: c.kvMem, Observer: w}
+			if c.long {
+				cfg.PrefillChunk = 8
+			}
+			e := newEngine(t, m, cfg)
 			w.e = e
 			var hs []*Handle
 			for i, n := range c.ns {
-				hs = append(hs, must(e.Submit(GenRequest{Prompt: ps[i], MaxTokens: 20, N: n,
+				prompt := ps[i]
+				if c.long {
+					prompt = slices.Concat(ps[i], ps[(i+1)%len(ps)], ps[(i+2)%len(ps)], ps[(i+3)%len(ps)])
+				}
+				hs = append(hs, must(e.Submit(GenRequest{Prompt: prompt, MaxTokens: 40, N: n,
 					Sampling: sample.Params{Temperature: 1, Seed: uint64(i + 1)}})))
 			}
 			for i, h := range hs {
@@ -513,6 +525,9 @@ func TestEngineMaxRunningCountsSamples(t *testing.T) {
 			defer w.mu.Unlock()
 			if w.max > c.maxRunning {
 				t.Errorf("%d samples ran at once, MaxRunning is %d", w.max, c.maxRunning)
+			}
+			if c.kvMem > 0 && e.Stats().Preemptions == 0 {
+				t.Errorf("nothing was preempted with %d bytes of KV", c.kvMem)
 			}
 			if w.max < c.maxRunning-1 {
 				t.Errorf("at most %d samples ran at once: the test does not load the engine (MaxRunning %d)", w.max, c.maxRunning)
