@@ -49,7 +49,7 @@ type Config struct {
 	MaxRunning   int    // samples decoded together at most (32)
 	MaxQueue     int    // requests waiting at most; more get ErrQueueFull (256)
 	PrefillChunk int    // prompt tokens run per scheduler step (model.DefaultChunk)
-	MaxPools     int    // distinct (K, V) codec pairs at most (4)
+	MaxPools     int    // distinct (K, V) codec pairs at most (4); another while all are held: ErrPoolsBusy
 	MaxN         int    // samples per request at most (16)
 	Observer     Observer
 	// KeyShiftPrompt, if set (usually just the BOS token), makes pools
@@ -470,7 +470,7 @@ func sealBlocks(p *kvcache.Pool) int {
 
 // Stats is a snapshot of the engine for metrics.
 type Stats struct {
-	Running, Waiting int   // samples decoding or prefilling; requests and preempted samples waiting
+	Running, Waiting int   // samples decoding or prefilling (a request counts its n until they are forked, as MaxRunning does); requests and preempted samples waiting
 	BudgetBytes      int64 // the KV byte budget
 	UsedBytes        int64 // referenced by sequences, all pools
 	ArenaBytes       int64 // KV memory allocated (arena chunks; never more than BudgetBytes)

@@ -47,8 +47,8 @@ func (f *serveFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.kvTypeV, "kv-type-v", "", "default codec of the values (overrides --kv-type)")
 	fl.IntVar(&f.kvBlock, "kv-block", kvcache.DefaultBlockTokens, "KV cache block size in tokens")
 	fl.BoolVar(&f.keyShift, "kv-key-shift", true, "store q8/q4 keys around the model's mean keys (estimated once from a text the model writes from BOS; see docs/KVCACHE.md)")
-	fl.IntVar(&f.maxRunning, "max-running", 32, "sequences decoded together at most (the batch)")
-	fl.IntVar(&f.maxQueue, "max-queue", 256, "requests waiting at most; more are refused with 429")
+	fl.IntVar(&f.maxRunning, "max-running", 32, "sequences decoded together at most (the batch; each sample of an n > 1 request counts)")
+	fl.IntVar(&f.maxQueue, "max-queue", 256, "requests waiting at most; more are refused with 429 and Retry-After")
 	fl.IntVar(&f.chunk, "chunk", model.DefaultChunk, "prompt tokens prefilled per scheduler step, between decode steps")
 	fl.StringVar(&f.template, "chat-template", "", "chat template: "+strings.Join(server.TemplateNames(), ", ")+" (default: from the GGUF metadata; plain for llama2.c checkpoints)")
 }
