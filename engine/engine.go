@@ -37,8 +37,8 @@ import (
 
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
-	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 )
 
 // Config sets up an Engine. Zero fields take the defaults given.

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/kvlm/kvlm/kvcache"
-	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 	"github.com/kvlm/kvlm/sample"
 )
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/kvlm/kvlm/internal/shared"
-	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 	"github.com/kvlm/kvlm/tokenizer"
 )
 

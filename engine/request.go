@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvlm/kvlm/kvcache/policy"
+	"github.com/kvlm/kvlm/policy"
 	"github.com/kvlm/kvlm/sample"
 )
 

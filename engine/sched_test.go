@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/kvlm/kvlm/internal/shared"
-	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 	"github.com/kvlm/kvlm/sample"
 	"github.com/kvlm/kvlm/tokenizer"
 )

@@ -5,8 +5,8 @@ import (
 	"math"
 	"time"
 
-	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 )
 
 // Trial is one compress-then-continue measurement: prefill Context,

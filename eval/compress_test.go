@@ -7,8 +7,8 @@ import (
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/internal/shared"
 	"github.com/kvlm/kvlm/kvcache/codec"
-	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 )
 
 // TestTrial: the full cache agrees with itself exactly; compression and

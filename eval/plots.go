@@ -19,7 +19,7 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
 
-	"github.com/kvlm/kvlm/kvcache/policy"
+	"github.com/kvlm/kvlm/policy"
 )
 
 // Figure is one plot written as PNG and SVG.

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 )
 
 // CompressResult is a compress-then-continue perplexity.

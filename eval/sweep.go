@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/kvlm/kvlm/kvcache/codec"
-	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/kvcalc"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 	"github.com/kvlm/kvlm/tokenizer"
 )
 

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/kvlm/kvlm/internal/shared"
-	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 )
 
 // TestSlidingWindowWithPolicies: a KV policy that keeps more than the

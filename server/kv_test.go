@@ -7,8 +7,8 @@ import (
 
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/internal/shared"
-	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 )
 
 // storyIDs is the first n tokens of the TinyStories validation text.

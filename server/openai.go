@@ -14,7 +14,7 @@ import (
 
 	"github.com/kvlm/kvlm/chat"
 	"github.com/kvlm/kvlm/engine"
-	"github.com/kvlm/kvlm/kvcache/policy"
+	"github.com/kvlm/kvlm/policy"
 	"github.com/kvlm/kvlm/sample"
 	"github.com/kvlm/kvlm/tokenizer"
 )

@@ -13,8 +13,8 @@ import (
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
-	"github.com/kvlm/kvlm/kvcache/policy"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"
 )

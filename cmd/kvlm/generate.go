@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/kvlm/kvlm/engine"
-	"github.com/kvlm/kvlm/kvcache/policy"
+	"github.com/kvlm/kvlm/policy"
 	"github.com/kvlm/kvlm/sample"
 	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"

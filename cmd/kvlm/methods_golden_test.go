@@ -15,7 +15,7 @@ import (
 
 var updateMethodsGolden = flag.Bool("update-methods-golden", false, "rewrite testdata/methods_golden.json from this build")
 
-// methodCases are the KV methods of kvcache/policy's invariant table plus
+// methodCases are the KV methods of policy's invariant table plus
 // pyramidinfer and minicache, as a user asks for them on the command line.
 var methodCases = []struct {
 	name  string
