@@ -311,9 +311,10 @@ func docTable(text string) (map[string][]string, error) {
 			}
 			continue
 		}
-		cells := strings.Split(strings.Trim(line, "|"), "|")
+		// A cell may hold an escaped bar (\|): split on the others only.
+		cells := strings.Split(strings.Trim(strings.ReplaceAll(line, `\|`, "\x00"), "|"), "|")
 		for i := range cells {
-			cells[i] = strings.TrimSpace(cells[i])
+			cells[i] = strings.TrimSpace(strings.ReplaceAll(cells[i], "\x00", "|"))
 		}
 		if col < 0 {
 			if cells[0] != "package" {
@@ -521,7 +522,7 @@ func TestArchitectureDoc(t *testing.T) {
 func TestDocParsers(t *testing.T) {
 	table := "## Packages\n\n| package | holds | imports |\n|---|---|---|\n" +
 		"| `a` | things (`X`, `Y`) | – |\n" +
-		"| `b` | more | `a` (for `X`), `c` |\n" +
+		"| `b` | more, `x \\| y` | `a` (for `X`), `c` |\n" +
 		"| `c` | none | `a` |\n\nDifferences:\n| `z` | not in the table | `a` |\n"
 	cells := []struct {
 		name, cell string
