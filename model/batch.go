@@ -32,12 +32,15 @@ var batchScratches sync.Pool
 // the attention (with the sequence's Mass hook and AttnTap) and the
 // position counters are per sequence, exactly as Forward does for one
 // token, so the logits equal a per-sequence Forward (to float rounding of
-// the batched kernels; bit for bit with F32 weights). Sequences must be
-// distinct and belong to m. Before anything is written, every sequence is
-// checked (position, token id, room in its pool for one token): on an
-// error nothing has changed. The pool check is per sequence: sequences
-// sharing a pool must leave room for all of them together (the
-// scheduler's job).
+// the batched kernels; bit for bit with F32 weights). A sequence with a
+// policy (SetPolicy) has it make room first, as Forward does, unless
+// Prepare did; a sequence inside an announced prompt is refused. Sequences
+// must be distinct and belong to m. Before anything is written, every
+// sequence is checked (token id, position, room in its pool for one
+// token): on an error nothing has changed but what the policies of the
+// sequences checked so far did to make room. The pool check is per
+// sequence: sequences sharing a pool must leave room for all of them
+// together (the scheduler's job).
 func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error) {
 	n := len(seqs)
 	if n == 0 {
@@ -56,10 +59,16 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 			return nil, fmt.Errorf("model: sequence %d appears twice in the batch", i)
 		case tokens[i] < 0 || tokens[i] >= c.Vocab:
 			return nil, fmt.Errorf("model: token id %d out of range [0,%d)", tokens[i], c.Vocab)
-		case s.pos+1 > s.MaxPos:
-			return nil, fmt.Errorf("%w: 1 token at position %d goes past the context length %d", ErrContextFull, s.pos, s.MaxPos)
+		case s.pol != nil && s.prompt > 0:
+			return nil, fmt.Errorf("model: batch sequence %d is inside its prompt (%d tokens left)", i, s.prompt)
 		}
 		seen[s] = true
+		if err := s.before(1); err != nil {
+			return nil, fmt.Errorf("model: batch sequence %d: %w", i, err)
+		}
+		if s.pos+1 > s.MaxPos {
+			return nil, fmt.Errorf("%w: 1 token at position %d goes past the context length %d", ErrContextFull, s.pos, s.MaxPos)
+		}
 		if err := s.cache.Reserve(1); err != nil {
 			return nil, fmt.Errorf("model: batch sequence %d: %w", i, err)
 		}
@@ -89,6 +98,7 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 		s.pos++
 		s.hist++
 		s.Computed++
+		s.StepBytes = s.cache.Bytes()
 		s.logits = grow(s.logits, c.Vocab)
 		copy(s.logits, b.logits[i*c.Vocab:(i+1)*c.Vocab])
 		out[i] = s.logits
@@ -98,8 +108,8 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 
 // Fork returns a sequence over a fork of s's cache (every block shared,
 // copied on first write): the same position, history count, chunk and
-// position limit, no hooks. The cache must be a *kvcache.Paged. n > 1
-// samples of one prompt fork after its prefill.
+// position limit, no hooks and no policy. The cache must be a
+// *kvcache.Paged. n > 1 samples of one prompt fork after its prefill.
 func (s *Sequence) Fork() (*Sequence, error) {
 	p, ok := s.cache.(*kvcache.Paged)
 	if !ok {

@@ -36,6 +36,17 @@ type RowPruner interface {
 	AfterLayer(layer int, pos []int32) []int
 }
 
+// Compressor is a KV policy the sequence drives (policy.State): installed
+// with SetPolicy, it is told of a prompt when it starts (BeginPrefill with
+// the prompt's length), compresses the cache once after the prompt's last
+// token ran (Compress), and makes room before every other forward step
+// (Before with the step's token count), in Forward and DecodeBatch alike.
+type Compressor interface {
+	BeginPrefill(n int)
+	Compress() error
+	Before(incoming int) error
+}
+
 // ErrContextFull is returned when tokens would go past the model's context
 // length: kvlm never wraps positions around silently.
 var ErrContextFull = errors.New("context length reached")
@@ -78,6 +89,14 @@ type Sequence struct {
 	// before the output projection) of every forward step: how the
 	// evaluation measures what compression does to attention.
 	AttnTap func(layer int, out []float32)
+
+	// StepBytes is the bytes the cache held after the last forward step
+	// ran its layers, before a policy compressed it: a prompt's peak.
+	StepBytes int64
+
+	pol      Compressor // nil: none
+	prompt   int        // tokens of the announced prompt still to run
+	prepared int        // tokens the next step's Before already ran for (Prepare)
 
 	w      pass      // working memory of a chunk
 	logits []float32 // [n][Vocab]
@@ -144,20 +163,97 @@ func (s *Sequence) Cache() kvcache.Sequence { return s.cache }
 // Model is the model the sequence runs.
 func (s *Sequence) Model() *Model { return s.m }
 
+// SetPolicy installs the KV policy the sequence drives from now on (nil:
+// none); see Compressor. Announce a prompt with Prompt.
+func (s *Sequence) SetPolicy(p Compressor) { s.pol, s.prompt, s.prepared = p, 0, 0 }
+
+// Policy is the installed policy (nil: none).
+func (s *Sequence) Policy() Compressor { return s.pol }
+
+// Prompt announces that the next n tokens run (by one Forward or several,
+// as a scheduler prefills in chunks) are a prompt: the policy's
+// BeginPrefill(n) now, its Compress after the last of them. Without a
+// policy it does nothing.
+func (s *Sequence) Prompt(n int) {
+	if s.pol == nil || n <= 0 {
+		return
+	}
+	s.prompt, s.prepared = n, 0
+	s.pol.BeginPrefill(n)
+}
+
+// Prepare runs the policy's Before for the next step of n tokens now
+// rather than at its start, so that a scheduler sees the room the step
+// needs after the policy made room; that step then does not run it again.
+// Without a policy, or inside a prompt, it does nothing.
+func (s *Sequence) Prepare(n int) error {
+	if s.pol == nil || s.prompt > 0 || s.prepared > 0 || n <= 0 {
+		return nil
+	}
+	if err := s.pol.Before(n); err != nil {
+		return err
+	}
+	s.prepared = n
+	return nil
+}
+
+// before drives the policy at the start of a step of n tokens: nothing
+// inside a prompt (which must not be overrun), else Before unless Prepare
+// ran it.
+func (s *Sequence) before(n int) error {
+	switch {
+	case s.pol == nil:
+		return nil
+	case s.prompt > 0:
+		if n > s.prompt {
+			return fmt.Errorf("model: %d tokens run past the prompt's last %d", n, s.prompt)
+		}
+		return nil
+	case s.prepared > 0:
+		p := s.prepared
+		s.prepared = 0
+		if p != n {
+			return fmt.Errorf("model: a step prepared for %d tokens runs %d", p, n)
+		}
+		return nil
+	}
+	return s.pol.Before(n)
+}
+
+// after drives the policy at the end of a step of n tokens: Compress
+// after a prompt's last token.
+func (s *Sequence) after(n int) error {
+	s.StepBytes = s.cache.Bytes()
+	if s.pol == nil || s.prompt == 0 {
+		return nil
+	}
+	s.prompt -= n
+	if s.prompt > 0 {
+		return nil
+	}
+	return s.pol.Compress()
+}
+
 // Forward runs tokens through the model at the next positions, in chunks of
 // s.Chunk, and returns logits: [len(tokens)][Vocab] when all is set, else
-// the last token's [Vocab]. The slice is reused by the next call.
+// the last token's [Vocab]. The slice is reused by the next call. With a
+// policy (SetPolicy), it first lets the policy make room for the tokens,
+// unless they are part of an announced prompt, and compresses the cache
+// after a prompt's last token.
 func (s *Sequence) Forward(tokens []int, all bool) ([]float32, error) {
 	if len(tokens) == 0 {
 		return nil, errors.New("model: no tokens to run")
-	}
-	if s.pos+len(tokens) > s.MaxPos {
-		return nil, fmt.Errorf("%w: %d tokens at position %d go past the context length %d", ErrContextFull, len(tokens), s.pos, s.MaxPos)
 	}
 	for _, t := range tokens {
 		if t < 0 || t >= s.m.Vocab {
 			return nil, fmt.Errorf("model: token id %d out of range [0,%d)", t, s.m.Vocab)
 		}
+	}
+	if err := s.before(len(tokens)); err != nil {
+		return nil, err
+	}
+	if s.pos+len(tokens) > s.MaxPos {
+		return nil, fmt.Errorf("%w: %d tokens at position %d go past the context length %d", ErrContextFull, len(tokens), s.pos, s.MaxPos)
 	}
 	chunk := s.Chunk
 	if chunk <= 0 {
@@ -180,6 +276,9 @@ func (s *Sequence) Forward(tokens []int, all bool) ([]float32, error) {
 		if err := s.step(tokens[lo:hi], dst); err != nil {
 			return nil, err
 		}
+	}
+	if err := s.after(len(tokens)); err != nil {
+		return nil, err
 	}
 	return s.logits, nil
 }
