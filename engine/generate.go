@@ -31,8 +31,10 @@ type Request struct {
 	// OnToken, if set, is called with each new token as it is sampled;
 	// an error stops generation and is returned.
 	OnToken func(id int) error
-	// Policy, if set, compresses the sequence's cache: once after the
-	// prompt and, on its schedule, before each decode step.
+	// Policy, if set, compresses the sequence's cache: Generate installs
+	// it on the sequence (SetPolicy), whose forward pass compresses once
+	// after the prompt and, on the policy's schedule, before each decode
+	// step.
 	Policy *policy.State
 }
 
@@ -76,18 +78,14 @@ func Generate(seq *model.Sequence, req Request) (Result, error) {
 	history := append([]int(nil), req.Prompt...)
 	start := time.Now()
 	if req.Policy != nil {
-		req.Policy.BeginPrefill(len(req.Prompt))
+		seq.SetPolicy(req.Policy) // the forward pass drives it
+		seq.Prompt(len(req.Prompt))
 	}
 	logits, err := seq.Forward(req.Prompt, false)
 	if err != nil {
 		return res, err
 	}
-	res.PeakKVBytes = seq.Cache().Bytes()
-	if req.Policy != nil {
-		if err := req.Policy.Compress(); err != nil {
-			return res, err
-		}
-	}
+	res.PeakKVBytes = seq.StepBytes // before the policy compressed the prompt
 	decodeStart := time.Time{}
 	for {
 		var next int
@@ -122,11 +120,6 @@ func Generate(seq *model.Sequence, req Request) (Result, error) {
 		if seq.Pos() >= seq.MaxPos {
 			res.Stop = StopContext
 			break
-		}
-		if req.Policy != nil {
-			if err := req.Policy.Before(1); err != nil {
-				return res, err
-			}
 		}
 		logits, err = seq.Forward([]int{next}, false)
 		res.PeakKVBytes = max(res.PeakKVBytes, seq.Cache().Bytes())

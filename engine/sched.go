@@ -350,7 +350,8 @@ func (e *Engine) start(s *seqState) {
 			return
 		}
 		s.pol = st
-		st.BeginPrefill(len(s.hist) - matched)
+		seq.SetPolicy(st) // the forward pass drives it
+		seq.Prompt(len(s.hist) - matched)
 	}
 	e.running = append(e.running, s)
 }
@@ -467,13 +468,14 @@ func (e *Engine) decode() int {
 		return 0
 	}
 	// Policies prune before the step (no new blocks, except copies of
-	// shared ones).
+	// shared ones), prepared here so that the room the step needs is
+	// measured after.
 	for _, s := range batch {
 		if s.pol == nil || s.done {
 			continue
 		}
 		before := e.slotsHeld(s)
-		if err := s.pol.Before(1); err != nil {
+		if err := s.seq.Prepare(1); err != nil {
 			if errors.Is(err, kvcache.ErrNoBlocks) {
 				e.preempt(s)
 			} else {
@@ -559,7 +561,7 @@ func (e *Engine) prefill() int {
 		s.fed += n
 		left -= n
 		ran += n
-		e.notePeak(s) // before the policy compresses the prompt
+		e.notePeak(s, s.seq.StepBytes) // before the policy compressed the prompt
 		q := s.req
 		if q.prefix() {
 			s.cache.RegisterPrefix(s.hist[:s.fed], 0)
@@ -569,18 +571,10 @@ func (e *Engine) prefill() int {
 		}
 		s.prefilling = false
 		if s.pol != nil {
+			// The forward pass compressed the prompt after its last token.
 			// Every table received the whole prompt, unless the policy
 			// pruned it during the prefill (pyramidinfer): count those too.
-			before := int64(s.fed) * int64(e.tables)
-			if err := s.pol.Compress(); err != nil {
-				if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
-					e.preempt(s)
-				} else {
-					e.finish(s, FinishError, err)
-				}
-				continue
-			}
-			e.noteEvicted(s, before)
+			e.noteEvicted(s, int64(s.fed)*int64(e.tables))
 		}
 		fresh := []*seqState{s}
 		if !q.forked {
@@ -619,6 +613,7 @@ func (e *Engine) fork(s *seqState, i int) (*seqState, error) {
 			f.cache.Free()
 			return nil, err
 		}
+		seq.SetPolicy(f.pol)
 	}
 	s.sharedTail = true
 	q.choices = append(q.choices, f)
@@ -650,7 +645,7 @@ func (e *Engine) emit(s *seqState, logits []float32) {
 		e.obs.InterToken(now.Sub(s.last))
 	}
 	s.last = now
-	e.notePeak(s)
+	e.notePeak(s, s.cache.Bytes())
 	if slices.Contains(q.r.StopTokens, tok) {
 		e.finish(s, FinishEOS, nil)
 		return
@@ -668,12 +663,12 @@ func (e *Engine) emit(s *seqState, logits []float32) {
 	}
 }
 
-// notePeak records the bytes s holds now in its request's peak: the most
-// KV memory its live samples held together after any forward step (the
-// prompt's before compression included).
-func (e *Engine) notePeak(s *seqState) {
+// notePeak records bytes, what s holds now, in its request's peak: the
+// most KV memory its live samples held together after any forward step
+// (the prompt's before compression included).
+func (e *Engine) notePeak(s *seqState, bytes int64) {
 	q := s.req
-	s.bytes = s.cache.Bytes()
+	s.bytes = bytes
 	var cur int64
 	for _, c := range q.choices {
 		if !c.done {

@@ -92,16 +92,14 @@ func run(m *model.Model, t Trial, ref, record *Reference) (TrialResult, error) {
 		if st, err = policy.New(t.Policy, seq); err != nil {
 			return res, err
 		}
-		st.BeginPrefill(len(t.Context))
+		seq.SetPolicy(st) // the forward pass drives it
+		seq.Prompt(len(t.Context))
 	}
 	if _, err := seq.Forward(t.Context, false); err != nil {
 		return res, err
 	}
-	res.PeakKVBytes = seq.Cache().Bytes()
+	res.PeakKVBytes = seq.StepBytes // before the policy compressed the prompt
 	if st != nil {
-		if err := st.Compress(); err != nil {
-			return res, err
-		}
 		res.KeptPerLayer = st.KeptPerLayer()
 	}
 	res.KVBytes = seq.Cache().Bytes()
@@ -118,11 +116,6 @@ func run(m *model.Model, t Trial, ref, record *Reference) (TrialResult, error) {
 	agree := 0
 	start := time.Now()
 	for i := 0; i < fork; i++ {
-		if st != nil {
-			if err := st.Before(1); err != nil {
-				return res, err
-			}
-		}
 		logits, err := seq.Forward(t.Continue[i:i+1], false)
 		if err != nil {
 			return res, err
@@ -154,11 +147,6 @@ func run(m *model.Model, t Trial, ref, record *Reference) (TrialResult, error) {
 		next := t.Continue[fork]
 		same := 0
 		for i := 0; i < t.Greedy; i++ {
-			if st != nil {
-				if err := st.Before(1); err != nil {
-					return res, err
-				}
-			}
 			logits, err := seq.Forward([]int{next}, false)
 			if err != nil {
 				return res, err

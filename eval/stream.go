@@ -27,26 +27,19 @@ type StreamResult struct {
 func CompressAfter(seq *model.Sequence, pol *policy.State, ids []int, n int) (CompressResult, error) {
 	var out CompressResult
 	if pol != nil {
-		pol.BeginPrefill(n)
+		seq.SetPolicy(pol) // the forward pass drives it
+		seq.Prompt(n)
 	}
 	if _, err := seq.Forward(ids[:n], false); err != nil {
 		return out, err
 	}
-	out.KVBytesPeak = seq.Cache().Bytes()
+	out.KVBytesPeak = seq.StepBytes // before the policy compressed the prompt
 	if pol != nil {
-		if err := pol.Compress(); err != nil {
-			return out, err
-		}
 		out.Kept = pol.Kept()
 	}
 	var total float64
 	count := 0
 	for p := n; p < len(ids)-1; p++ {
-		if pol != nil {
-			if err := pol.Before(1); err != nil {
-				return out, err
-			}
-		}
 		logits, err := seq.Forward(ids[p:p+1], false)
 		if err != nil {
 			return out, err
@@ -70,15 +63,12 @@ func Stream(seq *model.Sequence, pol *policy.State, ids []int, every int) (Strea
 	step := 1
 	if pol == nil {
 		step = max(1, seq.Chunk) // no eviction: chunks compute the same numbers faster
+	} else {
+		seq.SetPolicy(pol) // the forward pass drives it
 	}
 	V := seq.Model().Vocab
 	for p := 0; p < len(ids)-1; p += step {
 		hi := min(p+step, len(ids)-1)
-		if pol != nil {
-			if err := pol.Before(hi - p); err != nil {
-				return out, err
-			}
-		}
 		logits, err := seq.Forward(ids[p:hi], true)
 		if err != nil {
 			return out, fmt.Errorf("at token %d: %w", p, err)

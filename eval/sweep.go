@@ -777,11 +777,9 @@ func KeptPositions(m *model.Model, pc policy.Config, kv model.KVOptions, ids []i
 	if err != nil {
 		return nil, err
 	}
-	st.BeginPrefill(len(ids))
+	seq.SetPolicy(st) // the forward pass drives it
+	seq.Prompt(len(ids))
 	if _, err := seq.Forward(ids, false); err != nil {
-		return nil, err
-	}
-	if err := st.Compress(); err != nil {
 		return nil, err
 	}
 	return st.Kept(), nil

@@ -3,7 +3,6 @@ package model
 import (
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/kvlm/kvlm/attention"
 	"github.com/kvlm/kvlm/kvcache"
@@ -35,6 +34,17 @@ type RowPruner interface {
 	// last row must be kept: its logits are the step's result. The pruner
 	// is not consulted when every row's logits are wanted.
 	AfterLayer(layer int, pos []int32) []int
+}
+
+// Compressor is a KV policy the sequence drives (policy.State): installed
+// with SetPolicy, it is told of a prompt when it starts (BeginPrefill with
+// the prompt's length), compresses the cache once after the prompt's last
+// token ran (Compress), and makes room before every other forward step
+// (Before with the step's token count), in Forward and DecodeBatch alike.
+type Compressor interface {
+	BeginPrefill(n int)
+	Compress() error
+	Before(incoming int) error
 }
 
 // ErrContextFull is returned when tokens would go past the model's context
@@ -80,20 +90,15 @@ type Sequence struct {
 	// evaluation measures what compression does to attention.
 	AttnTap func(layer int, out []float32)
 
-	// Scratch for a chunk of n tokens (grown as needed).
-	x      []float32 // [n][Dim] residual stream
-	xb     []float32 // [n][Dim] normalised input of a sub-block
-	q      []float32 // [n][QDim] queries
-	k      []float32 // [n][KVDim] keys
-	v      []float32 // [n][KVDim] values
-	att    []float32 // [n][QDim] attention output
-	gate   []float32 // [n][HiddenDim]
-	up     []float32 // [n][HiddenDim]
-	pos32  []int32   // [n] positions of the chunk
-	cos    []float32 // [n][HeadDim/2] RoPE cosines
-	sin    []float32 // [n][HeadDim/2] RoPE sines
-	freq   []float32 // [HeadDim/2] RoPE frequencies
-	scr    attention.Scratch
+	// StepBytes is the bytes the cache held after the last forward step
+	// ran its layers, before a policy compressed it: a prompt's peak.
+	StepBytes int64
+
+	pol      Compressor // nil: none
+	prompt   int        // tokens of the announced prompt still to run
+	prepared int        // tokens the next step's Before already ran for (Prepare)
+
+	w      pass      // working memory of a chunk
 	logits []float32 // [n][Vocab]
 }
 
@@ -106,7 +111,6 @@ func (m *Model) NewSequence(cache kvcache.Sequence) (*Sequence, error) {
 			l, m.Config.Layers, m.KVHeads, m.HeadDim)
 	}
 	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len(), MaxPos: m.CtxLen}
-	s.freq = m.RopeFreqs()
 	return s, nil
 }
 
@@ -159,20 +163,97 @@ func (s *Sequence) Cache() kvcache.Sequence { return s.cache }
 // Model is the model the sequence runs.
 func (s *Sequence) Model() *Model { return s.m }
 
+// SetPolicy installs the KV policy the sequence drives from now on (nil:
+// none); see Compressor. Announce a prompt with Prompt.
+func (s *Sequence) SetPolicy(p Compressor) { s.pol, s.prompt, s.prepared = p, 0, 0 }
+
+// Policy is the installed policy (nil: none).
+func (s *Sequence) Policy() Compressor { return s.pol }
+
+// Prompt announces that the next n tokens run (by one Forward or several,
+// as a scheduler prefills in chunks) are a prompt: the policy's
+// BeginPrefill(n) now, its Compress after the last of them. Without a
+// policy it does nothing.
+func (s *Sequence) Prompt(n int) {
+	if s.pol == nil || n <= 0 {
+		return
+	}
+	s.prompt, s.prepared = n, 0
+	s.pol.BeginPrefill(n)
+}
+
+// Prepare runs the policy's Before for the next step of n tokens now
+// rather than at its start, so that a scheduler sees the room the step
+// needs after the policy made room; that step then does not run it again.
+// Without a policy, or inside a prompt, it does nothing.
+func (s *Sequence) Prepare(n int) error {
+	if s.pol == nil || s.prompt > 0 || s.prepared > 0 || n <= 0 {
+		return nil
+	}
+	if err := s.pol.Before(n); err != nil {
+		return err
+	}
+	s.prepared = n
+	return nil
+}
+
+// before drives the policy at the start of a step of n tokens: nothing
+// inside a prompt (which must not be overrun), else Before unless Prepare
+// ran it.
+func (s *Sequence) before(n int) error {
+	switch {
+	case s.pol == nil:
+		return nil
+	case s.prompt > 0:
+		if n > s.prompt {
+			return fmt.Errorf("model: %d tokens run past the prompt's last %d", n, s.prompt)
+		}
+		return nil
+	case s.prepared > 0:
+		p := s.prepared
+		s.prepared = 0
+		if p != n {
+			return fmt.Errorf("model: a step prepared for %d tokens runs %d", p, n)
+		}
+		return nil
+	}
+	return s.pol.Before(n)
+}
+
+// after drives the policy at the end of a step of n tokens: Compress
+// after a prompt's last token.
+func (s *Sequence) after(n int) error {
+	s.StepBytes = s.cache.Bytes()
+	if s.pol == nil || s.prompt == 0 {
+		return nil
+	}
+	s.prompt -= n
+	if s.prompt > 0 {
+		return nil
+	}
+	return s.pol.Compress()
+}
+
 // Forward runs tokens through the model at the next positions, in chunks of
 // s.Chunk, and returns logits: [len(tokens)][Vocab] when all is set, else
-// the last token's [Vocab]. The slice is reused by the next call.
+// the last token's [Vocab]. The slice is reused by the next call. With a
+// policy (SetPolicy), it first lets the policy make room for the tokens,
+// unless they are part of an announced prompt, and compresses the cache
+// after a prompt's last token.
 func (s *Sequence) Forward(tokens []int, all bool) ([]float32, error) {
 	if len(tokens) == 0 {
 		return nil, errors.New("model: no tokens to run")
-	}
-	if s.pos+len(tokens) > s.MaxPos {
-		return nil, fmt.Errorf("%w: %d tokens at position %d go past the context length %d", ErrContextFull, len(tokens), s.pos, s.MaxPos)
 	}
 	for _, t := range tokens {
 		if t < 0 || t >= s.m.Vocab {
 			return nil, fmt.Errorf("model: token id %d out of range [0,%d)", t, s.m.Vocab)
 		}
+	}
+	if err := s.before(len(tokens)); err != nil {
+		return nil, err
+	}
+	if s.pos+len(tokens) > s.MaxPos {
+		return nil, fmt.Errorf("%w: %d tokens at position %d go past the context length %d", ErrContextFull, len(tokens), s.pos, s.MaxPos)
 	}
 	chunk := s.Chunk
 	if chunk <= 0 {
@@ -195,6 +276,9 @@ func (s *Sequence) Forward(tokens []int, all bool) ([]float32, error) {
 		if err := s.step(tokens[lo:hi], dst); err != nil {
 			return nil, err
 		}
+	}
+	if err := s.after(len(tokens)); err != nil {
+		return nil, err
 	}
 	return s.logits, nil
 }
@@ -227,88 +311,43 @@ func grow(b []float32, n int) []float32 {
 func (s *Sequence) step(tokens []int, dst []float32) error {
 	m, c := s.m, s.m.Config
 	n := len(tokens)
-	s.x = grow(s.x, n*c.Dim)
-	s.xb = grow(s.xb, n*c.Dim)
-	s.q = grow(s.q, n*c.QDim())
-	s.k = grow(s.k, n*c.KVDim())
-	s.v = grow(s.v, n*c.KVDim())
-	s.att = grow(s.att, n*c.QDim())
-	s.gate = grow(s.gate, n*c.HiddenDim)
-	s.up = grow(s.up, n*c.HiddenDim)
-	half := c.HeadDim / 2
-	s.cos = grow(s.cos, n*half)
-	s.sin = grow(s.sin, n*half)
-	if cap(s.pos32) < n {
-		s.pos32 = make([]int32, n)
-	}
-	s.pos32 = s.pos32[:n]
+	p := &s.w
+	p.grow(c, n, 1)
+	p.batch = false
 	if err := s.cache.Reserve(n); err != nil {
 		return err
 	}
 	for t, id := range tokens {
-		m.TokEmb.Row(id, s.x[t*c.Dim:(t+1)*c.Dim])
-		p := s.pos + t
-		s.pos32[t] = int32(p)
-		for j, f := range s.freq {
-			a := float32(p) * f
-			s.cos[t*half+j] = float32(math.Cos(float64(a)))
-			s.sin[t*half+j] = float32(math.Sin(float64(a)))
-		}
+		m.row(p, t, id, s.pos+t)
 	}
-	norm := float32(math.Sqrt(float64(c.HeadDim)))
-	rows := n // rows still computed: fewer than n once a pruner dropped some
+	p.spans = append(p.spans, span{s: s, lo: 0, hi: n})
 	prune := s.Prune != nil && len(dst) != n*c.Vocab
 	for li := range m.Layers {
-		L := &m.Layers[li]
-		n := rows
-		tensor.RMSNormRows(s.xb, s.x, L.AttnNorm, c.NormEps, n, c.Dim)
-		m.qkv(L, s.q, s.k, s.v, s.xb, n)
-		addBias(s.q, L.Bq, n)
-		addBias(s.k, L.Bk, n)
-		addBias(s.v, L.Bv, n)
-		s.rope(s.q, n, c.Heads)
-		s.rope(s.k, n, c.KVHeads)
-		// Sliced to the live rows (the whole buffers when nothing was pruned).
-		pos, q := s.pos32[:n], s.q[:n*c.QDim()]
-		if err := s.cache.Append(li, pos, s.k[:n*c.KVDim()], s.v[:n*c.KVDim()]); err != nil {
-			return fmt.Errorf("model: layer %d: %w", li, err)
+		if err := m.layer(li, p); err != nil {
+			return err
 		}
-		att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Window: c.window(),
-			Q: q, Out: s.att[:n*c.QDim()], Pos: pos, Segs: func(h int) []kvcache.Segment { return s.cache.Segments(li, h) }}
-		if s.Mass != nil {
-			att.Mass = s.Mass.Request(li, s.hist, n)
-		}
-		att.Run(&s.scr)
-		if att.Mass != nil {
-			s.Mass.Done(li, att.Mass, q, pos)
-		}
-		if s.AttnTap != nil {
-			s.AttnTap(li, s.att[:n*c.QDim()])
-		}
-		m.finishLayer(L, s.x, s.xb, s.att, s.gate, s.up, n)
-		s.RowLayers += n
-		if prune && li < len(m.Layers)-1 {
-			if keep := s.Prune.AfterLayer(li, pos); keep != nil {
-				if err := s.compactRows(keep, n); err != nil {
+		if rows := p.spans[0].hi; prune && li < len(m.Layers)-1 {
+			if keep := s.Prune.AfterLayer(li, p.pos[:rows]); keep != nil {
+				if err := p.compactRows(c, keep, rows); err != nil {
 					return fmt.Errorf("model: layer %d: %w", li, err)
 				}
-				rows = len(keep)
+				p.spans[0].hi = len(keep)
 			}
 		}
 	}
 	s.pos += n
 	s.hist += n
 	s.Computed += n
-	n = rows // the rows left: the last one is the step's last token
+	n = p.spans[0].hi // the rows left: the last one is the step's last token
 	switch len(dst) {
 	case 0:
 	case c.Vocab:
-		last := s.x[(n-1)*c.Dim : n*c.Dim]
+		last := p.x[(n-1)*c.Dim : n*c.Dim]
 		tensor.RMSNorm(last, last, m.OutNorm, c.NormEps)
 		m.Output.MatVec(dst, last)
 	default:
-		tensor.RMSNormRows(s.x, s.x, m.OutNorm, c.NormEps, n, c.Dim)
-		m.Output.MatMul(dst, s.x, n)
+		tensor.RMSNormRows(p.x, p.x, m.OutNorm, c.NormEps, n, c.Dim)
+		m.Output.MatMul(dst, p.x, n)
 	}
 	return nil
 }
@@ -316,7 +355,7 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 // compactRows keeps rows keep (ascending indexes below n, the last row
 // among them) of the per-row state that outlives a layer: the residual
 // stream, the positions and the RoPE tables.
-func (s *Sequence) compactRows(keep []int, n int) error {
+func (p *pass) compactRows(c Config, keep []int, n int) error {
 	for i, r := range keep {
 		if r < 0 || r >= n || (i > 0 && r <= keep[i-1]) {
 			return fmt.Errorf("row pruner: kept rows must be ascending indexes below %d", n)
@@ -325,100 +364,16 @@ func (s *Sequence) compactRows(keep []int, n int) error {
 	if len(keep) == 0 || keep[len(keep)-1] != n-1 {
 		return errors.New("row pruner: the last row must be kept")
 	}
-	D, half := s.m.Dim, s.m.HeadDim/2
+	D, half := c.Dim, c.HeadDim/2
 	for i, r := range keep {
 		if r == i {
 			continue
 		}
 		// r > i: rows move towards the front, so copying in order is safe.
-		copy(s.x[i*D:(i+1)*D], s.x[r*D:(r+1)*D])
-		copy(s.cos[i*half:(i+1)*half], s.cos[r*half:(r+1)*half])
-		copy(s.sin[i*half:(i+1)*half], s.sin[r*half:(r+1)*half])
-		s.pos32[i] = s.pos32[r]
+		copy(p.x[i*D:(i+1)*D], p.x[r*D:(r+1)*D])
+		copy(p.cos[i*half:(i+1)*half], p.cos[r*half:(r+1)*half])
+		copy(p.sin[i*half:(i+1)*half], p.sin[r*half:(r+1)*half])
+		p.pos[i] = p.pos[r]
 	}
 	return nil
 }
-
-func addBias(x, b []float32, n int) {
-	if b == nil {
-		return
-	}
-	w := len(b)
-	for t := 0; t < n; t++ {
-		tensor.Add(x[t*w:(t+1)*w], b)
-	}
-}
-
-// qkv computes the queries, keys and values of n rows of xb (before
-// biases and RoPE): one quantization of xb and one parallel region for the
-// three matrices.
-func (m *Model) qkv(L *Layer, q, k, v, xb []float32, n int) {
-	tensor.MatMulMany([][]float32{q, k, v}, []*tensor.Matrix{L.Wq, L.Wk, L.Wv}, xb, n)
-}
-
-// finishLayer completes a layer for n rows after attention: the output
-// projection and its residual, then RMSNorm, the SwiGLU FFN and its
-// residual. x [n][Dim] is the residual stream, att [n][QDim] the attention
-// output; xb [n][Dim], gate and up [n][HiddenDim] are scratch.
-func (m *Model) finishLayer(L *Layer, x, xb, att, gate, up []float32, n int) {
-	c := m.Config
-	L.Wo.MatMul(xb, att, n)
-	tensor.AddRMSNormRows(xb, x, xb, L.FFNNorm, c.NormEps, n, c.Dim)
-	tensor.MatMulMany([][]float32{gate, up}, []*tensor.Matrix{L.WGate, L.WUp}, xb, n)
-	tensor.SwiGLU(gate[:n*c.HiddenDim], gate[:n*c.HiddenDim], up[:n*c.HiddenDim])
-	L.WDown.MatMul(xb, gate, n)
-	tensor.AddRows(x, xb, n, c.Dim)
-}
-
-// Rotate turns one head's key, rotated by RoPE for some position, into the
-// key for a position delta further on (delta may be negative): how a policy
-// re-indexes the positions of cached keys. A Rotator does the same faster
-// when many keys move.
-func (m *Model) Rotate(key []float32, delta int) { m.NewRotator().Rotate(key, delta) }
-
-// Rotator re-rotates keys by position deltas, keeping the cosines and sines
-// of the deltas it has seen (a re-indexing policy moves most keys by the same
-// few deltas step after step). Not safe for concurrent use.
-type Rotator struct {
-	freq   []float32            // [HeadDim/2] RoPE frequencies
-	neox   bool                 // NEOX halves instead of interleaved pairs
-	tables map[int][2][]float32 // delta → cosines, sines [HeadDim/2]
-}
-
-// NewRotator returns a rotator for the model's RoPE.
-func (m *Model) NewRotator() *Rotator {
-	return &Rotator{freq: m.RopeFreqs(), neox: m.Rope == RopeNeoX, tables: map[int][2][]float32{}}
-}
-
-// Rotate moves key by delta positions.
-func (r *Rotator) Rotate(key []float32, delta int) {
-	if delta == 0 {
-		return
-	}
-	t, ok := r.tables[delta]
-	if !ok {
-		if len(r.tables) > 256 {
-			clear(r.tables)
-		}
-		t = [2][]float32{make([]float32, len(r.freq)), make([]float32, len(r.freq))}
-		for j, f := range r.freq {
-			a := float64(delta) * float64(f)
-			t[0][j], t[1][j] = float32(math.Cos(a)), float32(math.Sin(a))
-		}
-		r.tables[delta] = t
-	}
-	half := len(r.freq)
-	for j := range r.freq {
-		cs, sn := t[0][j], t[1][j]
-		x0, x1 := 2*j, 2*j+1
-		if r.neox {
-			x0, x1 = j, j+half
-		}
-		v0, v1 := key[x0], key[x1]
-		key[x0] = v0*cs - v1*sn
-		key[x1] = v0*sn + v1*cs
-	}
-}
-
-// rope rotates the heads of n rows of x in place by each row's position.
-func (s *Sequence) rope(x []float32, n, heads int) { s.m.ropeRows(x, s.cos, s.sin, n, heads) }

@@ -30,6 +30,7 @@ type Model struct {
 	OutNorm []float32      // [Dim] final RMSNorm weight
 	Output  *tensor.Matrix // [Vocab][Dim]; the same matrix as TokEmb when tied
 
+	freq   []float32    // RoPE frequencies [HeadDim/2] (RopeFreqs), set by check
 	closer func() error // releases the mapped file, if any
 }
 
@@ -113,5 +114,6 @@ func (m *Model) check() error {
 			return e
 		}
 	}
+	m.freq = c.RopeFreqs()
 	return nil
 }

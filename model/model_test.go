@@ -347,21 +347,15 @@ func TestRotate(t *testing.T) {
 	m := loadStories(t)
 	for _, style := range []RopeStyle{RopeInterleaved, RopeNeoX} {
 		m.Rope = style
-		seq, _ := m.NewStandaloneSequence(KVOptions{})
 		x := make([]float32, m.HeadDim)
 		for i := range x {
 			x[i] = float32(i) - 3.5
 		}
+		cos, sin := make([]float32, m.HeadDim/2), make([]float32, m.HeadDim/2)
 		at := func(p int) []float32 {
 			y := append([]float32(nil), x...)
-			seq.cos = grow(seq.cos, m.HeadDim/2)
-			seq.sin = grow(seq.sin, m.HeadDim/2)
-			for j, f := range seq.freq {
-				a := float32(p) * f
-				seq.cos[j] = float32(math.Cos(float64(a)))
-				seq.sin[j] = float32(math.Sin(float64(a)))
-			}
-			seq.rope(y, 1, 1)
+			m.angles(cos, sin, p)
+			m.ropeRows(y, cos, sin, 1, 1)
 			return y
 		}
 		for _, c := range []struct{ p, d int }{{5, 3}, {100, -40}, {7, -7}, {0, 511}} {
@@ -374,7 +368,6 @@ func TestRotate(t *testing.T) {
 				}
 			}
 		}
-		seq.Close()
 	}
 	m.Rope = RopeInterleaved
 }

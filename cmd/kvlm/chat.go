@@ -392,6 +392,7 @@ func (c *streamChat) reset() error {
 		seq.Close()
 		return err
 	}
+	seq.SetPolicy(pol) // the forward pass drives it
 	c.seq, c.pol, c.smp, c.turns = seq, pol, smp, 0
 	c.msgs, c.inCache, c.hist, c.logits = c.start(), "", nil, nil
 	return nil
@@ -406,10 +407,7 @@ func (c *streamChat) close() {
 // feed runs tokens through the sequence, the policy making room first.
 func (c *streamChat) feed(ids []int) error {
 	for len(ids) > 0 {
-		k := min(len(ids), c.feedChunk())
-		if err := c.pol.Before(k); err != nil {
-			return err
-		}
+		k := min(len(ids), c.feedChunk()) // the policy makes room for them first
 		l, err := c.seq.Forward(ids[:k], false)
 		if err != nil {
 			return err

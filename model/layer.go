@@ -1,0 +1,242 @@
+package model
+
+// The layer body: one transformer block over the rows of a forward step,
+// each row a token of some sequence. A prefill chunk is one span of many
+// rows of one sequence; a batched decode step is one span of one row per
+// sequence. Every matrix product runs once over all rows; the cache append,
+// the attention and the policy hooks run per span, over the span's
+// sequence's own cache.
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/kvlm/kvlm/attention"
+	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/tensor"
+)
+
+// pass is the working memory of a forward step over n rows (grown as
+// needed).
+type pass struct {
+	x, xb    []float32 // [n][Dim] residual stream, normalised sub-block input
+	q, att   []float32 // [n][QDim] queries, attention output
+	k, v     []float32 // [n][KVDim]
+	gate, up []float32 // [n][HiddenDim]
+	cos, sin []float32 // [n][HeadDim/2] RoPE cosines and sines of each row
+	pos      []int32   // [n] position of each row
+	scr      []attention.Scratch
+	mass     []*attention.MassRequest
+	spans    []span
+	batch    bool // rows of several sequences (errors name the sequence)
+}
+
+// span says that rows [lo, hi) of a pass are tokens of s, the next ones of
+// its history.
+type span struct {
+	s      *Sequence
+	lo, hi int
+}
+
+// grow sizes p for n rows in spans spans.
+func (p *pass) grow(c Config, n, spans int) {
+	p.x = grow(p.x, n*c.Dim)
+	p.xb = grow(p.xb, n*c.Dim)
+	p.q = grow(p.q, n*c.QDim())
+	p.att = grow(p.att, n*c.QDim())
+	p.k = grow(p.k, n*c.KVDim())
+	p.v = grow(p.v, n*c.KVDim())
+	p.gate = grow(p.gate, n*c.HiddenDim)
+	p.up = grow(p.up, n*c.HiddenDim)
+	half := c.HeadDim / 2
+	p.cos = grow(p.cos, n*half)
+	p.sin = grow(p.sin, n*half)
+	if cap(p.pos) < n {
+		p.pos = make([]int32, n)
+	}
+	p.pos = p.pos[:n]
+	if len(p.scr) < spans {
+		p.scr = make([]attention.Scratch, spans)
+	}
+	if cap(p.mass) < spans {
+		p.mass = make([]*attention.MassRequest, spans)
+	}
+	p.mass = p.mass[:spans]
+	p.spans = p.spans[:0]
+}
+
+// row starts row t of p: token id's embedding at position pos.
+func (m *Model) row(p *pass, t, id, pos int) {
+	c := m.Config
+	m.TokEmb.Row(id, p.x[t*c.Dim:(t+1)*c.Dim])
+	p.pos[t] = int32(pos)
+	half := c.HeadDim / 2
+	m.angles(p.cos[t*half:(t+1)*half], p.sin[t*half:(t+1)*half], pos)
+}
+
+// layer runs layer li over the rows of p's spans.
+func (m *Model) layer(li int, p *pass) error {
+	c := m.Config
+	L := &m.Layers[li]
+	n := p.spans[len(p.spans)-1].hi
+	qd, kvd := c.QDim(), c.KVDim()
+	tensor.RMSNormRows(p.xb, p.x, L.AttnNorm, c.NormEps, n, c.Dim)
+	tensor.MatMulMany([][]float32{p.q, p.k, p.v}, []*tensor.Matrix{L.Wq, L.Wk, L.Wv}, p.xb, n)
+	addBias(p.q, L.Bq, n)
+	addBias(p.k, L.Bk, n)
+	addBias(p.v, L.Bv, n)
+	m.ropeRows(p.q, p.cos, p.sin, n, c.Heads)
+	m.ropeRows(p.k, p.cos, p.sin, n, c.KVHeads)
+	for i, sp := range p.spans {
+		s, lo, hi := sp.s, sp.lo, sp.hi
+		if err := s.cache.Append(li, p.pos[lo:hi], p.k[lo*kvd:hi*kvd], p.v[lo*kvd:hi*kvd]); err != nil {
+			if p.batch {
+				// Reserve passed, so only a pool shared beyond its room gets
+				// here; the sequences of this batch are then inconsistent.
+				return fmt.Errorf("model: layer %d, batch sequence %d: %w", li, i, err)
+			}
+			return fmt.Errorf("model: layer %d: %w", li, err)
+		}
+		p.mass[i] = nil
+		if s.Mass != nil {
+			p.mass[i] = s.Mass.Request(li, s.hist, hi-lo)
+		}
+	}
+	// Attention per span, the spans in parallel (then each Run runs its
+	// heads on the calling worker; one span runs its heads in parallel).
+	norm := float32(math.Sqrt(float64(c.HeadDim)))
+	tensor.Parallel(len(p.spans), 1, func(a, b int) {
+		for i := a; i < b; i++ {
+			s, lo, hi := p.spans[i].s, p.spans[i].lo, p.spans[i].hi
+			att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Window: c.window(),
+				Q: p.q[lo*qd : hi*qd], Out: p.att[lo*qd : hi*qd], Pos: p.pos[lo:hi],
+				Segs: func(h int) []kvcache.Segment { return s.cache.Segments(li, h) }, Mass: p.mass[i]}
+			att.Run(&p.scr[i])
+		}
+	})
+	for i, sp := range p.spans {
+		s, lo, hi := sp.s, sp.lo, sp.hi
+		if p.mass[i] != nil {
+			s.Mass.Done(li, p.mass[i], p.q[lo*qd:hi*qd], p.pos[lo:hi])
+		}
+		if s.AttnTap != nil {
+			s.AttnTap(li, p.att[lo*qd:hi*qd])
+		}
+		s.RowLayers += hi - lo
+	}
+	// The output projection and its residual, then RMSNorm, the SwiGLU FFN
+	// and its residual.
+	L.Wo.MatMul(p.xb, p.att, n)
+	tensor.AddRMSNormRows(p.xb, p.x, p.xb, L.FFNNorm, c.NormEps, n, c.Dim)
+	tensor.MatMulMany([][]float32{p.gate, p.up}, []*tensor.Matrix{L.WGate, L.WUp}, p.xb, n)
+	tensor.SwiGLU(p.gate[:n*c.HiddenDim], p.gate[:n*c.HiddenDim], p.up[:n*c.HiddenDim])
+	L.WDown.MatMul(p.xb, p.gate, n)
+	tensor.AddRows(p.x, p.xb, n, c.Dim)
+	return nil
+}
+
+func addBias(x, b []float32, n int) {
+	if b == nil {
+		return
+	}
+	w := len(b)
+	for t := 0; t < n; t++ {
+		tensor.Add(x[t*w:(t+1)*w], b)
+	}
+}
+
+// RoPE. The angle of pair j at position p is p·freq[j] (RopeFreqs); one
+// frequency table per model, computed when it is loaded.
+
+// ropeFreqs is the model's RoPE frequency table.
+func (m *Model) ropeFreqs() []float32 {
+	if m.freq == nil { // a model built by hand, not checked
+		return m.RopeFreqs()
+	}
+	return m.freq
+}
+
+// angles fills the cosines and sines ([HeadDim/2] each) of position pos.
+func (m *Model) angles(cos, sin []float32, pos int) {
+	for j, f := range m.ropeFreqs() {
+		a := float32(pos) * f
+		cos[j] = float32(math.Cos(float64(a)))
+		sin[j] = float32(math.Sin(float64(a)))
+	}
+}
+
+// rotate turns the dimension pairs of one head v by the angles whose
+// cosines and sines are cs, sn ([HeadDim/2]): adjacent pairs, or NeoX
+// halves. The one RoPE rotation: of queries and keys in the forward pass,
+// and of cached keys re-indexed by a Rotator.
+func rotate(v, cs, sn []float32, neox bool) {
+	half := len(cs)
+	for j := 0; j < half; j++ {
+		a, b := 2*j, 2*j+1
+		if neox {
+			a, b = j, j+half
+		}
+		x0, x1 := v[a], v[b]
+		v[a] = x0*cs[j] - x1*sn[j]
+		v[b] = x0*sn[j] + x1*cs[j]
+	}
+}
+
+// ropeRows rotates the heads of n rows of x in place, row t by the angles
+// cos[t], sin[t] ([n][HeadDim/2]).
+func (m *Model) ropeRows(x, cos, sin []float32, n, heads int) {
+	hd := m.HeadDim
+	half := hd / 2
+	neox := m.Rope == RopeNeoX
+	w := heads * hd
+	// Rows in parallel (at least ~2048 values a worker).
+	tensor.Parallel(n, max(1, 2048/max(w, 1)), func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			cs, sn := cos[t*half:(t+1)*half], sin[t*half:(t+1)*half]
+			row := x[t*w : (t+1)*w]
+			for h := 0; h < heads; h++ {
+				rotate(row[h*hd:(h+1)*hd], cs, sn, neox)
+			}
+		}
+	})
+}
+
+// Rotate turns one head's key, rotated by RoPE for some position, into the
+// key for a position delta further on (delta may be negative): how a policy
+// re-indexes the positions of cached keys. A Rotator does the same faster
+// when many keys move.
+func (m *Model) Rotate(key []float32, delta int) { m.NewRotator().Rotate(key, delta) }
+
+// Rotator re-rotates keys by position deltas, keeping the cosines and sines
+// of the deltas it has seen (a re-indexing policy moves most keys by the same
+// few deltas step after step). Not safe for concurrent use.
+type Rotator struct {
+	freq   []float32            // the model's RoPE frequencies [HeadDim/2]
+	neox   bool                 // NEOX halves instead of interleaved pairs
+	tables map[int][2][]float32 // delta → cosines, sines [HeadDim/2]
+}
+
+// NewRotator returns a rotator for the model's RoPE.
+func (m *Model) NewRotator() *Rotator {
+	return &Rotator{freq: m.ropeFreqs(), neox: m.Rope == RopeNeoX, tables: map[int][2][]float32{}}
+}
+
+// Rotate moves key by delta positions.
+func (r *Rotator) Rotate(key []float32, delta int) {
+	if delta == 0 {
+		return
+	}
+	t, ok := r.tables[delta]
+	if !ok {
+		if len(r.tables) > 256 {
+			clear(r.tables)
+		}
+		t = [2][]float32{make([]float32, len(r.freq)), make([]float32, len(r.freq))}
+		for j, f := range r.freq {
+			a := float64(delta) * float64(f)
+			t[0][j], t[1][j] = float32(math.Cos(a)), float32(math.Sin(a))
+		}
+		r.tables[delta] = t
+	}
+	rotate(key, t[0], t[1], r.neox)
+}
