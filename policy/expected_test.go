@@ -207,3 +207,17 @@ func TestExpectedParams(t *testing.T) {
 		}
 	}
 }
+
+// TestExpectedInvariants runs expected through TestInvariants' checks
+// (budget, sinks, window, order, blocks freed, no leak) with each codec.
+func TestExpectedInvariants(t *testing.T) {
+	st := loadStories(t)
+	for _, cfg := range []Config{
+		{Method: "expected", Budget: 50, Window: 8, Every: 4},
+		{Method: "expected", Ratio: 0.4, Opts: optsOf("n-future", 32)},
+	} {
+		for _, cn := range [][2]string{{"f32", "f32"}, {"q8", "q4"}, {"kivi4", "kivi2"}} {
+			t.Run(cfg.String()+"/"+cn[0]+"-"+cn[1], func(t *testing.T) { runInvariants(t, st, cfg, cn) })
+		}
+	}
+}

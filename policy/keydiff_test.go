@@ -94,3 +94,17 @@ func checkKept(t *testing.T, l, h int, got [][][]int32, want []int, score []floa
 		}
 	}
 }
+
+// TestKeyDiffInvariants runs keydiff through TestInvariants' checks
+// (budget, sinks, window, order, blocks freed, no leak) with each codec.
+func TestKeyDiffInvariants(t *testing.T) {
+	st := loadStories(t)
+	for _, cfg := range []Config{
+		{Method: "keydiff", Budget: 50, Sinks: 2, Window: 8, Every: 4},
+		{Method: "keydiff", Ratio: 0.4},
+	} {
+		for _, cn := range [][2]string{{"f32", "f32"}, {"q8", "q4"}, {"kivi4", "kivi2"}} {
+			t.Run(cfg.String()+"/"+cn[0]+"-"+cn[1], func(t *testing.T) { runInvariants(t, st, cfg, cn) })
+		}
+	}
+}
