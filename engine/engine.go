@@ -377,16 +377,10 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 	if r.Slot != nil && pol.Method != "full" {
 		return nil, invalid("kv: a slot keeps only uncompressed sequences; drop the policy or the slot")
 	}
-	// Attach the policy to a throwaway sequence: what policy.New refuses
-	// (re-indexed positions with grouped keys, …) is refused now.
-	if pol.Method != "full" {
-		ps := pool.NewSequence()
-		seq, err := e.m.NewSequence(ps)
-		if err == nil {
-			_, err = policy.New(pol, seq)
-		}
-		ps.Free()
-		if err != nil {
+	// What policy.New would refuse for this pool (re-indexed positions
+	// with grouped keys, …) is refused now.
+	if kc, _ := pool.Codecs(); pol.Method != "full" {
+		if err := policy.Validate(pol, pool.Layout(), kc); err != nil {
 			return nil, invalid("kv: %v", err)
 		}
 	}

@@ -17,8 +17,6 @@ import (
 // the blocks the tables need (pruned blocks were freed), and nothing leaks.
 func TestInvariants(t *testing.T) {
 	st := loadStories(t)
-	m := st.m
-	const T = 150
 	configs := []Config{
 		{Method: "window", Window: 40},
 		{Method: "streaming", Window: 36, Sinks: 4},
@@ -37,121 +35,128 @@ func TestInvariants(t *testing.T) {
 	for _, cfg := range configs {
 		for _, cn := range codecs {
 			t.Run(fmt.Sprintf("%s/%s-%s", cfg, cn[0], cn[1]), func(t *testing.T) {
-				kc, _ := codec.Parse(cn[0], codec.Keys)
-				vc, _ := codec.Parse(cn[1], codec.Values)
-				seq, err := m.NewStandaloneSequence(model.KVOptions{K: kc, V: vc, BlockTokens: 16})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ps, err := New(cfg, seq)
-				if err != nil {
-					if cfg.Positions == PosReindex || cfg.Method == "lminfinite" || (cfg.Method == "streaming" && cfg.Every == 0) {
-						if !kc.PerToken() {
-							return // re-indexing KIVI keys is refused with an error: fine
-						}
-					}
-					t.Fatal(err)
-				}
-				c := ps.Config()
-				pool := seq.Cache().(*kvcache.Paged).Pool()
-				ps.BeginPrefill(T)
-				if _, err := seq.Forward(st.ids[:T], false); err != nil {
-					t.Fatal(err)
-				}
-				if err := ps.Compress(); err != nil {
-					t.Fatal(err)
-				}
-				// grown: tokens appended since the last compression, for
-				// methods that do not evict while decoding.
-				check := func(stage string, grown int) {
-					t.Helper()
-					b := ps.budget(ps.seen)
-					cache := seq.Cache().(*kvcache.Paged)
-					for l, heads := range ps.Kept() {
-						for h, kept := range heads {
-							n := len(kept)
-							if n != cache.Slots(l, h) {
-								t.Fatalf("%s: layer %d head %d: %d origins for %d slots", stage, l, h, n, cache.Slots(l, h))
-							}
-							limit := b
-							switch c.Method {
-							case "adakv":
-								limit = b * m.KVHeads // ragged heads
-							case "pyramidkv":
-								limit = 2 * b
-							}
-							if c.Every > 1 {
-								limit += c.Every
-							}
-							if c.Every == 0 {
-								limit += grown
-							}
-							if n > limit {
-								t.Fatalf("%s: layer %d head %d holds %d tokens, budget %d", stage, l, h, n, limit)
-							}
-							for i := 1; i < n; i++ {
-								if kept[i] <= kept[i-1] {
-									t.Fatalf("%s: layer %d head %d: kept tokens out of order: %v", stage, l, h, kept)
-								}
-							}
-							for i := 0; i < min(c.Sinks, n); i++ {
-								if kept[i] != int32(i) {
-									t.Fatalf("%s: layer %d head %d: sink %d lost: %v", stage, l, h, i, kept[:c.Sinks])
-								}
-							}
-							if c.Every <= 1 && c.Method != "adakv" && c.Method != "pyramidkv" {
-								w := min(c.Window, n)
-								last := int32(ps.seen - 1)
-								for i := 0; i < w; i++ {
-									if kept[n-1-i] != last-int32(i) {
-										t.Fatalf("%s: layer %d head %d: recent token %d lost: %v", stage, l, h, last-int32(i), kept[n-w:])
-									}
-								}
-							}
-						}
-					}
-					// The pool holds exactly the blocks the tables need: each table
-					// is dense (full blocks and one partly filled last block).
-					need := 0
-					for l := 0; l < m.Config.Layers; l++ {
-						for h := 0; h < m.KVHeads; h++ {
-							n := cache.Slots(l, h)
-							if cn[0] == "kivi4" {
-								n -= residualOf(cache, l, h)
-							}
-							need += (n + 15) / 16
-						}
-					}
-					if u := pool.Usage(); u.Used != need || cache.Memory().Blocks != need {
-						t.Fatalf("%s: pool uses %d blocks, the tables hold %d, they need %d", stage, u.Used, cache.Memory().Blocks, need)
-					}
-				}
-				check("after compression", 0)
-				tok := st.ids[T]
-				for step := 0; step < 120; step++ {
-					if err := ps.Before(1); err != nil {
-						t.Fatal(err)
-					}
-					logits, err := seq.Forward([]int{tok}, false)
-					if err != nil {
-						t.Fatalf("step %d: %v", step, err)
-					}
-					tok = argmax(logits)
-					if c.Method == "window" || c.Method == "streaming" || c.Method == "lminfinite" {
-						for l := 0; l < m.Config.Layers; l++ {
-							if n := seq.Cache().(*kvcache.Paged).Slots(l, 0); n > c.Sinks+c.Window {
-								t.Fatalf("step %d: layer %d holds %d tokens, more than sinks+window %d", step, l, n, c.Sinks+c.Window)
-							}
-						}
-					}
-					check(fmt.Sprintf("step %d", step), step+1)
-				}
-				seq.Close()
-				if u := pool.Usage(); u.Used != 0 {
-					t.Fatalf("%d blocks leaked", u.Used)
-				}
+				runInvariants(t, st, cfg, cn)
 			})
 		}
+	}
+}
+
+// runInvariants is TestInvariants for one configuration and codec pair.
+func runInvariants(t *testing.T, st stories, cfg Config, cn [2]string) {
+	m := st.m
+	const T = 150
+	kc, _ := codec.Parse(cn[0], codec.Keys)
+	vc, _ := codec.Parse(cn[1], codec.Values)
+	seq, err := m.NewStandaloneSequence(model.KVOptions{K: kc, V: vc, BlockTokens: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := New(cfg, seq)
+	if err != nil {
+		if cfg.Positions == PosReindex || cfg.Method == "lminfinite" || (cfg.Method == "streaming" && cfg.Every == 0) {
+			if !kc.PerToken() {
+				return // re-indexing KIVI keys is refused with an error: fine
+			}
+		}
+		t.Fatal(err)
+	}
+	c := ps.Config()
+	pool := seq.Cache().(*kvcache.Paged).Pool()
+	ps.BeginPrefill(T)
+	if _, err := seq.Forward(st.ids[:T], false); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.Compress(); err != nil {
+		t.Fatal(err)
+	}
+	// grown: tokens appended since the last compression, for
+	// methods that do not evict while decoding.
+	check := func(stage string, grown int) {
+		t.Helper()
+		b := ps.budget(ps.seen)
+		cache := seq.Cache().(*kvcache.Paged)
+		for l, heads := range ps.Kept() {
+			for h, kept := range heads {
+				n := len(kept)
+				if n != cache.Slots(l, h) {
+					t.Fatalf("%s: layer %d head %d: %d origins for %d slots", stage, l, h, n, cache.Slots(l, h))
+				}
+				limit := b
+				switch c.Method {
+				case "adakv":
+					limit = b * m.KVHeads // ragged heads
+				case "pyramidkv":
+					limit = 2 * b
+				}
+				if c.Every > 1 {
+					limit += c.Every
+				}
+				if c.Every == 0 {
+					limit += grown
+				}
+				if n > limit {
+					t.Fatalf("%s: layer %d head %d holds %d tokens, budget %d", stage, l, h, n, limit)
+				}
+				for i := 1; i < n; i++ {
+					if kept[i] <= kept[i-1] {
+						t.Fatalf("%s: layer %d head %d: kept tokens out of order: %v", stage, l, h, kept)
+					}
+				}
+				for i := 0; i < min(c.Sinks, n); i++ {
+					if kept[i] != int32(i) {
+						t.Fatalf("%s: layer %d head %d: sink %d lost: %v", stage, l, h, i, kept[:c.Sinks])
+					}
+				}
+				if c.Every <= 1 && c.Method != "adakv" && c.Method != "pyramidkv" {
+					w := min(c.Window, n)
+					last := int32(ps.seen - 1)
+					for i := 0; i < w; i++ {
+						if kept[n-1-i] != last-int32(i) {
+							t.Fatalf("%s: layer %d head %d: recent token %d lost: %v", stage, l, h, last-int32(i), kept[n-w:])
+						}
+					}
+				}
+			}
+		}
+		// The pool holds exactly the blocks the tables need: each table
+		// is dense (full blocks and one partly filled last block).
+		need := 0
+		for l := 0; l < m.Config.Layers; l++ {
+			for h := 0; h < m.KVHeads; h++ {
+				n := cache.Slots(l, h)
+				if cn[0] == "kivi4" {
+					n -= residualOf(cache, l, h)
+				}
+				need += (n + 15) / 16
+			}
+		}
+		if u := pool.Usage(); u.Used != need || cache.Memory().Blocks != need {
+			t.Fatalf("%s: pool uses %d blocks, the tables hold %d, they need %d", stage, u.Used, cache.Memory().Blocks, need)
+		}
+	}
+	check("after compression", 0)
+	tok := st.ids[T]
+	for step := 0; step < 120; step++ {
+		if err := ps.Before(1); err != nil {
+			t.Fatal(err)
+		}
+		logits, err := seq.Forward([]int{tok}, false)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		tok = argmax(logits)
+		if c.Method == "window" || c.Method == "streaming" || c.Method == "lminfinite" {
+			for l := 0; l < m.Config.Layers; l++ {
+				if n := seq.Cache().(*kvcache.Paged).Slots(l, 0); n > c.Sinks+c.Window {
+					t.Fatalf("step %d: layer %d holds %d tokens, more than sinks+window %d", step, l, n, c.Sinks+c.Window)
+				}
+			}
+		}
+		check(fmt.Sprintf("step %d", step), step+1)
+	}
+	seq.Close()
+	if u := pool.Usage(); u.Used != 0 {
+		t.Fatalf("%d blocks leaked", u.Used)
 	}
 }
 

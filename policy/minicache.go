@@ -19,42 +19,41 @@ import (
 
 	"github.com/kvlm/kvlm/attention"
 	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/codec"
 )
 
-// normalizeMiniCache fills in MiniCache's defaults: t = 0.6 and γ = 0.05
-// (the paper's t; γ is one implementation's retention share, the paper's
-// exact rule being unverified).
-func (c Config) normalizeMiniCache() (Config, error) {
-	switch {
-	case c.Budget > 0 || c.Ratio > 0:
-		return c, perr("budget", "policy: minicache merges layers and drops no token; it takes no budget or ratio (set t, gamma, merge-from)")
-	case c.Sinks > 0:
-		return c, perr("sinks", "policy: minicache takes no --kv-sinks")
-	case c.Positions == PosReindex:
-		return c, perr("positions", "policy: minicache keeps original positions")
-	case c.Agg != attention.AggMean:
-		return c, perr("agg", "policy: minicache uses no attention scores; it takes no --kv-agg")
-	case c.Pool != "":
-		return c, perr("pool", "policy: minicache uses no attention scores; it takes no --kv-pool")
-	case c.Kernel > 0:
-		return c, perr("kernel", "policy: minicache uses no attention scores; it takes no --kv-kernel")
-	case c.MergeFrom < 0:
-		return c, fmt.Errorf("policy: merge-from must not be negative, got %d", c.MergeFrom)
-	}
-	if c.Interp == 0 {
-		c.Interp = 0.6
-	}
-	if c.Gamma == 0 {
-		c.Gamma = 0.05
-	}
-	c.Positions = PosOriginal
-	if !(c.Interp > 0 && c.Interp <= 1) {
-		return c, fmt.Errorf("policy: minicache t must be in (0, 1], got %g", c.Interp)
-	}
-	if !(c.Gamma > 0 && c.Gamma <= 1) {
-		return c, fmt.Errorf("policy: minicache gamma must be in (0, 1], got %g", c.Gamma)
-	}
-	return c, nil
+// The parameters of MiniCache: t = 0.6 and γ = 0.05 (the paper's t; γ is
+// one implementation's retention share, the paper's exact rule being
+// unverified).
+var (
+	pInterp = &Param{Name: "t", Kind: FloatParam, Doc: "SLERP weight of the upper layer of a merged pair", Default: "0.6",
+		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.6, field: func(c *Config) any { return &c.Interp }}
+	pGamma = &Param{Name: "gamma", Kind: FloatParam, Doc: "share of tokens retained unmerged in both layers", Default: "0.05",
+		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.05, field: func(c *Config) any { return &c.Gamma }}
+	pMergeFrom = &Param{Name: "merge-from", Kind: IntParam, Doc: "lower layer of the first merged pair", Default: "layers/2",
+		field: func(c *Config) any { return &c.MergeFrom }}
+)
+
+func init() {
+	Register(Method{Name: "minicache", Order: 11, Doc: "MiniCache: adjacent layers' KV merged, no token dropped",
+		Params: []string{"window", "every", "t", "gamma", "merge-from"}, Own: []*Param{pInterp, pGamma, pMergeFrom},
+		Unused: map[string]string{
+			"budget":    "minicache merges layers and drops no token; it takes no budget or ratio (set t, gamma, merge-from)",
+			"ratio":     "minicache merges layers and drops no token; it takes no budget or ratio (set t, gamma, merge-from)",
+			"sinks":     "minicache takes no {{sinks}}",
+			"positions": "minicache keeps original positions ({{positions}})",
+			"agg":       "minicache uses no attention scores; it takes no {{agg}}",
+			"pool":      "minicache uses no attention scores; it takes no {{pool}}",
+			"kernel":    "minicache uses no attention scores; it takes no {{kernel}}",
+		},
+		Describe: func(c Config) string { return fmt.Sprintf(" t=%g gamma=%g from=%d", c.Interp, c.Gamma, c.MergeFrom) },
+		Check: func(c Config, l kvcache.Layout, _ codec.Codec) error {
+			if len(c.MergedPairs(l.Layers)) == 0 {
+				return fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(c.MergeFrom, l.Layers/2), l.Layers)
+			}
+			return nil
+		},
+		Run: func(st *State) (Runner, error) { return &miniCache{st}, nil }})
 }
 
 // MergedPairs lists the merged layer pairs as their upper layers, for a
@@ -71,9 +70,26 @@ func (c Config) MergedPairs(L int) []int {
 	return ups
 }
 
+// miniCache is MiniCache's Runner.
+type miniCache struct{ st *State }
+
+func (m *miniCache) Begin(int) {}
+
+// Request tracks the new slots' origins; merging needs no attention.
+func (m *miniCache) Request(layer, start, n int) *attention.MassRequest {
+	m.st.track(layer, start, n)
+	return nil
+}
+
+func (m *miniCache) Done(int, *attention.MassRequest, []float32, []int32) {}
+
+// Compress merges the prompt.
+func (m *miniCache) Compress() error { return m.merge(false) }
+
 // merge merges every pair's unmerged tokens: all of them after a prefill,
 // whole blocks during decoding; the newest Window tokens stay.
-func (st *State) merge(decode bool) error {
+func (m *miniCache) merge(decode bool) error {
+	st := m.st
 	ups := st.cfg.MergedPairs(st.L)
 	if len(ups) == 0 {
 		return fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(st.cfg.MergeFrom, st.L/2), st.L)
@@ -88,8 +104,9 @@ func (st *State) merge(decode bool) error {
 	return nil
 }
 
-// mergeBefore is the decoding schedule: a merge every Every steps.
-func (st *State) mergeBefore() error {
+// Before is the decoding schedule: a merge every Every steps.
+func (m *miniCache) Before(int) error {
+	st := m.st
 	if st.cfg.Every <= 0 {
 		return nil
 	}
@@ -97,5 +114,5 @@ func (st *State) mergeBefore() error {
 	if st.steps%st.cfg.Every != 0 {
 		return nil
 	}
-	return st.merge(true)
+	return m.merge(true)
 }

@@ -43,45 +43,40 @@ const (
 	pyrGenCompress = 0.9 // decoding: a chunk keeps 16·0.9·r_gen(l) tokens
 )
 
-// normalizePyramid fills in PyramidInfer's defaults.
-func (c Config) normalizePyramid() (Config, error) {
-	switch {
-	case c.Budget > 0 || c.Ratio > 0:
-		return c, perr("budget", "policy: pyramidinfer follows its own schedule; it takes no budget or ratio (set recent, decay, gen-decay, min-keep)")
-	case c.Window > 0:
-		return c, perr("window", "policy: pyramidinfer's recent window is a share of the prompt (recent), not a --kv-window")
-	case c.Every != 0:
-		return c, perr("every", "policy: pyramidinfer compresses generated tokens 16 at a time; it takes no --kv-every")
-	case c.Positions == PosReindex:
-		return c, perr("positions", "policy: pyramidinfer keeps original positions")
-	case c.Agg != attention.AggMean:
-		return c, perr("agg", "policy: pyramidinfer averages attention over the heads; it takes no --kv-agg")
-	case c.MinKeep < 0:
-		return c, fmt.Errorf("policy: min-keep must not be negative, got %d", c.MinKeep)
-	}
-	if c.Recent == 0 {
-		c.Recent = 0.2
-	}
-	if c.Decay == 0 {
-		c.Decay = 0.9
-	}
-	if c.GenDecay == 0 {
-		c.GenDecay = 0.1
-	}
-	if c.MinKeep == 0 {
-		c.MinKeep = 64
-	}
-	if c.Sinks == 0 {
-		c.Sinks = 4
-	}
-	c.Positions = PosOriginal
-	if !(c.Recent > 0 && c.Recent < 1) {
-		return c, fmt.Errorf("policy: recent must be in (0, 1), got %g", c.Recent)
-	}
-	if !(c.Decay > 0 && c.Decay <= 1) || !(c.GenDecay > 0 && c.GenDecay <= 1) {
-		return c, fmt.Errorf("policy: decay and gen-decay must be in (0, 1], got %g and %g", c.Decay, c.GenDecay)
-	}
-	return c, nil
+// The parameters of PyramidInfer (the authors' released defaults).
+var (
+	pRecent = &Param{Name: "recent", Kind: FloatParam, Doc: "share of the prompt whose queries score the rest", Default: "0.2",
+		Lo: 0, LoOpen: true, Hi: 1, HiOpen: true, Fill: 0.2, field: func(c *Config) any { return &c.Recent }}
+	pDecay = &Param{Name: "decay", Kind: FloatParam, Doc: "prefill: last-layer retention of the cosine schedule", Default: "0.9",
+		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.9, field: func(c *Config) any { return &c.Decay }}
+	pGenDecay = &Param{Name: "gen-decay", Kind: FloatParam, Doc: "decoding: last-layer retention of a compressed chunk's schedule", Default: "0.1",
+		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.1, field: func(c *Config) any { return &c.GenDecay }}
+	pMinKeep = &Param{Name: "min-keep", Kind: IntParam, Doc: "context never pruned below this many tokens", Default: "64",
+		Fill: 64, field: func(c *Config) any { return &c.MinKeep }}
+)
+
+func init() {
+	Register(Method{Name: "pyramidinfer", Order: 10, Doc: "PyramidInfer: tokens pruned between layers during the prefill",
+		Params: []string{"sinks", "recent", "decay", "gen-decay", "min-keep"}, Own: []*Param{pRecent, pDecay, pGenDecay, pMinKeep},
+		Unused: map[string]string{
+			"budget":    "pyramidinfer follows its own schedule; it takes no budget or ratio (set recent, decay, gen-decay, min-keep)",
+			"ratio":     "pyramidinfer follows its own schedule; it takes no budget or ratio (set recent, decay, gen-decay, min-keep)",
+			"window":    "pyramidinfer's recent window is a share of the prompt ({{recent}}), not a {{window}}",
+			"every":     "pyramidinfer compresses generated tokens 16 at a time; it takes no {{every}}",
+			"positions": "pyramidinfer keeps original positions ({{positions}})",
+			"agg":       "pyramidinfer averages attention over the heads; it takes no {{agg}}",
+		},
+		Normalize: func(c Config) (Config, error) {
+			if c.Sinks == 0 {
+				c.Sinks = 4
+			}
+			return c, nil
+		},
+		Run: func(st *State) (Runner, error) {
+			p := &pyramid{st: st, qrows: make([][][]float32, st.L)}
+			st.seq.Prune = p
+			return p, nil
+		}})
 }
 
 // pyrSchedule is the cosine retention of layer l of L falling from 1 at the
@@ -106,8 +101,7 @@ func pyrWeights(n int) []float32 {
 // pyrWindow is the recent window of a prompt of T tokens: 1+⌊recent·T⌋.
 func pyrWindow(T int, recent float64) int { return min(T, 1+int(float64(T)*recent)) }
 
-// pyramid is PyramidInfer's state: the State's mass hook dispatches here,
-// and it is the sequence's row pruner.
+// pyramid is PyramidInfer's Runner, and the sequence's row pruner.
 type pyramid struct {
 	st *State
 
@@ -132,16 +126,12 @@ type pyramid struct {
 	chunks   int           // generated chunks compressed
 }
 
-func newPyramid(st *State) *pyramid {
-	return &pyramid{st: st, qrows: make([][][]float32, st.L)}
-}
-
-// begin starts a prefill of n tokens: they should run as one forward step
+// Begin starts a prefill of n tokens: they should run as one forward step
 // (the window's queries score the whole prompt at every layer), so the
 // sequence's chunk grows to n until Compress restores it. A prompt run in
 // several steps anyway (a server's chunked prefill) is computed whole and
 // pruned to the same per-layer counts by Compress (pruneChunked).
-func (p *pyramid) begin(n int) {
+func (p *pyramid) Begin(n int) {
 	p.T, p.win = n, pyrWindow(n, p.st.cfg.Recent)
 	p.chunk = p.st.seq.Chunk
 	if p.st.seq.Chunk < n {
@@ -151,8 +141,8 @@ func (p *pyramid) begin(n int) {
 	p.wmass = make([][]float32, p.st.L)
 }
 
-// request implements State.Request.
-func (p *pyramid) request(layer, start, n int) *attention.MassRequest {
+// Request implements Runner.
+func (p *pyramid) Request(layer, start, n int) *attention.MassRequest {
 	st := p.st
 	if layer == 0 {
 		p.stepN = n
@@ -205,9 +195,9 @@ func (p *pyramid) request(layer, start, n int) *attention.MassRequest {
 	return req
 }
 
-// done implements State.Done: the mass averaged over the KV heads (each
+// Done implements Runner: the mass averaged over the KV heads (each
 // already the mean of its query heads) is the mean over all heads.
-func (p *pyramid) done(layer int, req *attention.MassRequest) {
+func (p *pyramid) Done(layer int, req *attention.MassRequest, _ []float32, _ []int32) {
 	H := float32(len(req.Out))
 	slots := len(req.Out[0])
 	mean := func(first, n int) []float32 {
@@ -297,8 +287,8 @@ func (p *pyramid) target(layer, n int) int {
 	return 0
 }
 
-// compress ends the prefill: its pruning is done, decoding starts.
-func (p *pyramid) compress() error {
+// Compress ends the prefill: its pruning is done, decoding starts.
+func (p *pyramid) Compress() error {
 	st := p.st
 	if p.T > 0 {
 		st.seq.Chunk = p.chunk
@@ -395,9 +385,9 @@ func (p *pyramid) pruneChunked() error {
 	return nil
 }
 
-// before compresses the oldest pending chunk while 16 generated tokens lie
+// Before compresses the oldest pending chunk while 16 generated tokens lie
 // beyond the recent window.
-func (p *pyramid) before() error {
+func (p *pyramid) Before(int) error {
 	for p.decoding && p.pending-p.win >= pyrGenChunk {
 		if err := p.compressChunk(); err != nil {
 			return err

@@ -432,8 +432,8 @@ func TestPyramidInferDecode(t *testing.T) {
 		pending++
 		views[int32(T+g)] = view{snapshotKeys(seq), positionsOf(cache, L, H)}
 	}
-	if len(comps) < 3 || ps.pyr.chunks != len(comps) {
-		t.Fatalf("%d chunks compressed, expected %d (at least 3)", ps.pyr.chunks, len(comps))
+	if len(comps) < 3 || ps.run.(*pyramid).chunks != len(comps) {
+		t.Fatalf("%d chunks compressed, expected %d (at least 3)", ps.run.(*pyramid).chunks, len(comps))
 	}
 	final := positionsOf(cache, L, H)
 	for l := 0; l < L; l++ {
@@ -538,7 +538,7 @@ func TestPyramidInferCodecs(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			chunks := ps.pyr.chunks
+			chunks := ps.run.(*pyramid).chunks
 			if chunks != (N-1-(1+T/5))/16 {
 				t.Fatalf("%d chunks compressed", chunks)
 			}

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"errors"
-	"fmt"
 	"math"
 
 	"github.com/kvlm/kvlm/attention"
@@ -15,15 +14,18 @@ import (
 //	st.BeginPrefill(len(prompt)); seq.Forward(prompt); st.Compress()  // once after prefill
 //	st.Before(1); seq.Forward([]int{tok})                               // each decode step
 //
-// It installs itself as the sequence's attention-mass hook when its scorer
-// needs attention, and keeps, per (layer, KV head), the score and the
-// original position of every stored slot, compacted along with the cache.
+// It installs itself as the sequence's attention-mass hook when the method
+// runs at all, and keeps, per (layer, KV head), the score and the original
+// position of every stored slot, compacted along with the cache. What it
+// does at each call is the method's: the shared prune of a Scorer, or a
+// Runner's own schedule.
 type State struct {
-	cfg   Config
-	kind  kind
-	seq   *model.Sequence
-	cache *kvcache.Paged
-	L, H  int
+	cfg    Config
+	method *Method
+	run    Runner // nil: full
+	seq    *model.Sequence
+	cache  *kvcache.Paged
+	L, H   int
 
 	scores [][]float32 // [layer·H + head][slot] accumulated or last mass
 	orig   [][]int32   // [layer·H + head][slot] original position (token index)
@@ -35,8 +37,6 @@ type State struct {
 	rot *model.Rotator // re-rotates keys (re-indexing, LM-Infinite's cap)
 
 	Pruned int // prunes applied
-
-	pyr *pyramid // pyramidinfer's own schedule (pyramidinfer.go); nil for the others
 }
 
 // New attaches a policy to a sequence whose cache is a *kvcache.Paged.
@@ -49,40 +49,47 @@ func New(cfg Config, seq *model.Sequence) (*State, error) {
 	if !ok {
 		return nil, errors.New("policy: the sequence's cache is not paged")
 	}
-	k, _ := methodKind(cfg.Method)
+	m := registry[cfg.Method]
 	l := cache.Layout()
-	if k == kindMerge && len(cfg.MergedPairs(l.Layers)) == 0 {
-		return nil, fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(cfg.MergeFrom, l.Layers/2), l.Layers)
+	kg, _ := cache.Pool().Codecs()
+	if err := check(cfg, m, l, kg); err != nil {
+		return nil, err
 	}
-	st := &State{cfg: cfg, kind: k, seq: seq, cache: cache, L: l.Layers, H: l.KVHeads,
+	st := &State{cfg: cfg, method: m, seq: seq, cache: cache, L: l.Layers, H: l.KVHeads,
 		scores: make([][]float32, l.Layers*l.KVHeads), orig: make([][]int32, l.Layers*l.KVHeads), seen: seq.Pos()}
 	for i := range st.orig {
 		st.orig[i] = cache.Positions(i/st.H, i%st.H)
 	}
-	if k != kindNone {
+	switch {
+	case m.prunes():
+		sc := m.Scorer
+		if m.NewScorer != nil {
+			sc = m.NewScorer(st)
+		}
+		st.run = &pruner{st: st, sc: sc}
+		if cfg.Every > 0 {
+			// Eviction during decoding bounds the cache: positions may run on.
+			seq.MaxPos = math.MaxInt32
+		}
+	case m.Run != nil:
+		if st.run, err = m.Run(st); err != nil {
+			return nil, err
+		}
+	}
+	if st.run != nil {
 		seq.Mass = st
-	}
-	if k == kindPyramid { // hook: pyramidinfer.go
-		st.pyr = newPyramid(st)
-		seq.Prune = st.pyr
-	}
-	if cfg.Every > 0 && k != kindMerge { // merging (minicache) does not bound the cache
-		// Eviction during decoding bounds the cache: positions may run on.
-		seq.MaxPos = math.MaxInt32
-	}
-	if kg, _ := cache.Pool().Codecs(); !kg.PerToken() {
-		if cfg.Positions == PosReindex {
-			return nil, fmt.Errorf("policy: re-indexed positions need per-token keys; %s keys are sealed in groups", kg.Name())
-		}
-		if cfg.Method == "lminfinite" {
-			return nil, fmt.Errorf("policy: lminfinite moves its global tokens at every step, which needs per-token keys; %s keys are sealed in groups", kg.Name())
-		}
 	}
 	return st, nil
 }
 
 // Config is the normalized configuration.
 func (st *State) Config() Config { return st.cfg }
+
+// Sequence is the sequence the policy is attached to.
+func (st *State) Sequence() *model.Sequence { return st.seq }
+
+// Cache is the sequence's cache.
+func (st *State) Cache() *kvcache.Paged { return st.cache }
 
 // BeginPrefill announces that the next forward steps run the n tokens of a
 // prompt, so the scorers watch the right queries (SnapKV's observation
@@ -92,20 +99,49 @@ func (st *State) Config() Config { return st.cfg }
 // it is compressed first and quantized after.
 func (st *State) BeginPrefill(n int) {
 	st.prefT, st.prefAt = n, st.seen
-	if st.pyr != nil { // hook: pyramidinfer.go
-		st.pyr.begin(n)
-	}
-	if st.kind != kindNone {
+	if st.run != nil {
+		st.run.Begin(n)
 		st.cache.HoldSeal(true)
 	}
 }
 
 // Request implements model.MassHook.
 func (st *State) Request(layer, start, n int) *attention.MassRequest {
-	if st.pyr != nil { // hook: pyramidinfer.go
-		return st.pyr.request(layer, start, n)
+	return st.run.Request(layer, start, n)
+}
+
+// Done implements model.MassHook.
+func (st *State) Done(layer int, req *attention.MassRequest, q []float32, pos []int32) {
+	st.run.Done(layer, req, q, pos)
+}
+
+// Compress prunes the cache once, after a prefill, to the budget.
+func (st *State) Compress() error {
+	defer func() { st.prefT = 0 }()
+	if st.run == nil {
+		return nil
 	}
-	// New slots were appended to the layer's tables: track their origin.
+	err := st.run.Compress()
+	if herr := st.cache.HoldSeal(false); err == nil {
+		err = herr
+	}
+	return err
+}
+
+// Before runs the decoding-time schedule before a forward step of incoming
+// tokens: for a scorer, every Every steps, tables holding more than the
+// budget are pruned so that, with the incoming tokens, they hold at most
+// the budget.
+func (st *State) Before(incoming int) error {
+	if st.run == nil {
+		return nil
+	}
+	return st.run.Before(incoming)
+}
+
+// track records the origins of n new slots that layer appended for tokens
+// [start, start+n).
+func (st *State) track(layer, start, n int) {
 	for h := 0; h < st.H; h++ {
 		t := layer*st.H + h
 		for i := 0; i < n; i++ {
@@ -115,94 +151,76 @@ func (st *State) Request(layer, start, n int) *attention.MassRequest {
 	if layer == st.L-1 {
 		st.seen = start + n
 	}
-	from := -1
-	switch st.kind {
-	case kindAccum:
-		from = 0
-	case kindLast:
-		from = n - 1
-	case kindSnap:
-		if st.prefT > 0 {
-			w := st.prefAt + st.prefT - min(st.cfg.Window, st.prefT) // first observed token
-			if start+n > w {
-				from = max(0, w-start)
-			}
-		} else if st.cfg.Every > 0 {
-			from = 0 // during decoding: the queries since the last prune
-		}
-	}
-	if from < 0 {
-		return nil
-	}
-	req := &attention.MassRequest{From: from, Agg: st.cfg.Agg, Out: make([][]float32, st.H)}
+}
+
+// massRequest is a request with Out sized to layer's tables.
+func (st *State) massRequest(layer int, req *attention.MassRequest) *attention.MassRequest {
+	req.Out = make([][]float32, st.H)
 	for h := range req.Out {
 		req.Out[h] = make([]float32, st.cache.Slots(layer, h))
 	}
 	return req
 }
 
-// Done implements model.MassHook: it adds (or, for TOVA, sets) the mass.
-func (st *State) Done(layer int, req *attention.MassRequest, _ []float32, _ []int32) {
-	if st.pyr != nil { // hook: pyramidinfer.go
-		st.pyr.done(layer, req)
-		return
-	}
+// addMass adds a filled request's mass to the layer's scores.
+func (st *State) addMass(layer int, req *attention.MassRequest) {
 	for h, m := range req.Out {
-		t := layer*st.H + h
-		sc := st.scores[t]
-		for len(sc) < len(m) {
-			sc = append(sc, 0)
+		sc := st.grow(layer*st.H+h, len(m))
+		for i, v := range m {
+			sc[i] += v
 		}
-		if st.kind == kindLast {
-			copy(sc, m)
-		} else {
-			for i, v := range m {
-				sc[i] += v
-			}
-		}
-		st.scores[t] = sc
 	}
 }
 
-// Compress prunes the cache once, after a prefill, to the budget.
-func (st *State) Compress() error {
-	defer func() { st.prefT = 0 }()
-	if st.kind == kindNone {
+// grow makes table t's scores at least n long and returns them.
+func (st *State) grow(t, n int) []float32 {
+	sc := st.scores[t]
+	for len(sc) < n {
+		sc = append(sc, 0)
+	}
+	st.scores[t] = sc
+	return sc
+}
+
+// Scores is table (layer, head)'s score of each slot, as the method's
+// mass accumulated it (read-only).
+func (st *State) Scores(layer, head int) []float32 { return st.scores[layer*st.H+head] }
+
+// budget is the per-table budget for a sequence of n tokens.
+func (st *State) budget(n int) int {
+	if st.cfg.Budget > 0 {
+		return st.cfg.Budget
+	}
+	return max(1, int(math.Ceil(st.cfg.Ratio*float64(n))))
+}
+
+// pruner runs a Scorer: the shared prune after the prompt and on the
+// decoding schedule.
+type pruner struct {
+	st *State
+	sc Scorer
+}
+
+func (p *pruner) Begin(int) {}
+
+func (p *pruner) Request(layer, start, n int) *attention.MassRequest {
+	p.st.track(layer, start, n)
+	req := p.sc.Mass(p.st, layer, start, n)
+	if req == nil {
 		return nil
 	}
-	if st.pyr != nil { // hook: pyramidinfer.go (the prompt was pruned during the prefill)
-		err := st.pyr.compress()
-		if herr := st.cache.HoldSeal(false); err == nil {
-			err = herr
-		}
-		return err
-	}
-	if st.kind == kindMerge { // hook: minicache.go (layers merged, no token dropped)
-		err := st.merge(false)
-		if herr := st.cache.HoldSeal(false); err == nil {
-			err = herr
-		}
-		return err
-	}
-	if err := st.prune(0); err != nil {
-		st.cache.HoldSeal(false)
-		return err
-	}
-	return st.cache.HoldSeal(false)
+	return p.st.massRequest(layer, req)
 }
 
-// Before runs the decoding-time schedule before a forward step of incoming
-// tokens: every Every steps, tables holding more than the budget are pruned
-// so that, with the incoming tokens, they hold at most the budget. It also
-// applies LM-Infinite's distance cap to the global tokens.
-func (st *State) Before(incoming int) error {
-	if st.pyr != nil { // hook: pyramidinfer.go
-		return st.pyr.before()
-	}
-	if st.kind == kindMerge { // hook: minicache.go
-		return st.mergeBefore()
-	}
-	if st.kind == kindNone || st.cfg.Every <= 0 {
+func (p *pruner) Done(layer int, req *attention.MassRequest, q []float32, pos []int32) {
+	p.sc.Done(p.st, layer, req, q, pos)
+}
+
+func (p *pruner) Compress() error { return p.st.prune(p.sc, 0) }
+
+func (p *pruner) Before(incoming int) error {
+	st := p.st
+	if st.cfg.Every <= 0 {
 		return nil
 	}
 	st.steps++
@@ -215,90 +233,36 @@ func (st *State) Before(incoming int) error {
 			}
 		}
 		if over {
-			if err := st.prune(incoming); err != nil {
+			if err := st.prune(p.sc, incoming); err != nil {
 				return err
 			}
 		}
 	}
-	if st.cfg.Method == "lminfinite" {
-		return st.capDistance(incoming)
-	}
-	return nil
-}
-
-// budget is the per-table budget for a sequence of n tokens.
-func (st *State) budget(n int) int {
-	if st.cfg.Budget > 0 {
-		return st.cfg.Budget
-	}
-	return max(1, int(math.Ceil(st.cfg.Ratio*float64(n))))
+	return p.sc.Step(st, incoming)
 }
 
 // prune brings every table to its budget minus room for incoming tokens.
-func (st *State) prune(incoming int) error {
+func (st *State) prune(sc Scorer, incoming int) error {
 	c := st.cfg
-	b, sinks, window, err := c.pruneShape(st.kind, st.budget(st.seen+incoming), incoming)
+	b, sinks, window, err := c.pruneShape(st.method, st.budget(st.seen+incoming), incoming)
 	if err != nil {
 		return err // Normalize refuses the budgets this can happen with, for one incoming token
 	}
 	for l := 0; l < st.L; l++ {
-		budgets := make([]int, st.H)
-		for h := range budgets {
-			budgets[h] = b
-		}
-		var scores [][]float32
-		switch st.kind {
-		case kindSnap:
-			scores = make([][]float32, st.H)
-			for h := range scores {
-				scores[h] = st.snapScores(l, h, window)
-			}
-			switch c.Method {
-			case "pyramidkv":
-				pb := pyramidBudgets(b, window, st.cache.Slots(l, 0), st.L, c.Beta)[l]
-				for h := range budgets {
-					budgets[h] = max(pb, window)
-				}
-			case "adakv":
-				cand := make([][]float32, st.H)
-				for h := range cand {
-					n := st.cache.Slots(l, h)
-					cand[h] = scores[h][:max(0, n-window)]
-				}
-				for h, ab := range adaBudgets(cand, b-window, c.Alpha) {
-					budgets[h] = ab + window
-				}
-			}
-		case kindLast:
-			// TOVA: one token set per layer, by the attention of all heads.
-			shared := make([]float32, st.cache.Slots(l, 0))
-			for h := 0; h < st.H; h++ {
-				for i, v := range st.scores[l*st.H+h] {
-					if i < len(shared) {
-						shared[i] += v / float32(st.H)
-					}
-				}
-			}
-			scores = make([][]float32, st.H)
-			for h := range scores {
-				scores[h] = shared
-			}
-		case kindAccum:
-			scores = st.scores[l*st.H : (l+1)*st.H]
-		case kindNorm:
-			scores = make([][]float32, st.H)
-			for h := range scores {
-				scores[h] = st.normScores(l, h)
-			}
-		}
+		scores := sc.Scores(st, l, window)
+		budgets := sc.Budgets(st, l, b, window, scores)
 		for h := 0; h < st.H; h++ {
 			t := l*st.H + h
 			n := st.cache.Slots(l, h)
-			var sc []float32
+			var s []float32
 			if scores != nil {
-				sc = scores[h]
+				s = scores[h]
 			}
-			keep := Keep(n, budgets[h], sinks, window, sc)
+			bh := b
+			if budgets != nil {
+				bh = budgets[h]
+			}
+			keep := Keep(n, bh, sinks, window, s)
 			if len(keep) == n {
 				continue
 			}
@@ -309,12 +273,7 @@ func (st *State) prune(incoming int) error {
 			st.scores[t] = gatherF(st.scores[t], keep)
 		}
 	}
-	if st.kind == kindSnap && st.prefT == 0 {
-		// During decoding the observation window restarts after each prune.
-		for t := range st.scores {
-			clear(st.scores[t])
-		}
-	}
+	sc.Pruned(st)
 	st.Pruned++
 	if c.Positions == PosReindex {
 		return st.reindex()
@@ -322,38 +281,29 @@ func (st *State) prune(incoming int) error {
 	return nil
 }
 
-// snapScores is SnapKV's score of each slot before the window: the pooled
-// attention mass the observation window gave it. Window slots score +Inf
-// (they are kept anyway).
-func (st *State) snapScores(l, h, window int) []float32 {
-	n := st.cache.Slots(l, h)
-	raw := make([]float32, n)
-	copy(raw, st.scores[l*st.H+h])
-	cut := max(0, n-window)
-	out := make([]float32, n)
-	copy(out, pool1d(raw[:cut], st.cfg.Kernel, st.cfg.Pool))
-	for i := cut; i < n; i++ {
-		out[i] = float32(math.Inf(1))
-	}
-	return out
+// keyRows calls f with each stored key of table (layer, head), decoded,
+// in slot order.
+func (st *State) keyRows(layer, head int, f func(i int, key []float32)) {
+	st.rows(layer, head, true, f)
 }
 
-// normScores is the key-norm baseline: −‖k‖, small keys kept.
-func (st *State) normScores(l, h int) []float32 {
+// rows calls f with each stored key (keys) or value of table (layer,
+// head), decoded, in slot order.
+func (st *State) rows(layer, head int, keys bool, f func(i int, row []float32)) {
 	d := st.cache.Layout().HeadDim
 	row := make([]float32, d)
-	var out []float32
-	for _, seg := range st.cache.Segments(l, h) {
-		for i := 0; i < seg.N; i++ {
-			seg.KC.Get(seg.K, seg.Cap, d, i, row)
-			var s float64
-			for _, v := range row {
-				s += float64(v) * float64(v)
+	i := 0
+	for _, seg := range st.cache.Segments(layer, head) {
+		for j := 0; j < seg.N; j++ {
+			if keys {
+				seg.KC.Get(seg.K, seg.Cap, d, j, row)
+			} else {
+				seg.VC.Get(seg.V, seg.Cap, d, j, row)
 			}
-			out = append(out, -float32(math.Sqrt(s)))
+			f(i, row)
+			i++
 		}
 	}
-	return out
 }
 
 // reindex renumbers every table's slots 0..n-1 (re-rotating the keys) and
@@ -382,34 +332,6 @@ func (st *State) reindex() error {
 		}
 	}
 	st.seq.SetPos(n)
-	return nil
-}
-
-// capDistance is LM-Infinite's cap: a global (sink) token is never seen
-// further away than the local window, so before each step the sinks move
-// to position next−Window when that is later than where they are.
-func (st *State) capDistance(incoming int) error {
-	next := int32(st.seq.Pos())
-	target := next - int32(st.cfg.Window)
-	m := st.rotator()
-	for t := range st.orig {
-		l, h := t/st.H, t%st.H
-		s := min(st.cfg.Sinks, st.cache.Slots(l, h))
-		slots := make([]int, s)
-		for i := range slots {
-			slots[i] = i
-		}
-		err := st.cache.RewriteKeys(l, h, slots, func(pos int32, key []float32) int32 {
-			if target <= pos {
-				return pos
-			}
-			m.Rotate(key, int(target-pos))
-			return target
-		})
-		if err != nil {
-			return err
-		}
-	}
 	return nil
 }
 

@@ -193,12 +193,14 @@ func TestNormalizeUnused(t *testing.T) {
 		"min-keep": func(c *Config) { c.MinKeep = 8 }, "decay": func(c *Config) { c.Decay = 0.5 },
 		"gen-decay": func(c *Config) { c.GenDecay = 0.5 }, "t": func(c *Config) { c.Interp = 0.5 },
 		"gamma": func(c *Config) { c.Gamma = 0.5 }, "merge-from": func(c *Config) { c.MergeFrom = 1 },
+		"n-future": func(c *Config) { c.Opts.Set("n-future", 8) },
 	}
 	// A configuration of each method that Normalize accepts.
 	base := map[string]Config{
 		"full": {}, "window": {Window: 8}, "streaming": {Window: 8}, "lminfinite": {Window: 8},
 		"h2o": {Budget: 16}, "tova": {Budget: 16}, "snapkv": {Budget: 40}, "adakv": {Budget: 40},
 		"pyramidkv": {Budget: 40}, "knorm": {Budget: 16}, "pyramidinfer": {}, "minicache": {},
+		"keydiff": {Budget: 16}, "expected": {Budget: 16},
 	}
 	for _, method := range Methods {
 		for _, p := range allParams {

@@ -32,24 +32,55 @@ type streamOptions struct {
 }
 
 // kvParams is the "kv" extension object: the request's KV cache policy
-// and codecs.
+// and codecs. Its policy parameters are those of policy.AllParams, each
+// as kv.NAME ('-' spelled '_'), kept raw until kvRequest reads them.
 type kvParams struct {
-	Policy    string   `json:"policy"`    // a policy.Methods name ("full" by default)
-	Budget    *int     `json:"budget"`    // tokens kept per (layer, KV head)
-	Ratio     *float64 `json:"ratio"`     // or the fraction kept
-	Window    *int     `json:"window"`    // recent tokens always kept
-	Sinks     *int     `json:"sinks"`     // first tokens always kept
-	Every     *int     `json:"every"`     // prune every N decode steps (0: only after the prompt)
-	Positions string   `json:"positions"` // original or reindex
-	Agg       string   `json:"agg"`       // mean, max, sum
-	Pool      string   `json:"pool"`      // snapkv pooling: avg, max
-	Kernel    *int     `json:"kernel"`    // snapkv pooling kernel
-	Type      string   `json:"type"`      // codec of keys and values
-	TypeK     string   `json:"type_k"`    // codec of keys
-	TypeV     string   `json:"type_v"`    // codec of values
-	Slot      *int     `json:"slot"`      // keep the finished sequence in this slot
+	Policy string `json:"policy"` // a policy.Methods name ("full" by default)
+	Type   string `json:"type"`   // codec of keys and values
+	TypeK  string `json:"type_k"` // codec of keys
+	TypeV  string `json:"type_v"` // codec of values
+	Slot   *int   `json:"slot"`   // keep the finished sequence in this slot
 	// CachePrompt: use and fill the prefix cache (default true).
 	CachePrompt *bool `json:"cache_prompt"`
+
+	params map[string]json.RawMessage // the policy parameters present, by JSON name
+}
+
+// UnmarshalJSON reads the fixed fields strictly and keeps the policy
+// parameters raw; any other field is refused.
+func (kv *kvParams) UnmarshalJSON(b []byte) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return &json.UnmarshalTypeError{Value: te.Value, Type: reflect.TypeOf(kvParams{}), Offset: te.Offset}
+		}
+		return err
+	}
+	fixed := map[string]bool{"policy": true, "type": true, "type_k": true, "type_v": true, "slot": true, "cache_prompt": true}
+	type plain kvParams // without this method
+	var f plain
+	rest := map[string]json.RawMessage{}
+	for k, v := range raw {
+		if !fixed[k] {
+			if _, ok := policy.LookupParam(strings.ReplaceAll(k, "_", "-")); !ok || strings.Contains(k, "-") {
+				return fmt.Errorf("json: unknown field %q", k)
+			}
+			rest[k] = v
+		}
+	}
+	for k := range rest {
+		delete(raw, k)
+	}
+	fb, _ := json.Marshal(raw)
+	dec := json.NewDecoder(bytes.NewReader(fb))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return err
+	}
+	*kv = kvParams(f)
+	kv.params = rest
+	return nil
 }
 
 // commonParams are the fields completions and chat share.
@@ -178,12 +209,6 @@ func jsonKind(t reflect.Type) string {
 	return t.String()
 }
 
-// cliToAPI turns the CLI flag names in engine and policy errors into the
-// request's field names.
-var cliToAPI = strings.NewReplacer("(--kv-budget N)", "(kv.budget)", "(--kv-ratio R)", "(kv.ratio)", "(--kv-budget)", "(kv.budget)",
-	"--kv-budget", "kv.budget", "--kv-ratio", "kv.ratio", "--kv-window", "kv.window", "--kv-sinks", "kv.sinks", "--kv-every", "kv.every", "--kv-kernel", "kv.kernel",
-	"--kv-pool", "kv.pool", "--kv-agg", "kv.agg", "--kv-positions", "kv.positions", "--kv-policy", "kv.policy")
-
 var seedCounter atomic.Uint64
 
 // params turns the shared fields into an engine request (prompt excluded)
@@ -303,51 +328,57 @@ func parseStop(raw json.RawMessage) ([]string, *apiError) {
 	return stops, nil
 }
 
+// kvParam is a policy parameter's name in the kv object.
+func kvParam(param string) string { return "kv." + policy.JSONName(param) }
+
 // kvRequest applies the "kv" object.
 func kvRequest(kv *kvParams, gr *engine.GenRequest) *apiError {
-	c := policy.Config{Method: kv.Policy, Pool: kv.Pool}
-	ints := []struct {
-		name string
-		src  *int
-		dst  *int
-	}{{"budget", kv.Budget, &c.Budget}, {"window", kv.Window, &c.Window}, {"sinks", kv.Sinks, &c.Sinks},
-		{"every", kv.Every, &c.Every}, {"kernel", kv.Kernel, &c.Kernel}}
+	c := policy.Config{Method: kv.Policy}
 	var given []string // the parameters present, which the policy must use
-	for _, f := range ints {
-		if f.src == nil {
+	for _, p := range policy.AllParams() {
+		raw, ok := kv.params[policy.JSONName(p.Name)]
+		if !ok || string(raw) == "null" {
 			continue
 		}
-		if *f.src < 0 || *f.src > 1<<24 {
-			return badRequest("kv."+f.name, "kv.%s must be between 0 and %d, got %d", f.name, 1<<24, *f.src)
+		name := kvParam(p.Name)
+		var v any
+		switch p.Kind {
+		case policy.IntParam:
+			var x int
+			if err := json.Unmarshal(raw, &x); err != nil {
+				return badRequest(name, "field %q must be an integer, got %s", name, raw)
+			}
+			if x < 0 || x > 1<<24 {
+				return badRequest(name, "%s must be between 0 and %d, got %d", name, 1<<24, x)
+			}
+			v = x
+		case policy.FloatParam:
+			var x float64
+			if err := json.Unmarshal(raw, &x); err != nil {
+				return badRequest(name, "field %q must be a number, got %s", name, raw)
+			}
+			v = x
+		default:
+			var x string
+			if err := json.Unmarshal(raw, &x); err != nil {
+				return badRequest(name, "field %q must be a string, got %s", name, raw)
+			}
+			if x == "" {
+				continue // "": the method's default
+			}
+			v = x
 		}
-		*f.dst = *f.src
-		given = append(given, f.name)
-	}
-	if kv.Ratio != nil {
-		if !(*kv.Ratio > 0 && *kv.Ratio <= 1) {
-			return badRequest("kv.ratio", "kv.ratio must be in (0, 1], got %g", *kv.Ratio)
+		if err := p.Set(&c, v); err != nil {
+			return badRequest(name, "%s: %s", name, strings.TrimPrefix(err.Error(), "policy: "))
 		}
-		c.Ratio = *kv.Ratio
-		given = append(given, "ratio")
+		given = append(given, p.Name)
 	}
-	for _, f := range []struct{ name, v string }{{"positions", kv.Positions}, {"agg", kv.Agg}, {"pool", kv.Pool}} {
-		if f.v != "" {
-			given = append(given, f.name)
-		}
-	}
-	var err error
-	if c.Positions, err = policy.ParsePositions(kv.Positions); err != nil {
-		return badRequest("kv.positions", "kv.positions: %s", strings.TrimPrefix(err.Error(), "policy: "))
-	}
-	if c.Agg, err = policy.ParseAgg(kv.Agg); err != nil {
-		return badRequest("kv.agg", "kv.agg: %s", strings.TrimPrefix(err.Error(), "policy: "))
-	}
-	if c, err = c.NormalizeGiven(given...); err != nil {
-		param := "kv.policy"
+	c, err := c.NormalizeGiven(given...)
+	if err != nil {
 		if pe := (*policy.ParamError)(nil); errors.As(err, &pe) {
-			param = "kv." + pe.Param
+			return badRequest(kvParam(pe.Param), "kv: %s", strings.TrimPrefix(pe.Render(kvParam), "policy: "))
 		}
-		return badRequest(param, "kv: %s", cliToAPI.Replace(strings.TrimPrefix(err.Error(), "policy: ")))
+		return badRequest("kv.policy", "kv: %s", strings.TrimPrefix(err.Error(), "policy: "))
 	}
 	gr.Policy = c
 	gr.K, gr.V = kv.Type, kv.Type

@@ -316,7 +316,7 @@ func engineError(err error) *apiError {
 	var ce *engine.CapacityError
 	switch {
 	case errors.As(err, &ie):
-		return badRequest("", "%s", cliToAPI.Replace(ie.Msg))
+		return badRequest("", "%s", ie.Msg)
 	case errors.Is(err, engine.ErrNoSlot):
 		return &apiError{status: http.StatusNotFound, msg: "the slot is empty", typ: "invalid_request_error", param: "id"}
 	case errors.As(err, &ce), errors.Is(err, engine.ErrQueueFull):

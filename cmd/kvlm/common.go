@@ -35,10 +35,9 @@ type modelFlags struct {
 	tok      tokenizer.Tokenizer // set by load, for the key means
 	keyMeans [][]float32         // computed once, for q8/q4 keys
 
-	pol       policy.Config // --kv-policy and its parameters (registerPolicy)
-	agg       string
-	positions string
-	polCmd    *cobra.Command // where they were registered; nil: the command takes no policy
+	pol     policy.Config  // --kv-policy (registerPolicy)
+	polVals map[string]any // parameter name → its flag's *int, *float64 or *string
+	polCmd  *cobra.Command // where they were registered; nil: the command takes no policy
 }
 
 func (f *modelFlags) register(c *cobra.Command) {
@@ -54,21 +53,26 @@ func (f *modelFlags) register(c *cobra.Command) {
 	c.Flags().BoolVar(&f.keyShift, "kv-key-shift", true, "store q8/q4 keys around the model's mean keys (estimated once from a text the model writes from BOS; see docs/KVCACHE.md)")
 }
 
-// registerPolicy adds --kv-policy and its parameters, for the commands
-// that apply a policy (generate, ppl).
+// registerPolicy adds --kv-policy and one --kv-NAME flag per parameter of
+// the policy methods (policy.AllParams: their help and types come from the
+// parameter descriptors), for the commands that apply a policy (generate,
+// ppl).
 func (f *modelFlags) registerPolicy(c *cobra.Command) {
 	fl := c.Flags()
 	f.polCmd = c
 	fl.StringVar(&f.pol.Method, "kv-policy", "full", "KV compression: "+strings.Join(policy.Methods, ", "))
-	fl.IntVar(&f.pol.Budget, "kv-budget", 0, "tokens kept per (layer, KV head)")
-	fl.Float64Var(&f.pol.Ratio, "kv-ratio", 0, "fraction of tokens kept (kvpress's compression_ratio is 1 − R)")
-	fl.IntVar(&f.pol.Window, "kv-window", 0, "recent tokens always kept (snapkv: observation window, default 32; h2o: default half the budget)")
-	fl.IntVar(&f.pol.Sinks, "kv-sinks", 0, "first tokens always kept (streaming, lminfinite: default 4)")
-	fl.StringVar(&f.pol.Pool, "kv-pool", "", "snapkv family: score pooling, avg or max")
-	fl.IntVar(&f.pol.Kernel, "kv-kernel", 0, "snapkv family: pooling kernel (odd, default 5)")
-	fl.IntVar(&f.pol.Every, "kv-every", 0, "during decoding, prune every N steps; 0: never, only after the prompt (default: every step for window methods, h2o and tova; never for the others)")
-	fl.StringVar(&f.positions, "kv-positions", "", "original or reindex (StreamingLLM's positions inside the cache); default: reindex for streaming, original otherwise")
-	fl.StringVar(&f.agg, "kv-agg", "mean", "how the query heads of a KV head combine their scores: mean, max or sum")
+	f.polVals = map[string]any{}
+	for _, p := range policy.AllParams() {
+		name := strings.TrimPrefix(policy.Flag(p.Name), "--")
+		switch p.Kind {
+		case policy.IntParam:
+			f.polVals[p.Name] = fl.Int(name, 0, p.Help())
+		case policy.FloatParam:
+			f.polVals[p.Name] = fl.Float64(name, 0, p.Help())
+		default:
+			f.polVals[p.Name] = fl.String(name, "", p.Help())
+		}
+	}
 }
 
 // policyConfig is the --kv-policy configuration, normalized. A parameter
@@ -78,18 +82,24 @@ func (f *modelFlags) policyConfig() (policy.Config, error) {
 	if f.polCmd == nil {
 		return c.Normalize()
 	}
-	var err error
-	if c.Agg, err = policy.ParseAgg(f.agg); err != nil {
-		return c, err
-	}
-	if c.Positions, err = policy.ParsePositions(f.positions); err != nil {
-		return c, err
-	}
 	var given []string
-	for _, p := range policy.FlagParams {
-		if f.polCmd.Flags().Changed("kv-" + p) {
-			given = append(given, p)
+	for _, p := range policy.AllParams() {
+		if !f.polCmd.Flags().Changed(strings.TrimPrefix(policy.Flag(p.Name), "--")) {
+			continue
 		}
+		var v any
+		switch x := f.polVals[p.Name].(type) {
+		case *int:
+			v = *x
+		case *float64:
+			v = *x
+		case *string:
+			v = *x
+		}
+		if err := p.Set(&c, v); err != nil {
+			return c, err
+		}
+		given = append(given, p.Name)
 	}
 	return c.NormalizeGiven(given...)
 }
