@@ -86,6 +86,9 @@ func (s *Paged) Pool() *Pool { return s.pool }
 
 func (s *Paged) Layout() Layout { return s.pool.layout }
 
+// Codecs are the pool's key and value codecs.
+func (s *Paged) Codecs() (k, v codec.Codec) { return s.pool.Codecs() }
+
 func (s *Paged) tab(layer, head int) *table { return &s.tables[layer*s.pool.layout.KVHeads+head] }
 
 // tokens a table holds, residual and merged tokens included.
@@ -114,35 +117,14 @@ func (s *Paged) minLen() int {
 	return m
 }
 
-// Room is how many more tokens every table could take from the free blocks
-// (a pool shared with other sequences may give them away first).
-func (s *Paged) Room() int {
-	p := s.pool
-	p.mu.Lock()
-	free := p.obtainable()
-	p.mu.Unlock()
-	tables := len(s.tables)
-	// Each table first fills its last block, then needs one block per B tokens.
-	spare := p.B
-	for i := range s.tables {
-		t := &s.tables[i]
-		if t.res == nil && t.n%p.B != 0 {
-			spare = min(spare, p.B-t.n%p.B)
-		} else {
-			spare = 0
-		}
-	}
-	return spare + free/tables*p.B
-}
-
 // Reserve reports ErrNoBlocks when the pool cannot take n more tokens in
-// every table now.
+// every table now: when their Need is more than the pool can allocate.
 func (s *Paged) Reserve(n int) error {
 	if s.freed {
 		return errors.New("kvcache: sequence already freed")
 	}
-	if r := s.Room(); r < n {
-		return fmt.Errorf("%w: %d tokens needed, room for %d", ErrNoBlocks, n, r)
+	if need, have := s.Need(n), s.pool.ObtainableBytes(); need > have {
+		return fmt.Errorf("%w: %d tokens need %d bytes, %d can be allocated", ErrNoBlocks, n, need, have)
 	}
 	return nil
 }
