@@ -414,11 +414,7 @@ func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained in
 		t.blocks = append(t.blocks[:0], t.blocks[cb:]...)
 		t.n -= nb
 		if m := c - nb; m > 0 {
-			r := t.res
-			copy(r.k, r.k[m*d:r.n*d])
-			copy(r.v, r.v[m*d:r.n*d])
-			copy(r.pos, r.pos[m:r.n])
-			r.n -= m
+			t.res.dropOldest(m, d)
 		}
 		t.dirty = true
 	}
