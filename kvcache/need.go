@@ -50,11 +50,7 @@ func (p *Pool) sealBlocks(res, n int) int {
 // p.mu.
 func (t *table) need(p *Pool, n int) int {
 	if p.residual > 0 {
-		r := 0
-		if t.res != nil {
-			r = t.res.n
-		}
-		return p.sealBlocks(r, n)
+		return p.sealBlocks(t.res.len(), n)
 	}
 	shared := t.n%p.B != 0 && p.meta[t.blocks[len(t.blocks)-1]].ref > 1
 	return p.appendBlocks(t.n, shared, n)

@@ -55,14 +55,7 @@ func (s *Paged) tab(layer, head int) *table { return &s.tables[layer*s.pool.layo
 
 // tokens a table holds, residual and merged tokens included.
 func (t *table) len() int {
-	n := t.n
-	if t.res != nil {
-		n += t.res.n
-	}
-	if t.mini != nil {
-		n += t.mini.len()
-	}
-	return n
+	return t.mini.len() + t.n + t.res.len()
 }
 
 // Len is the number of tokens of the layer appended to last.
@@ -195,19 +188,12 @@ func (s *Paged) Segments(layer, head int) []Segment {
 		return t.segs
 	}
 	p := s.pool
-	d := p.layout.HeadDim
-	t.segs = t.segs[:0]
-	if t.mini != nil {
-		t.segs = t.mini.segments(p, t.kc, t.segs)
-	}
+	t.segs = t.mini.segments(p, t.kc, t.segs[:0])
 	for j, b := range t.blocks {
 		n := min(p.B, t.n-j*p.B)
 		t.segs = append(t.segs, Segment{K: p.kbuf(b), V: p.vbuf(b), KC: t.kc, VC: p.vc, Cap: p.B, N: n, Pos: p.posbuf(b)[:n]})
 	}
-	if r := t.res; r != nil && r.n > 0 {
-		t.segs = append(t.segs, r.segment())
-	}
-	_ = d
+	t.segs = t.res.segments(t.segs)
 	t.dirty = false
 	return t.segs
 }
@@ -222,7 +208,7 @@ func (s *Paged) Truncate(n int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i := range s.tables {
-		if t := &s.tables[i]; t.mini != nil && n < t.len() && n < t.mini.len() {
+		if t := &s.tables[i]; n < t.len() && n < t.mini.len() {
 			return fmt.Errorf("kvcache: cannot truncate to %d tokens: the first %d of layer %d are merged (MiniCache)", n, t.mini.len(), i/p.layout.KVHeads)
 		}
 	}
@@ -232,10 +218,7 @@ func (s *Paged) Truncate(n int) error {
 			continue
 		}
 		t.dirty = true
-		n := n // tokens of the blocks and residual to keep
-		if t.mini != nil {
-			n -= t.mini.len()
-		}
+		n := n - t.mini.len() // tokens of the blocks and residual to keep
 		if t.res != nil {
 			if n < t.n {
 				return fmt.Errorf("kvcache: cannot truncate to %d tokens: %d are sealed in KIVI groups", n, t.n)
@@ -275,12 +258,8 @@ func (s *Paged) Fork() *Paged {
 		for _, b := range t.blocks {
 			p.incref(b)
 		}
-		if t.mini != nil {
-			ft.mini = t.mini.fork(p)
-		}
-		if t.res != nil {
-			ft.res = t.res.clone()
-		}
+		ft.mini = t.mini.fork(p)
+		ft.res = t.res.clone()
 	}
 	return f
 }
@@ -299,9 +278,7 @@ func (s *Paged) Free() {
 		for j := len(t.blocks) - 1; j >= 0; j-- {
 			p.decref(t.blocks[j])
 		}
-		if t.mini != nil {
-			t.mini.free(p)
-		}
+		t.mini.free(p)
 		t.blocks, t.n, t.res, t.segs, t.mini = nil, 0, nil, nil, nil
 	}
 	s.freed = true
@@ -328,14 +305,8 @@ func (s *Paged) Memory() Memory {
 		t := &s.tables[i]
 		m.Blocks += len(t.blocks)
 		m.Used += int64(t.n) * int64(p.blockBytes) / int64(p.B)
-		if t.res != nil {
-			reserved, used := t.res.memory(p.layout.HeadDim)
-			m.Residual += reserved
-			m.Used += used
-		}
-		if t.mini != nil {
-			t.mini.memory(p, &m)
-		}
+		t.res.memory(p.layout.HeadDim, &m)
+		t.mini.memory(p, &m)
 	}
 	m.Reserved = int64(m.Blocks)*int64(p.blockBytes) + m.Residual + m.Magnitudes
 	m.Wasted = m.Reserved - m.Used

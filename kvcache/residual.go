@@ -105,15 +105,30 @@ func (r *residual) dropOldest(m, d int) {
 	r.n -= m
 }
 
-// clone is a copy with buffers of its own (a fork's).
+// len is the tokens held (0 without a residual).
+func (r *residual) len() int {
+	if r == nil {
+		return 0
+	}
+	return r.n
+}
+
+// clone is a copy with buffers of its own (a fork's); nil for nil.
 func (r *residual) clone() *residual {
+	if r == nil {
+		return nil
+	}
 	return &residual{k: append([]uint16(nil), r.k...), v: append([]uint16(nil), r.v...),
 		pos: append([]int32(nil), r.pos...), n: r.n}
 }
 
-// segment is the residual as attention reads it.
-func (r *residual) segment() Segment {
-	return Segment{K: u16bytes(r.k), V: u16bytes(r.v), KC: codec.F16, VC: codec.F16, Cap: len(r.pos), N: r.n, Pos: r.pos[:r.n]}
+// segments appends the residual's tokens as attention reads them, if it
+// holds any.
+func (r *residual) segments(segs []Segment) []Segment {
+	if r == nil || r.n == 0 {
+		return segs
+	}
+	return append(segs, Segment{K: u16bytes(r.k), V: u16bytes(r.v), KC: codec.F16, VC: codec.F16, Cap: len(r.pos), N: r.n, Pos: r.pos[:r.n]})
 }
 
 func u16bytes(x []uint16) []byte {
@@ -123,11 +138,13 @@ func u16bytes(x []uint16) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 2*len(x))
 }
 
-// memory is the bytes of the buffers and of the tokens they hold.
-func (r *residual) memory(d int) (reserved, used int64) {
-	reserved = int64(len(r.k)+len(r.v))*2 + int64(len(r.pos))*PosBytes
-	used = int64(r.n) * (int64(2*d*2) + PosBytes)
-	return reserved, used
+// memory adds the bytes of the buffers and of the tokens they hold.
+func (r *residual) memory(d int, m *Memory) {
+	if r == nil {
+		return
+	}
+	m.Residual += int64(len(r.k)+len(r.v))*2 + int64(len(r.pos))*PosBytes
+	m.Used += int64(r.n) * (int64(2*d*2) + PosBytes)
 }
 
 // rewriteKey hands token j's key and position to fn and stores what it
