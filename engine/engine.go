@@ -22,9 +22,12 @@ package engine
 // for the next one, and a pool that needs memory when the arena is spent
 // takes the chunks other pools hold only free blocks or cached prefixes in
 // (those prefixes are dropped) before it evicts its own cached prefixes
-// and, last, fails. Admission and each step check the bytes referenced in
-// every pool together against the budget, and what the sample's pool can
-// still take from the arena (chunk granularity).
+// and, last, fails. Admission and each step check the bytes the cache
+// says the work takes (kvcache.Pool.AdmitBytes for a request,
+// kvcache.Scheduled.Need for a step) against the bytes referenced in every
+// pool together and the budget, and against what the sample's pool can
+// still take from the arena (ObtainableBytes: chunk granularity). The
+// engine compares bytes; it never counts blocks.
 
 import (
 	"errors"
@@ -158,12 +161,11 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	e.budget = cfg.KVMem
 	if e.budget == 0 {
 		// MaxRunning full contexts in the default codecs, capped.
-		probe, err := kvcache.NewPool(kvcache.PoolConfig{Layout: l, BlockTokens: cfg.BlockTokens, K: k, V: v, Tokens: cfg.BlockTokens})
+		f, err := kvcache.FootprintOf(kvcache.PoolConfig{Layout: l, BlockTokens: cfg.BlockTokens, K: k, V: v})
 		if err != nil {
 			return nil, err
 		}
-		perSeq := int64((m.CtxLen+cfg.BlockTokens-1)/cfg.BlockTokens) * int64(e.tables) * int64(probe.BlockBytes())
-		e.budget = min(int64(cfg.MaxRunning)*perSeq, 4<<30)
+		e.budget = min(int64(cfg.MaxRunning)*f.AdmitBytes(l, m.CtxLen), 4<<30)
 	}
 	chunk, err := chunkBytes(l, cfg.BlockTokens, e.budget)
 	if err != nil {
@@ -384,7 +386,7 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 			return nil, invalid("kv: %v", err)
 		}
 	}
-	if need, whole := e.admitBytes(pool, len(r.Prompt), r.N), int64(pool.Blocks())*int64(pool.BlockBytes()); need > whole {
+	if need, whole := pool.AdmitBytes(len(r.Prompt), r.N), pool.CapacityBytes(); need > whole {
 		return nil, invalid("the prompt needs %d bytes of KV cache, more than the whole pool (%d bytes)", need, whole)
 	}
 	h := newHandle(r.N, e.wake)
@@ -434,32 +436,6 @@ func (e *Engine) validate(r *GenRequest) error {
 		return invalid("kv: slot must be between 0 and %d, got %d", MaxSlots-1, *r.Slot)
 	}
 	return nil
-}
-
-// admitBytes is the KV a request needs to start: its prompt plus one new
-// token in every table, and a block per table for each extra sample.
-func (e *Engine) admitBytes(p *kvcache.Pool, tokens, n int) int64 {
-	B := p.BlockTokens()
-	blocks := e.tables*((tokens+1+B-1)/B) + e.tables*(n-1)
-	if kivi(p) {
-		blocks += e.tables * sealBlocks(p)
-	}
-	return int64(blocks) * int64(p.BlockBytes())
-}
-
-func kivi(p *kvcache.Pool) bool {
-	k, v := p.Codecs()
-	_, grouped := k.(codec.Grouped)
-	return grouped || strings.HasPrefix(v.Name(), "kivi")
-}
-
-// sealBlocks is how many blocks per table a KIVI seal allocates at once.
-func sealBlocks(p *kvcache.Pool) int {
-	k, _ := p.Codecs()
-	if g, ok := k.(codec.Grouped); ok {
-		return g.GroupTokens() / p.BlockTokens()
-	}
-	return 1
 }
 
 // Stats is a snapshot of the engine for metrics.

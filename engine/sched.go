@@ -44,7 +44,7 @@ type seqState struct {
 	req    *request
 	choice int
 	seq    *model.Sequence // nil while waiting (preempted)
-	cache  *kvcache.Paged
+	cache  kvcache.Scheduled
 	pol    *policy.State
 	smp    *sample.Sampler
 
@@ -52,7 +52,6 @@ type seqState struct {
 	gen        int   // tokens generated
 	fed        int   // leading tokens of hist in the cache
 	prefilling bool  // the next run is a prefill of hist[fed:]
-	sharedTail bool  // forked: the next write may copy shared blocks
 	last       time.Time
 	done       bool
 	bytes      int64 // KV bytes after the last step
@@ -253,7 +252,7 @@ func (e *Engine) runningSamples() int {
 func (e *Engine) admit() {
 	for len(e.preempted) > 0 {
 		s := e.preempted[0]
-		if e.runningSamples()+places(s) > e.cfg.MaxRunning || !e.fits(s.req.pool, e.admitBytes(s.req.pool, len(s.hist), places(s))) {
+		if e.runningSamples()+places(s) > e.cfg.MaxRunning || !e.fits(s.req.pool, s.req.pool.AdmitBytes(len(s.hist), places(s))) {
 			return
 		}
 		e.preempted = e.preempted[1:]
@@ -267,7 +266,7 @@ func (e *Engine) admit() {
 		}
 		q := e.waiting[0]
 		e.mu.Unlock()
-		if e.runningSamples()+q.r.N > e.cfg.MaxRunning || !e.fits(q.pool, e.admitBytes(q.pool, len(q.r.Prompt), q.r.N)) {
+		if e.runningSamples()+q.r.N > e.cfg.MaxRunning || !e.fits(q.pool, q.pool.AdmitBytes(len(q.r.Prompt), q.r.N)) {
 			return
 		}
 		e.mu.Lock()
@@ -315,7 +314,7 @@ func (e *Engine) fits(p *kvcache.Pool, need int64) bool {
 // (bytes referenced in every pool), and within what p can still take
 // from the arena (which goes by chunks).
 func (e *Engine) room(p *kvcache.Pool, need int64) bool {
-	return e.usedBytes()+need <= e.budget && need <= int64(p.Obtainable())*int64(p.BlockBytes())
+	return e.usedBytes()+need <= e.budget && need <= p.ObtainableBytes()
 }
 
 // start gives a sample a fresh sequence: cached prompt blocks are taken
@@ -340,7 +339,7 @@ func (e *Engine) start(s *seqState) {
 		return
 	}
 	seq.Chunk = e.cfg.PrefillChunk
-	s.seq, s.cache, s.fed, s.prefilling, s.sharedTail = seq, cache, matched, true, false
+	s.seq, s.cache, s.fed, s.prefilling = seq, cache, matched, true
 	if q.r.Policy.Method != "full" {
 		st, err := policy.New(q.r.Policy, seq)
 		if err != nil {
@@ -366,7 +365,7 @@ func (e *Engine) preempt(s *seqState) {
 		s.cache.Free()
 	}
 	s.seq, s.cache, s.pol, s.bytes = nil, nil, nil, 0
-	s.fed, s.prefilling, s.sharedTail = 0, true, false
+	s.fed, s.prefilling = 0, true
 	e.running = slices.DeleteFunc(e.running, func(t *seqState) bool { return t == s })
 	i, _ := slices.BinarySearchFunc(e.preempted, s, func(a, b *seqState) int {
 		if b.newer(a) {
@@ -391,31 +390,12 @@ func (e *Engine) newest(skip *seqState) *seqState {
 	return v
 }
 
-// stepNeed is an upper bound of the bytes s allocates for n more tokens.
-func (e *Engine) stepNeed(s *seqState, n int) int64 {
-	p := s.cache.Pool()
-	B := p.BlockTokens()
-	var blocks int
-	if kivi(p) {
-		blocks = e.tables * ((n+B-1)/B + sealBlocks(p))
-	} else {
-		spare := s.cache.Room() % B // free slots in every table's last block
-		if n > spare {
-			blocks = e.tables * ((n - spare + B - 1) / B)
-		}
-		if s.sharedTail || s.pol != nil {
-			blocks += e.tables // copies of shared blocks
-		}
-	}
-	return int64(blocks) * int64(p.BlockBytes())
-}
-
 // makeRoom preempts samples newer than s until n more tokens of s fit the
 // budget. It returns false when s itself must wait (it was preempted) or
 // end (it could never fit).
 func (e *Engine) makeRoom(s *seqState, n int) bool {
 	for {
-		if e.room(s.cache.Pool(), e.stepNeed(s, n)) {
+		if e.room(s.req.pool, s.cache.Need(n)) {
 			return true
 		}
 		if e.releaseSlots() {
@@ -441,15 +421,15 @@ func (e *Engine) batchFits(batch []*seqState) bool {
 	var total int64
 	need := map[*kvcache.Pool]int64{}
 	for _, s := range batch {
-		n := e.stepNeed(s, 1)
+		n := s.cache.Need(1)
 		total += n
-		need[s.cache.Pool()] += n
+		need[s.req.pool] += n
 	}
 	if e.usedBytes()+total > e.budget {
 		return false
 	}
 	for p, n := range need {
-		if n > int64(p.Obtainable())*int64(p.BlockBytes()) {
+		if n > p.ObtainableBytes() {
 			return false
 		}
 	}
@@ -528,7 +508,6 @@ func (e *Engine) decode() int {
 	}
 	for i, s := range batch {
 		s.fed++
-		s.sharedTail = false
 		e.emit(s, logits[i])
 	}
 	return len(batch)
@@ -606,8 +585,8 @@ func (e *Engine) fork(s *seqState, i int) (*seqState, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &seqState{req: q, choice: i, seq: seq, cache: seq.Cache().(*kvcache.Paged), smp: smp,
-		hist: slices.Clone(s.hist), fed: s.fed, sharedTail: true}
+	f := &seqState{req: q, choice: i, seq: seq, cache: seq.Cache().(kvcache.Scheduled), smp: smp,
+		hist: slices.Clone(s.hist), fed: s.fed}
 	if s.pol != nil {
 		if f.pol, err = policy.New(q.r.Policy, seq); err != nil {
 			f.cache.Free()
@@ -615,7 +594,6 @@ func (e *Engine) fork(s *seqState, i int) (*seqState, error) {
 		}
 		seq.SetPolicy(f.pol)
 	}
-	s.sharedTail = true
 	q.choices = append(q.choices, f)
 	e.running = append(e.running, f)
 	if q.h.stopped[i].Load() {

@@ -49,7 +49,8 @@ const MaxSlots = 64
 const slotMagic = "KVLMSLOT"
 
 type slot struct {
-	cache  *kvcache.Paged
+	cache  kvcache.Scheduled
+	pool   *kvcache.Pool // the cache's
 	tokens []int
 }
 
@@ -243,8 +244,8 @@ func (e *Engine) fingerprint() string { return Fingerprint(e.m) }
 // keepSlot moves a finished sample's cache into slot id. Scheduler only.
 func (e *Engine) keepSlot(id int, s *seqState) {
 	e.dropSlot(id)
-	e.ref(s.cache.Pool(), 1)
-	e.slots[id] = &slot{cache: s.cache, tokens: slices.Clone(s.hist[:s.fed])}
+	e.ref(s.req.pool, 1)
+	e.slots[id] = &slot{cache: s.cache, pool: s.req.pool, tokens: slices.Clone(s.hist[:s.fed])}
 }
 
 // dropSlot frees slot id, if it holds anything. Scheduler only.
@@ -254,7 +255,7 @@ func (e *Engine) dropSlot(id int) bool {
 		return false
 	}
 	s.cache.Free()
-	e.ref(s.cache.Pool(), -1)
+	e.ref(s.pool, -1)
 	delete(e.slots, id)
 	return true
 }
@@ -282,7 +283,7 @@ func (e *Engine) Slots() ([]SlotInfo, error) {
 }
 
 func (e *Engine) slotInfo(id int, s *slot) SlotInfo {
-	k, v := s.cache.Pool().Codecs()
+	k, v := s.pool.Codecs()
 	return SlotInfo{ID: id, Tokens: len(s.tokens), Bytes: s.cache.Bytes(), K: k.Name(), V: v.Name()}
 }
 
@@ -347,7 +348,7 @@ func (e *Engine) SaveSlot(id int, w io.Writer) (SlotInfo, error) {
 
 func (e *Engine) snapshot(s *slot) (*slotData, error) {
 	l := e.m.KVLayout()
-	kc, vc := s.cache.Pool().Codecs()
+	kc, vc := s.pool.Codecs()
 	n := len(s.tokens)
 	d := &slotData{tokens: s.tokens, hdr: slotHeader{Model: e.fingerprint(), Arch: e.m.Arch, Layers: l.Layers, KVHeads: l.KVHeads,
 		HeadDim: l.HeadDim, K: kc.Name(), V: vc.Name(), NTokens: n, Checksum: "sha256"}}
@@ -520,7 +521,7 @@ func (e *Engine) RestoreSlot(id int, r io.Reader) (SlotInfo, error) {
 	var info SlotInfo
 	if derr := e.do(func() {
 		e.dropSlot(id)
-		need := e.admitBytes(pool, len(d.tokens), 1)
+		need := pool.AdmitBytes(len(d.tokens), 1)
 		if !e.room(pool, need) {
 			err = capacity(ErrKVBusy, "engine: not enough free KV memory now to restore %d tokens; retry later", len(d.tokens))
 			return
@@ -534,7 +535,7 @@ func (e *Engine) RestoreSlot(id int, r io.Reader) (SlotInfo, error) {
 			return
 		}
 		c.RegisterPrefix(d.tokens, 0)
-		s := &slot{cache: c, tokens: d.tokens}
+		s := &slot{cache: c, pool: pool, tokens: d.tokens}
 		e.ref(pool, 1)
 		e.slots[id] = s
 		info = e.slotInfo(id, s)
@@ -545,7 +546,7 @@ func (e *Engine) RestoreSlot(id int, r io.Reader) (SlotInfo, error) {
 }
 
 // fill appends the slot's keys and values to an empty cache, layer by layer.
-func (d *slotData) fill(c *kvcache.Paged, l kvcache.Layout) error {
+func (d *slotData) fill(c kvcache.Writer, l kvcache.Layout) error {
 	n, hd := len(d.tokens), l.HeadDim
 	w := l.KVHeads * hd
 	k, v := make([]float32, n*w), make([]float32, n*w)

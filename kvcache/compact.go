@@ -5,7 +5,6 @@ import (
 	"slices"
 
 	"github.com/kvlm/kvlm/kvcache/codec"
-	"github.com/kvlm/kvlm/tensor"
 )
 
 // Keep rewrites the table of (layer, head) to hold only the given slots
@@ -94,19 +93,13 @@ func (s *Paged) keep(t *table, keep []int) error {
 			fromRes = append(fromRes, k-t.n)
 		}
 	}
-	if t.res != nil && len(fromBlocks) != t.n-first*B {
-		return s.keepSealed(t, first, fromBlocks, fromRes)
-	}
-	if t.res == nil {
-		if err := s.compactInPlace(t, first, fromBlocks); err != nil {
-			return err
-		}
-	}
 	if r := t.res; r != nil {
-		for k, slot := range fromRes {
-			r.move(k, slot, d)
+		if len(fromBlocks) != t.n-first*B {
+			return s.keepSealed(t, first, fromBlocks, fromRes)
 		}
-		r.n = len(fromRes)
+		r.keep(fromRes, d)
+	} else if err := s.compactInPlace(t, first, fromBlocks); err != nil {
+		return err
 	}
 	t.dirty = true
 	s.pristine = false
@@ -160,55 +153,6 @@ func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
 	return nil
 }
 
-// keepSealed compacts a KIVI table whose sealed blocks lose slots: the
-// surviving slots of blocks first.. are decoded back into the
-// full-precision residual, ahead of its surviving slots, and the residual
-// is sealed again group by group. KIVI keys of those slots are thus
-// quantized twice (with their new group's range); nothing else is lost.
-// The caller holds p.mu.
-func (s *Paged) keepSealed(t *table, first int, fromBlocks, fromRes []int) error {
-	p := s.pool
-	B, d := p.B, p.layout.HeadDim
-	r := t.res
-	n := len(fromBlocks) + len(fromRes)
-	c := max(n, len(r.pos))
-	nr := &residual{k: make([]uint16, c*d), v: make([]uint16, c*d), pos: make([]int32, c)}
-	kx, vx := make([]float32, d), make([]float32, d)
-	for j, slot := range fromBlocks {
-		b, i := t.blocks[slot/B], slot%B
-		t.kc.Get(p.kbuf(b), B, d, i, kx)
-		p.vc.Get(p.vbuf(b), B, d, i, vx)
-		nr.put(j, d, kx, vx)
-		nr.pos[j] = p.posbuf(b)[i]
-	}
-	for j, slot := range fromRes {
-		o := len(fromBlocks) + j
-		copy(nr.k[o*d:(o+1)*d], r.k[slot*d:(slot+1)*d])
-		copy(nr.v[o*d:(o+1)*d], r.v[slot*d:(slot+1)*d])
-		nr.pos[o] = r.pos[slot]
-	}
-	for j := len(t.blocks) - 1; j >= first; j-- {
-		p.decref(t.blocks[j])
-	}
-	t.blocks = t.blocks[:first]
-	t.n = first * B
-	nr.n = n
-	t.res = nr
-	r = nr
-	t.dirty = true
-	s.pristine = false
-	if s.hold {
-		return nil
-	}
-	if err := s.sealFull(t); err != nil {
-		return err
-	}
-	if c := p.residual + p.sealSize(); len(r.pos) > c && r.n <= c {
-		r.grow(d, c)
-	}
-	return nil
-}
-
 // Slots is the number of tokens the table of (layer, head) holds.
 func (s *Paged) Slots(layer, head int) int { return s.tab(layer, head).len() }
 
@@ -249,13 +193,7 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 			return fmt.Errorf("kvcache: slot %d out of range [0,%d)", i, t.len())
 		}
 		if i >= t.n {
-			r := t.res
-			j := i - t.n
-			r.getK(j, d, key)
-			r.pos[j] = fn(r.pos[j], key)
-			for c := 0; c < d; c++ {
-				r.k[j*d+c] = tensor.F32ToF16(key[c])
-			}
+			t.res.rewriteKey(i-t.n, d, key, fn)
 			continue
 		}
 		if !p.kc.PerToken() {

@@ -10,10 +10,17 @@
 //
 // The interfaces are split by caller, as ollama's former Go cache was:
 // Writer is what a model layer calls to store new tokens, Reader is what the
-// attention kernels call, and Sequence adds what the runner calls.
+// attention kernels call, Sequence adds what the runner calls, Scheduled
+// what a serving scheduler calls (admission in bytes, forks, the prefix
+// cache) and Compacted what a compression policy calls (slots, positions,
+// pruning, re-indexing). Paged implements them all.
 package kvcache
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kvlm/kvlm/kvcache/codec"
+)
 
 // Layout is the shape of what one sequence stores per token.
 type Layout struct {
@@ -70,4 +77,45 @@ type Sequence interface {
 	Free()
 }
 
-var _ Sequence = (*Paged)(nil)
+// Scheduled is a sequence as a scheduler sees it: it admits work by
+// comparing the bytes the cache reports (Need; Pool.AdmitBytes before a
+// sequence exists) with its budget, never by counting blocks.
+type Scheduled interface {
+	Sequence
+	// Need is the bytes of the arena appending n more tokens takes
+	// (copies of shared blocks and KIVI sealing included).
+	Need(n int) int64
+	// Fork shares every block with a new sequence (copy on write).
+	Fork() *Paged
+	// MatchPrefix attaches cached blocks that start tokens to an empty
+	// sequence; RegisterPrefix makes its full blocks findable.
+	MatchPrefix(tokens []int, extra uint64) int
+	RegisterPrefix(tokens []int, extra uint64)
+	// Slots is the tokens one (layer, KV head) holds (a policy may have
+	// pruned some).
+	Slots(layer, head int) int
+}
+
+// Compacted is a sequence as a compression policy sees it: the slots of
+// each (layer, KV head), their positions and stored keys, and the one
+// prune (Keep) and the one rewrite (RewriteKeys) every method goes through.
+type Compacted interface {
+	Reader
+	Layout() Layout
+	// Codecs are the storage codecs of keys and values (whether keys can
+	// be rewritten one by one: codec.Codec.PerToken).
+	Codecs() (k, v codec.Codec)
+	Slots(layer, head int) int
+	Positions(layer, head int) []int32
+	Keep(layer, head int, keep []int) error
+	RewriteKeys(layer, head int, slots []int, fn func(pos int32, key []float32) int32) error
+	// HoldSeal keeps a KIVI cache's new tokens in full precision (a prompt
+	// is compressed before it is quantized).
+	HoldSeal(hold bool) error
+}
+
+var (
+	_ Sequence  = (*Paged)(nil)
+	_ Scheduled = (*Paged)(nil)
+	_ Compacted = (*Paged)(nil)
+)

@@ -1,15 +1,12 @@
 package kvcache
 
-// MiniCache (Liu et al., arXiv 2405.14366): the keys and values of two
-// adjacent layers are merged token by token. Each vector x is split into
-// its norm ‖x‖ and its direction x/‖x‖; the directions of the lower layer
-// (l−1) and the upper layer (l) are interpolated on the sphere (SLERP),
-//
-//	Ω = arccos(û_{l−1}·û_l),  e = sin((1−t)Ω)/sinΩ · û_{l−1} + sin(tΩ)/sinΩ · û_l
-//
-// renormalised (a plain LERP when sinΩ ≈ 0), and restored per layer as
-// x̂ = ‖x‖·e. The tokens whose layers disagree most (largest Ω/π) are
-// retained unmerged in both layers.
+// MiniCache's storage (Liu et al., arXiv 2405.14366): the keys and values
+// of two adjacent layers merged token by token into one unit direction
+// each plus each layer's norms, the tokens whose layers disagree most
+// retained whole in both. The method itself (which tokens, SLERP, which
+// are retained) is policy.MergeLayers; this file stores what it decided
+// (Merging: MergeCandidates hands it the candidates, StoreMerged takes its
+// MergePlan) and reads it back for attention.
 //
 // In kvlm's terms, per (layer pair, KV head):
 //
@@ -31,7 +28,7 @@ package kvcache
 // merged tables. Truncate works as long as it cuts after the merged and
 // retained tokens (they are always the oldest ones).
 //
-// Directions are computed from what the cache holds: with a per-token
+// Candidates are decoded from what the cache holds: with a per-token
 // quantized pool (q8, q4) tokens are quantized when appended, so a merge
 // decodes them and quantizes the directions again. With a KIVI pool the
 // candidates are the sealed tokens and the full-precision residual's
@@ -45,7 +42,6 @@ package kvcache
 import (
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/kvlm/kvlm/kvcache/codec"
@@ -76,11 +72,21 @@ type merged struct {
 	ret        region    // this layer's retained tokens, whole
 }
 
-func (m *merged) len() int { return m.dir.n + m.ret.n }
+// The methods of merged take a nil receiver for an unmerged table.
+
+func (m *merged) len() int {
+	if m == nil {
+		return 0
+	}
+	return m.dir.n + m.ret.n
+}
 
 // kc is the table's own key codec (its retained tokens); the merged
 // directions, shared by two layers, use the pool's.
 func (m *merged) segments(p *Pool, kc codec.Codec, segs []Segment) []Segment {
+	if m == nil {
+		return segs
+	}
 	off := 0
 	for j, b := range m.dir.blocks {
 		n := int(m.dir.cnt[j])
@@ -98,6 +104,9 @@ func (m *merged) segments(p *Pool, kc codec.Codec, segs []Segment) []Segment {
 // fork copies the bookkeeping and takes a reference to every block. The
 // caller holds p.mu.
 func (m *merged) fork(p *Pool) *merged {
+	if m == nil {
+		return nil
+	}
 	f := &merged{pair: m.pair, counted: m.counted, dir: m.dir.clone(), ret: m.ret.clone(),
 		kmag: slices.Clone(m.kmag), vmag: slices.Clone(m.vmag)}
 	for _, b := range m.dir.blocks {
@@ -111,6 +120,9 @@ func (m *merged) fork(p *Pool) *merged {
 
 // free releases the blocks, newest first. The caller holds p.mu.
 func (m *merged) free(p *Pool) {
+	if m == nil {
+		return
+	}
 	for j := len(m.ret.blocks) - 1; j >= 0; j-- {
 		p.decref(m.ret.blocks[j])
 	}
@@ -120,6 +132,9 @@ func (m *merged) free(p *Pool) {
 }
 
 func (m *merged) memory(p *Pool, mem *Memory) {
+	if m == nil {
+		return
+	}
 	per := int64(p.blockBytes)
 	mem.Blocks += len(m.ret.blocks)
 	mem.Used += int64(m.ret.n) * per / int64(p.B)
@@ -132,165 +147,92 @@ func (m *merged) memory(p *Pool, mem *Memory) {
 	mem.Used += mag
 }
 
-// MergeOptions are MiniCache's parameters.
-type MergeOptions struct {
-	// T is the SLERP weight of the upper layer, in [0, 1] (MiniCache: 0.6).
-	T float64
-	// Gamma is the share of the candidate tokens retained unmerged in both
-	// layers: the ⌈γ·n⌉ whose key or value directions differ most between
-	// the layers (largest Ω/π of the two). One reference implementation
-	// keeps 5%; the paper's exact retention rule is unverified. 0 merges
-	// every candidate.
-	Gamma float64
-	// Recent leaves the newest tokens of each table unmerged; a cut inside
-	// the blocks falls on a block boundary.
-	Recent int
-	// Full merges a multiple of the block size only (decode-time merges:
-	// a partly filled last block stays as it is).
-	Full bool
+// Merging is a sequence as MiniCache's merge (policy.MergeLayers) sees
+// it: the oldest unmerged tokens of a pair of adjacent layers, decoded, and
+// the one operation that stores what the merge decided. Which tokens are
+// merged, their directions and norms are the policy's; where they go (the
+// shared direction blocks, each layer's norms and retained blocks) is the
+// cache's.
+type Merging interface {
+	Layout() Layout
+	MergeCandidates(upper, head, recent int, whole bool) (MergeCandidates, error)
+	StoreMerged(upper, head int, c MergeCandidates, plan MergePlan) error
 }
 
-// MergeStats counts what a merge did, summed over KV heads.
-type MergeStats struct {
-	Merged   int // tokens merged (stored once for both layers)
-	Retained int // tokens retained whole in both layers
+var _ Merging = (*Paged)(nil)
+
+// MergeCandidates are the tokens of one KV head of a layer pair that can
+// be merged: the oldest unmerged ones of both tables, holding the same
+// positions, decoded from what the cache stores.
+type MergeCandidates struct {
+	Pos  []int32      // [n] positions, in slot order
+	K, V [2][]float32 // the lower (0) and upper (1) layer's keys and values [n][headDim]
 }
 
-// Slerp merges the vectors of one token in two adjacent layers as MiniCache
-// does: it writes into out the unit direction e interpolated from the
-// lower layer's direction (weight 1−t) to the upper's (weight t), and
-// returns the angle Ω between them and both norms, computed in float64.
-// When sinΩ < 1e-6 the directions are interpolated linearly (LERP) and
-// renormalised; a zero vector has no direction, so e is the other layer's
-// direction (and Ω is reported as 0: both restore exactly).
-func Slerp(lower, upper []float32, t float64, out []float32) (omega, normLower, normUpper float64) {
-	d := len(out)
-	lower, upper = lower[:d], upper[:d]
-	for i := range d {
-		normLower += float64(lower[i]) * float64(lower[i])
-		normUpper += float64(upper[i]) * float64(upper[i])
-	}
-	normLower, normUpper = math.Sqrt(normLower), math.Sqrt(normUpper)
-	var wl, wu float64 // weights of the unit vectors
-	switch {
-	case normLower == 0 && normUpper == 0:
-		clear(out)
-		return 0, 0, 0
-	case normLower == 0:
-		wu = 1
-	case normUpper == 0:
-		wl = 1
-	default:
-		var c float64
-		for i := range d {
-			c += float64(lower[i]) / normLower * (float64(upper[i]) / normUpper)
-		}
-		omega = math.Acos(max(-1, min(1, c)))
-		if s := math.Sin(omega); s < 1e-6 {
-			wl, wu = 1-t, t
-		} else {
-			wl, wu = math.Sin((1-t)*omega)/s, math.Sin(t*omega)/s
-		}
-	}
-	if normLower > 0 {
-		wl /= normLower
-	}
-	if normUpper > 0 {
-		wu /= normUpper
-	}
-	var n float64
-	for i := range d {
-		e := wl*float64(lower[i]) + wu*float64(upper[i])
-		n += e * e
-	}
-	if n == 0 { // antipodal directions with t = 0.5: take the upper one
-		wl, wu, n = 0, 1/normUpper, 1
-	}
-	n = math.Sqrt(n)
-	for i := range d {
-		out[i] = float32((wl*float64(lower[i]) + wu*float64(upper[i])) / n)
-	}
-	return omega, normLower, normUpper
+// Len is the number of candidates.
+func (c MergeCandidates) Len() int { return len(c.Pos) }
+
+// MergePlan is what a merge decided for the candidates: each is either
+// merged (one shared unit direction of its key and value, and each layer's
+// norms) or retained whole in both layers.
+type MergePlan struct {
+	Merged, Retained []int     // candidate indexes, ascending, together every candidate once
+	KDir, VDir       []float32 // [n][headDim] unit directions (rows of retained candidates are not read)
+	// KNorm and VNorm are the lower (0) and upper (1) layer's norms of
+	// each candidate's key and value [n] (retained candidates' are not read).
+	KNorm, VNorm [2][]float32
 }
 
-// MergeLayers merges the tables of layers upper−1 and upper, for every KV
-// head, MiniCache's way: the candidate tokens are the tables' oldest
-// unmerged ones, all but the newest max(opt.Recent, KIVI residual R), and
-// must hold the same positions in both layers. Of them the ⌈γ·n⌉ most
-// distant stay whole in both layers; the others are replaced by one shared
-// unit direction per token (keys and values, in the pool's codecs) plus
-// each layer's norms. The old blocks are released before the new ones are
-// taken, so a merge needs no spare blocks beyond what the directions of a
-// small merge may add (ErrNoBlocks otherwise, with that head unchanged;
-// heads merged before an error stay merged). A pair can be merged again
-// later (the new tokens are appended); a layer belongs to one pair only.
-func (s *Paged) MergeLayers(upper int, opt MergeOptions) (MergeStats, error) {
-	var st MergeStats
-	p := s.pool
-	L := p.layout
+func (s *Paged) mergeCheck(upper int) error {
+	L := s.pool.layout
 	switch {
 	case s.freed:
-		return st, errors.New("kvcache: merge of a freed sequence")
+		return errors.New("kvcache: merge of a freed sequence")
 	case upper < 1 || upper >= L.Layers:
-		return st, fmt.Errorf("kvcache: cannot merge layers %d and %d of %d", upper-1, upper, L.Layers)
-	case !(opt.T >= 0 && opt.T <= 1):
-		return st, fmt.Errorf("kvcache: SLERP weight t=%g must be in [0,1]", opt.T)
-	case !(opt.Gamma >= 0 && opt.Gamma <= 1):
-		return st, fmt.Errorf("kvcache: retention share γ=%g must be in [0,1]", opt.Gamma)
-	case opt.Recent < 0:
-		return st, fmt.Errorf("kvcache: negative recent window %d", opt.Recent)
+		return fmt.Errorf("kvcache: cannot merge layers %d and %d of %d", upper-1, upper, L.Layers)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for h := 0; h < L.KVHeads; h++ {
-		m, r, err := s.mergeHead(upper, h, opt)
-		if err != nil {
-			return st, fmt.Errorf("kvcache: merging layers %d and %d, head %d: %w", upper-1, upper, h, err)
-		}
-		st.Merged += m
-		st.Retained += r
-	}
-	return st, nil
+	return nil
 }
 
-// mergeHead merges one KV head's pair of tables. The caller holds p.mu.
-func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained int, err error) {
+// MergeCandidates returns the tokens of KV head head of layers upper−1
+// and upper that a merge can take: the tables' oldest unmerged ones, all
+// but the newest max(recent, KIVI residual R); a cut inside the blocks, or
+// any cut when whole is set, falls on a block boundary (the blocks given
+// up are released whole). Both tables must hold the same tokens
+// (same counts and positions: pruned tables cannot be merged), and neither
+// may be merged with a third layer.
+func (s *Paged) MergeCandidates(upper, head, recent int, whole bool) (MergeCandidates, error) {
+	var out MergeCandidates
+	if err := s.mergeCheck(upper); err != nil {
+		return out, err
+	}
+	if recent < 0 {
+		return out, fmt.Errorf("kvcache: negative recent window %d", recent)
+	}
 	p := s.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	B, d := p.B, p.layout.HeadDim
-	ta, tb := s.tab(upper-1, h), s.tab(upper, h)
-	if ta.mini != nil && ta.mini.pair != upper || tb.mini != nil && tb.mini.pair != upper-1 {
-		return 0, 0, errors.New("a layer is already merged with another layer")
+	ta, tb := s.tab(upper-1, head), s.tab(upper, head)
+	wrap := func(err error) error {
+		return fmt.Errorf("kvcache: merging layers %d and %d, head %d: %w", upper-1, upper, head, err)
 	}
-	resN := func(t *table) int {
-		if t.res == nil {
-			return 0
-		}
-		return t.res.n
+	if err := s.samePair(upper, ta, tb); err != nil {
+		return out, wrap(err)
 	}
-	if ta.n != tb.n || resN(ta) != resN(tb) {
-		return 0, 0, fmt.Errorf("the layers hold %d+%d and %d+%d tokens in blocks and residual", ta.n, resN(ta), tb.n, resN(tb))
-	}
-	// Candidates: the oldest c tokens of blocks then residual, leaving the
-	// newest max(Recent, KIVI residual) tokens; the blocks left must start
-	// on a block boundary.
-	total := ta.n + resN(ta)
-	c := max(0, total-max(opt.Recent, p.residual))
-	if opt.Full || c < ta.n {
+	total := ta.n + ta.res.len()
+	c := max(0, total-max(recent, p.residual))
+	if whole || c < ta.n {
 		c = c / B * B
 	}
 	if c == 0 {
-		return 0, 0, nil
+		return out, nil
 	}
 	nb := min(c, ta.n) // candidates in blocks; the others are in the residual
-	// Candidates, decoded, in both layers; their positions must agree.
-	pos := make([]int32, c)
-	ka, va := make([]float32, c*d), make([]float32, c*d)
-	kb, vb := make([]float32, c*d), make([]float32, c*d)
+	out.Pos = make([]int32, c)
 	for j, t := range []*table{ta, tb} {
-		k, v := ka, va
-		if j == 1 {
-			k, v = kb, vb
-		}
+		k, v := make([]float32, c*d), make([]float32, c*d)
+		out.K[j], out.V[j] = k, v
 		for i := 0; i < c; i++ {
 			x := k[i*d : (i+1)*d]
 			y := v[i*d : (i+1)*d]
@@ -307,43 +249,96 @@ func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained in
 				r.getV(o, d, y)
 			}
 			if j == 0 {
-				pos[i] = q
-			} else if q != pos[i] {
-				return 0, 0, fmt.Errorf("slot %d holds position %d in one layer and %d in the other (pruned tables cannot be merged)", i, pos[i], q)
+				out.Pos[i] = q
+			} else if q != out.Pos[i] {
+				return MergeCandidates{}, wrap(fmt.Errorf("slot %d holds position %d in one layer and %d in the other (pruned tables cannot be merged)", i, out.Pos[i], q))
 			}
 		}
 	}
-	// Directions, norms and each token's distance.
-	ek, ev := make([]float32, c*d), make([]float32, c*d)
-	nka, nkb := make([]float32, c), make([]float32, c)
-	nva, nvb := make([]float32, c), make([]float32, c)
-	dist := make([]float64, c)
-	for i := 0; i < c; i++ {
-		x := i * d
-		wk, a, b := Slerp(ka[x:x+d], kb[x:x+d], opt.T, ek[x:x+d])
-		nka[i], nkb[i] = float32(a), float32(b)
-		wv, a, b := Slerp(va[x:x+d], vb[x:x+d], opt.T, ev[x:x+d])
-		nva[i], nvb[i] = float32(a), float32(b)
-		dist[i] = max(wk, wv) / math.Pi
+	return out, nil
+}
+
+// samePair checks that tables ta (layer upper−1) and tb (upper) can be
+// merged with each other: not merged elsewhere, the same tokens held.
+func (s *Paged) samePair(upper int, ta, tb *table) error {
+	if ta.mini != nil && ta.mini.pair != upper || tb.mini != nil && tb.mini.pair != upper-1 {
+		return errors.New("a layer is already merged with another layer")
 	}
-	keepN := min(c, int(math.Ceil(opt.Gamma*float64(c)-1e-9)))
-	order := make([]int, c)
-	for i := range order {
-		order[i] = i
+	if ta.n != tb.n || ta.res.len() != tb.res.len() {
+		return fmt.Errorf("the layers hold %d+%d and %d+%d tokens in blocks and residual", ta.n, ta.res.len(), tb.n, tb.res.len())
 	}
-	slices.SortStableFunc(order, func(x, y int) int {
-		switch {
-		case dist[x] > dist[y]:
-			return -1
-		case dist[x] < dist[y]:
-			return 1
+	return nil
+}
+
+// StoreMerged replaces the candidates c (as MergeCandidates returned them,
+// the tables unchanged since) by what plan decided: the merged ones by one
+// shared unit direction per token (keys and values, in the pool's codecs,
+// in blocks both tables reference) plus each layer's norms; the retained
+// ones stay whole in each layer (slots of blocks moved without decoding,
+// those of the residual encoded from c). The old blocks are released
+// before the new ones are taken, so a merge needs no spare blocks beyond
+// what the directions of a small merge may add: ErrNoBlocks otherwise,
+// with the head unchanged. A pair can be merged again later (the new
+// tokens are appended to its regions).
+func (s *Paged) StoreMerged(upper, h int, c MergeCandidates, plan MergePlan) error {
+	if err := s.mergeCheck(upper); err != nil {
+		return err
+	}
+	p := s.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := s.storeMerged(upper, h, c, plan); err != nil {
+		return fmt.Errorf("kvcache: merging layers %d and %d, head %d: %w", upper-1, upper, h, err)
+	}
+	return nil
+}
+
+// checkPlan checks that plan covers n candidates of head dim d.
+func checkPlan(plan MergePlan, n, d int) error {
+	seen := make([]bool, n)
+	for _, idx := range [][]int{plan.Merged, plan.Retained} {
+		for j, i := range idx {
+			if i < 0 || i >= n || seen[i] || j > 0 && i <= idx[j-1] {
+				return fmt.Errorf("a merge plan must list each of the %d candidates once, in ascending order", n)
+			}
+			seen[i] = true
 		}
-		return x - y
-	})
-	retained := slices.Clone(order[:keepN])
-	mergedIdx := slices.Clone(order[keepN:])
-	slices.Sort(retained)
-	slices.Sort(mergedIdx)
+	}
+	if len(plan.Merged)+len(plan.Retained) != n {
+		return fmt.Errorf("a merge plan covers %d of %d candidates", len(plan.Merged)+len(plan.Retained), n)
+	}
+	if len(plan.Merged) > 0 && (len(plan.KDir) != n*d || len(plan.VDir) != n*d ||
+		len(plan.KNorm[0]) != n || len(plan.KNorm[1]) != n || len(plan.VNorm[0]) != n || len(plan.VNorm[1]) != n) {
+		return fmt.Errorf("a merge plan needs directions [%d][%d] and norms [%d] of both layers", n, d, n)
+	}
+	return nil
+}
+
+// storeMerged implements StoreMerged. The caller holds p.mu.
+func (s *Paged) storeMerged(upper, h int, cand MergeCandidates, plan MergePlan) error {
+	p := s.pool
+	B, d := p.B, p.layout.HeadDim
+	ta, tb := s.tab(upper-1, h), s.tab(upper, h)
+	if err := s.samePair(upper, ta, tb); err != nil {
+		return err
+	}
+	c := cand.Len()
+	if c == 0 {
+		return nil
+	}
+	if c > ta.n+ta.res.len() || c < ta.n && c%B != 0 || len(cand.K[0]) != c*d || len(cand.K[1]) != c*d || len(cand.V[0]) != c*d || len(cand.V[1]) != c*d {
+		return fmt.Errorf("%d merge candidates do not match the tables (%d tokens in blocks of %d, %d in the residual)", c, ta.n, B, ta.res.len())
+	}
+	if err := checkPlan(plan, c, d); err != nil {
+		return err
+	}
+	nb := min(c, ta.n)
+	pos := cand.Pos
+	ka, va, kb, vb := cand.K[0], cand.V[0], cand.K[1], cand.V[1]
+	mergedIdx, retained := plan.Merged, plan.Retained
+	keepN := len(retained)
+	ek, ev := plan.KDir, plan.VDir
+	nka, nkb, nva, nvb := plan.KNorm[0], plan.KNorm[1], plan.VNorm[0], plan.VNorm[1]
 
 	// Blocks needed against blocks the release frees.
 	grouped := !p.kc.PerToken()
@@ -371,7 +366,7 @@ func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained in
 		if fresh {
 			ta.mini, tb.mini = nil, nil
 		}
-		return 0, 0, fmt.Errorf("%w: merging needs %d blocks, %d free", ErrNoBlocks, need, free+freed)
+		return fmt.Errorf("%w: merging needs %d blocks, %d free", ErrNoBlocks, need, free+freed)
 	}
 	// Retained slots of blocks move without decoding (those of the
 	// residual are encoded from full precision): stage them before the
@@ -401,7 +396,7 @@ func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained in
 					if fresh {
 						ta.mini, tb.mini = nil, nil
 					}
-					return 0, 0, fmt.Errorf("codec %s cannot move slots", p.vc.Name())
+					return fmt.Errorf("codec %s cannot move slots", p.vc.Name())
 				}
 			}
 		}
@@ -414,11 +409,7 @@ func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained in
 		t.blocks = append(t.blocks[:0], t.blocks[cb:]...)
 		t.n -= nb
 		if m := c - nb; m > 0 {
-			r := t.res
-			copy(r.k, r.k[m*d:r.n*d])
-			copy(r.v, r.v[m*d:r.n*d])
-			copy(r.pos, r.pos[m:r.n])
-			r.n -= m
+			t.res.dropOldest(m, d)
 		}
 		t.dirty = true
 	}
@@ -449,7 +440,7 @@ func (s *Paged) mergeHead(upper, h int, opt MergeOptions) (nMerged, nRetained in
 		}, func(k int) []float32 { i := retained[k]; return keys[i*d : (i+1)*d] })
 	}
 	s.pristine = false
-	return len(mergedIdx), keepN, nil
+	return nil
 }
 
 // regionNeed is the number of blocks fill takes to append n tokens to r,

@@ -8,6 +8,7 @@ import (
 	"github.com/kvlm/kvlm/attention"
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/policy"
 )
 
 // TestAttentionOverMergedTables: attention over the tables of a merged
@@ -55,7 +56,7 @@ func TestAttentionOverMergedTables(t *testing.T) {
 					}
 				}
 				if r[0] == 0 {
-					if _, err := s.MergeLayers(3, kvcache.MergeOptions{T: 0.6, Gamma: 0.05}); err != nil {
+					if _, err := policy.MergeLayers(s, 3, policy.MergeOptions{T: 0.6, Gamma: 0.05}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -91,7 +92,7 @@ func TestAttentionOverMergedTables(t *testing.T) {
 								q := int(sg.Pos[i])
 								e := make([]float32, d)
 								o := q*w + h*d
-								_, nl, nu := kvcache.Slerp(k[2][o:o+d], k[3][o:o+d], 0.6, e)
+								_, nl, nu := policy.Slerp(k[2][o:o+d], k[3][o:o+d], 0.6, e)
 								n := nl
 								if layer == 3 {
 									n = nu

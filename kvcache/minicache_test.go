@@ -1,4 +1,4 @@
-package kvcache
+package kvcache_test
 
 import (
 	"errors"
@@ -9,7 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/policy"
 )
 
 // refSlerp is MiniCache's merge written out plainly in float64: unit
@@ -95,7 +97,7 @@ func TestSlerp(t *testing.T) {
 	for _, tt := range []float64{0, 0.25, 0.6, 1} {
 		for _, c := range cases {
 			out := make([]float32, len(c.a))
-			om, na, nb := Slerp(c.a, c.b, tt, out)
+			om, na, nb := policy.Slerp(c.a, c.b, tt, out)
 			want, wom := refSlerp(c.a, c.b, tt)
 			if math.Abs(om-wom) > 1e-12 || math.Abs(na-norm64(c.a)) > 1e-12 || math.Abs(nb-norm64(c.b)) > 1e-12 {
 				t.Fatalf("%s t=%g: Ω %v norms %v %v, want %v %v %v", c.name, tt, om, na, nb, wom, norm64(c.a), norm64(c.b))
@@ -120,7 +122,7 @@ func TestSlerp(t *testing.T) {
 	}
 	// Antipodal directions halfway: no direction in between; the upper one.
 	e := make([]float32, 8)
-	if om, _, _ := Slerp(x, neg, 0.5, e); math.Abs(om-math.Pi) > 1e-6 {
+	if om, _, _ := policy.Slerp(x, neg, 0.5, e); math.Abs(om-math.Pi) > 1e-6 {
 		t.Fatalf("antipodal: Ω %v", om)
 	}
 	for i := range e {
@@ -132,13 +134,13 @@ func TestSlerp(t *testing.T) {
 	out := make([]float32, 4)
 	a := []float32{0, 0, 0, 0}
 	b := []float32{3, 0, 4, 0}
-	if om, na, nb := Slerp(a, b, 0.6, out); om != 0 || na != 0 || nb != 5 || !slices.Equal(out, []float32{0.6, 0, 0.8, 0}) {
+	if om, na, nb := policy.Slerp(a, b, 0.6, out); om != 0 || na != 0 || nb != 5 || !slices.Equal(out, []float32{0.6, 0, 0.8, 0}) {
 		t.Fatalf("zero lower: Ω %v norms %v %v e %v", om, na, nb, out)
 	}
-	if om, _, _ := Slerp(b, a, 0.6, out); om != 0 || !slices.Equal(out, []float32{0.6, 0, 0.8, 0}) {
+	if om, _, _ := policy.Slerp(b, a, 0.6, out); om != 0 || !slices.Equal(out, []float32{0.6, 0, 0.8, 0}) {
 		t.Fatalf("zero upper: Ω %v e %v", om, out)
 	}
-	if Slerp(a, a, 0.6, out); !slices.Equal(out, []float32{0, 0, 0, 0}) {
+	if policy.Slerp(a, a, 0.6, out); !slices.Equal(out, []float32{0, 0, 0, 0}) {
 		t.Fatalf("both zero: e %v", out)
 	}
 }
@@ -184,7 +186,7 @@ func (m *miniData) vec(kind, l, h int, pos int32) []float32 {
 }
 
 // feed appends positions [from, to) to every layer of s.
-func (m *miniData) feed(t testing.TB, s *Paged, from, to int) {
+func (m *miniData) feed(t testing.TB, s *kvcache.Paged, from, to int) {
 	t.Helper()
 	w := m.H * m.d
 	pos := make([]int32, to-from)
@@ -199,13 +201,13 @@ func (m *miniData) feed(t testing.TB, s *Paged, from, to int) {
 }
 
 // stored decodes every slot of every table: [table][pos] → key ++ value.
-func stored(s *Paged) []map[int32][]float32 {
-	p := s.pool
-	d := p.layout.HeadDim
-	out := make([]map[int32][]float32, len(s.tables))
-	for ti := range s.tables {
+func stored(s *kvcache.Paged) []map[int32][]float32 {
+	lay := s.Layout()
+	d := lay.HeadDim
+	out := make([]map[int32][]float32, lay.Layers*lay.KVHeads)
+	for ti := range out {
 		out[ti] = map[int32][]float32{}
-		for _, seg := range s.Segments(ti/p.layout.KVHeads, ti%p.layout.KVHeads) {
+		for _, seg := range s.Segments(ti/lay.KVHeads, ti%lay.KVHeads) {
 			for i := 0; i < seg.N; i++ {
 				x := make([]float32, 2*d)
 				seg.KC.Get(seg.K, seg.Cap, d, i, x[:d])
@@ -231,17 +233,17 @@ func stored(s *Paged) []map[int32][]float32 {
 // SLERP of the stored vectors times the layer's norm within
 // tol·max(1, ‖x‖), each table holds every position once, and the retained
 // tokens of each pair are the ⌈γ·n⌉ most distant ones.
-func checkMerge(t *testing.T, s *Paged, before []map[int32][]float32, uppers []int, tt, gamma float64, tol float64, exact bool) {
+func checkMerge(t *testing.T, s *kvcache.Paged, before []map[int32][]float32, uppers []int, tt, gamma float64, tol float64, exact bool) {
 	t.Helper()
-	p := s.pool
-	L, H, d := p.layout.Layers, p.layout.KVHeads, p.layout.HeadDim
+	lay := s.Layout()
+	L, H, d := lay.Layers, lay.KVHeads, lay.HeadDim
 	after := stored(s)
 	isUpper := func(l int) bool { return slices.Contains(uppers, l) }
-	for ti := range s.tables {
+	for ti := range L * H {
 		l, h := ti/H, ti%H
-		tb := &s.tables[ti]
-		if len(after[ti]) != len(before[ti]) || tb.len() != len(before[ti]) {
-			t.Fatalf("layer %d head %d: %d positions (%d slots), had %d", l, h, len(after[ti]), tb.len(), len(before[ti]))
+		mi := kvcache.MiniOf(s, l, h)
+		if len(after[ti]) != len(before[ti]) || s.Slots(l, h) != len(before[ti]) {
+			t.Fatalf("layer %d head %d: %d positions (%d slots), had %d", l, h, len(after[ti]), s.Slots(l, h), len(before[ti]))
 		}
 		pos := s.Positions(l, h)
 		if !slices.IsSorted(pos) || len(pos) != len(before[ti]) {
@@ -249,8 +251,8 @@ func checkMerge(t *testing.T, s *Paged, before []map[int32][]float32, uppers []i
 		}
 		merged := map[int32]bool{}
 		var retained []int32
-		if m := tb.mini; m != nil {
-			for _, seg := range m.segments(p, tb.kc, nil) {
+		if m := mi; m != nil {
+			for _, seg := range m.Segs {
 				for i := 0; i < seg.N; i++ {
 					if seg.KMag != nil {
 						merged[seg.Pos[i]] = true
@@ -259,8 +261,8 @@ func checkMerge(t *testing.T, s *Paged, before []map[int32][]float32, uppers []i
 					}
 				}
 			}
-			if m.pair != l+1 && m.pair != l-1 || isUpper(l) != (m.pair == l-1) {
-				t.Fatalf("layer %d paired with %d", l, m.pair)
+			if m.Pair != l+1 && m.Pair != l-1 || isUpper(l) != (m.Pair == l-1) {
+				t.Fatalf("layer %d paired with %d", l, m.Pair)
 			}
 		} else if isUpper(l) || isUpper(l+1) {
 			t.Fatalf("layer %d head %d is not merged", l, h)
@@ -297,21 +299,21 @@ func checkMerge(t *testing.T, s *Paged, before []map[int32][]float32, uppers []i
 				}
 			}
 		}
-		if tb.mini == nil || !isUpper(l) {
+		if mi == nil || !isUpper(l) {
 			continue
 		}
 		// The retained tokens are the most distant ones (ties: earlier).
-		lo := s.tab(l-1, h)
-		if !slices.Equal(lo.mini.dir.blocks, tb.mini.dir.blocks) {
+		lo := kvcache.MiniOf(s, l-1, h)
+		if !slices.Equal(lo.DirBlocks, mi.DirBlocks) {
 			t.Fatalf("layers %d and %d head %d do not share their direction blocks", l-1, l, h)
 		}
-		for _, b := range tb.mini.dir.blocks {
-			if p.meta[b].ref < 2 {
-				t.Fatalf("shared block %d has %d references", b, p.meta[b].ref)
+		for _, b := range mi.DirBlocks {
+			if r := kvcache.BlockRefs(s.Pool(), b); r < 2 {
+				t.Fatalf("shared block %d has %d references", b, r)
 			}
 		}
 		var lret []int32
-		for _, seg := range lo.mini.segments(p, lo.kc, nil) {
+		for _, seg := range lo.Segs {
 			if seg.KMag == nil {
 				lret = append(lret, seg.Pos[:seg.N]...)
 			}
@@ -356,7 +358,7 @@ func checkMerge(t *testing.T, s *Paged, before []map[int32][]float32, uppers []i
 func TestMergeLayersF32(t *testing.T) {
 	rng := rand.New(rand.NewPCG(2, 3))
 	const L, H, d, B, T = 5, 2, 8, 4, 37
-	p, err := NewPool(PoolConfig{Layout: Layout{Layers: L, KVHeads: H, HeadDim: d}, BlockTokens: B, Tokens: 128})
+	p, err := kvcache.NewPool(kvcache.PoolConfig{Layout: kvcache.Layout{Layers: L, KVHeads: H, HeadDim: d}, BlockTokens: B, Tokens: 128})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,15 +367,15 @@ func TestMergeLayersF32(t *testing.T) {
 	md.feed(t, s, 0, T)
 	before := stored(s)
 	used0 := p.Usage().Used
-	opt := MergeOptions{T: 0.6, Gamma: 0.1}
-	st, err := s.MergeLayers(3, opt) // pair (2, 3); layer 4 stays alone
+	opt := policy.MergeOptions{T: 0.6, Gamma: 0.1}
+	st, err := policy.MergeLayers(s, 3, opt) // pair (2, 3); layer 4 stays alone
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Retained != H*4 || st.Merged != H*(T-4) {
 		t.Fatalf("stats %+v, want %d retained and %d merged", st, H*4, H*(T-4))
 	}
-	checkInvariants(t, p, []*Paged{s})
+	kvcache.CheckInvariants(t, p, []*kvcache.Paged{s})
 	checkMerge(t, s, before, []int{3}, 0.6, 0.1, 1e-6, true)
 	// Memory: a pair stores ⌈33/4⌉ direction blocks once and one block of
 	// retained tokens per layer, instead of 2·⌈37/4⌉ blocks.
@@ -385,15 +387,15 @@ func TestMergeLayersF32(t *testing.T) {
 	if m.Blocks != u.Used || m.Magnitudes != int64(2*H*(T-4)*8) || m.Reserved != int64(u.Used)*int64(p.BlockBytes())+m.Magnitudes {
 		t.Fatalf("memory %+v, pool %+v", m, u)
 	}
-	if _, err := s.MergeLayers(4, opt); err == nil || !strings.Contains(err.Error(), "already merged") {
+	if _, err := policy.MergeLayers(s, 4, opt); err == nil || !strings.Contains(err.Error(), "already merged") {
 		t.Fatalf("merging layer 3 again with 4: %v", err)
 	}
-	for _, bad := range []MergeOptions{{T: 1.5}, {T: math.NaN()}, {Gamma: -0.1}, {Recent: -1}} {
-		if _, err := s.MergeLayers(1, bad); err == nil {
+	for _, bad := range []policy.MergeOptions{{T: 1.5}, {T: math.NaN()}, {Gamma: -0.1}, {Recent: -1}} {
+		if _, err := policy.MergeLayers(s, 1, bad); err == nil {
 			t.Fatalf("options %+v accepted", bad)
 		}
 	}
-	if _, err := s.MergeLayers(0, opt); err == nil {
+	if _, err := policy.MergeLayers(s, 0, opt); err == nil {
 		t.Fatal("layer 0 has no lower layer")
 	}
 
@@ -411,7 +413,7 @@ func TestMergeLayersF32(t *testing.T) {
 	if got := stored(s); fmt.Sprint(got) != fmt.Sprint(stored(s)) || len(got[0]) != T {
 		t.Fatal("a refused operation changed the cache")
 	}
-	if err := s.Keep(0, 0, seqRange(0, T)); err != nil { // keeping everything is no change
+	if err := s.Keep(0, 0, kvcache.SeqRange(0, T)); err != nil { // keeping everything is no change
 		t.Fatal(err)
 	}
 	md.feed(t, s, T, T+20)
@@ -425,54 +427,54 @@ func TestMergeLayersF32(t *testing.T) {
 		t.Fatal(err)
 	}
 	md.feed(t, s, T+10, T+30)
-	checkInvariants(t, p, []*Paged{s})
+	kvcache.CheckInvariants(t, p, []*kvcache.Paged{s})
 
 	// Decode-time merge of whole blocks, keeping the newest 5 tokens; the
 	// partly filled direction block is topped up.
 	before = stored(s)
-	st, err = s.MergeLayers(3, MergeOptions{T: 0.6, Gamma: 0.1, Recent: 5})
+	st, err = policy.MergeLayers(s, 3, policy.MergeOptions{T: 0.6, Gamma: 0.1, Recent: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Merged+st.Retained != H*24 || st.Retained != H*3 { // 30 new tokens, 5 recent → 24 in whole blocks
 		t.Fatalf("decode-time merge: %+v", st)
 	}
-	checkInvariants(t, p, []*Paged{s})
+	kvcache.CheckInvariants(t, p, []*kvcache.Paged{s})
 	checkMerge(t, s, before, []int{3}, 0.6, -1, 1e-6, true)
-	if n := s.tab(3, 0).n; n != 6 {
+	if n := kvcache.BlockTokensOf(s, 3, 0); n != 6 {
 		t.Fatalf("%d tokens left in ordinary blocks, want 6", n)
 	}
 
 	// Fork shares everything; a merge in the fork copies the shared
 	// partly filled direction block and leaves the parent alone.
 	f := s.Fork()
-	checkInvariants(t, p, []*Paged{s, f})
+	kvcache.CheckInvariants(t, p, []*kvcache.Paged{s, f})
 	parent := stored(s)
 	md.feed(t, f, T+30, T+40)
 	fb := stored(f)
 	cow := p.Usage().CopyOnWrite
-	if _, err := f.MergeLayers(3, MergeOptions{T: 0.6}); err != nil {
+	if _, err := policy.MergeLayers(f, 3, policy.MergeOptions{T: 0.6}); err != nil {
 		t.Fatal(err)
 	}
 	if p.Usage().CopyOnWrite == cow {
 		t.Fatal("the fork's merge wrote into a shared block without copying it")
 	}
-	checkInvariants(t, p, []*Paged{s, f})
+	kvcache.CheckInvariants(t, p, []*kvcache.Paged{s, f})
 	checkMerge(t, f, fb, []int{3}, 0.6, -1, 1e-6, true)
 	if got := stored(s); fmt.Sprint(got) != fmt.Sprint(parent) {
 		t.Fatal("merging the fork changed the parent")
 	}
 	// A second pair, from another start.
 	fb = stored(f)
-	if _, err := f.MergeLayers(1, MergeOptions{T: 0.6, Gamma: 0.05}); err != nil {
+	if _, err := policy.MergeLayers(f, 1, policy.MergeOptions{T: 0.6, Gamma: 0.05}); err != nil {
 		t.Fatal(err)
 	}
 	checkMerge(t, f, fb, []int{1, 3}, 0.6, -1, 1e-6, true)
-	checkInvariants(t, p, []*Paged{s, f})
+	kvcache.CheckInvariants(t, p, []*kvcache.Paged{s, f})
 
 	s.Free()
 	f.Free()
-	checkInvariants(t, p, nil)
+	kvcache.CheckInvariants(t, p, nil)
 	if u := p.Usage(); u.Used != 0 {
 		t.Fatalf("%d blocks used after freeing everything", u.Used)
 	}
@@ -491,7 +493,7 @@ func TestMergeLayersCodecs(t *testing.T) {
 	cases := []struct {
 		k, v  string
 		tol   float64 // on restored merged values, relative to ‖x‖
-		shift bool    // keys shifted by a mean (PoolConfig.KeyShift)
+		shift bool    // keys shifted by a mean (kvcache.PoolConfig.KeyShift)
 	}{
 		{"f32", "f32", 1e-6, false},
 		{"f16", "bf16", 1e-2, false},
@@ -518,8 +520,8 @@ func TestMergeLayersCodecs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lay := Layout{Layers: L, KVHeads: H, HeadDim: d}
-			p, err := NewPool(PoolConfig{Layout: lay, BlockTokens: B, K: kc, V: vc, Tokens: 256, Residual: 8, KeyShift: testShift(lay, c.shift)})
+			lay := kvcache.Layout{Layers: L, KVHeads: H, HeadDim: d}
+			p, err := kvcache.NewPool(kvcache.PoolConfig{Layout: lay, BlockTokens: B, K: kc, V: vc, Tokens: 256, Residual: 8, KeyShift: kvcache.KeyShiftFor(lay, c.shift)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -530,32 +532,32 @@ func TestMergeLayersCodecs(t *testing.T) {
 			before := stored(s)
 			used := p.Usage().Used
 			res := 0 // the residual left: KIVI's newest R = 8 tokens
-			if s.tab(3, 0).res != nil {
+			if _, ok := kvcache.ResidualOf(s, 3, 0); ok {
 				res = 8
 			}
-			st, err := s.MergeLayers(3, MergeOptions{T: 0.6, Gamma: 0.05})
+			st, err := policy.MergeLayers(s, 3, policy.MergeOptions{T: 0.6, Gamma: 0.05})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if st.Merged+st.Retained != H*(T-res) {
 				t.Fatalf("merged %+v, want %d tokens per head", st, T-res)
 			}
-			checkInvariants(t, p, []*Paged{s})
+			kvcache.CheckInvariants(t, p, []*kvcache.Paged{s})
 			checkMerge(t, s, before, []int{3}, 0.6, 0.05, c.tol, exact)
 			if u := p.Usage().Used; u >= used {
 				t.Fatalf("pool uses %d blocks after merging, %d before", u, used)
 			}
-			if r := s.tab(3, 0).res; r != nil && r.n != res {
-				t.Fatalf("the residual went from %d to %d tokens", res, r.n)
+			if r, ok := kvcache.ResidualOf(s, 3, 0); ok && r != res {
+				t.Fatalf("the residual went from %d to %d tokens", res, r)
 			}
 			// Decoding and sealing go on after the merge.
 			md.feed(t, s, T, T+40)
-			checkInvariants(t, p, []*Paged{s})
+			kvcache.CheckInvariants(t, p, []*kvcache.Paged{s})
 			if s.Len() != T+40 {
 				t.Fatalf("length %d", s.Len())
 			}
 			before = stored(s)
-			if _, err := s.MergeLayers(3, MergeOptions{T: 0.6, Gamma: 0.05, Full: true}); err != nil {
+			if _, err := policy.MergeLayers(s, 3, policy.MergeOptions{T: 0.6, Gamma: 0.05, Full: true}); err != nil {
 				t.Fatal(err)
 			}
 			checkMerge(t, s, before, []int{3}, 0.6, -1, c.tol, exact)
@@ -570,21 +572,21 @@ func TestMergeLayersCodecs(t *testing.T) {
 			s = p.NewSequence()
 			s.HoldSeal(true)
 			md.feed(t, s, 0, T)
-			if s.tab(3, 0).n != 0 {
+			if kvcache.BlockTokensOf(s, 3, 0) != 0 {
 				t.Fatal("tokens sealed while held")
 			}
 			before = stored(s)
-			if st, err = s.MergeLayers(3, MergeOptions{T: 0.6, Gamma: 0.05}); err != nil {
+			if st, err = policy.MergeLayers(s, 3, policy.MergeOptions{T: 0.6, Gamma: 0.05}); err != nil {
 				t.Fatal(err)
 			}
 			if err := s.HoldSeal(false); err != nil {
 				t.Fatal(err)
 			}
-			if st.Merged+st.Retained != H*(T-res) || s.tab(3, 0).res.n != res {
-				t.Fatalf("held prompt: %+v, residual %d", st, s.tab(3, 0).res.n)
+			if r, _ := kvcache.ResidualOf(s, 3, 0); st.Merged+st.Retained != H*(T-res) || r != res {
+				t.Fatalf("held prompt: %+v, residual %d", st, r)
 			}
 			checkMerge(t, s, before, []int{3}, 0.6, 0.05, c.tol, exact)
-			checkInvariants(t, p, []*Paged{s})
+			kvcache.CheckInvariants(t, p, []*kvcache.Paged{s})
 			s.Free()
 		})
 	}
@@ -595,7 +597,7 @@ func TestMergeLayersCodecs(t *testing.T) {
 // directions fails cleanly without changing anything.
 func TestMergeLayersErrors(t *testing.T) {
 	rng := rand.New(rand.NewPCG(6, 7))
-	p, err := NewPool(PoolConfig{Layout: Layout{Layers: 2, KVHeads: 1, HeadDim: 4}, BlockTokens: 4, Tokens: 16})
+	p, err := kvcache.NewPool(kvcache.PoolConfig{Layout: kvcache.Layout{Layers: 2, KVHeads: 1, HeadDim: 4}, BlockTokens: 4, Tokens: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -606,34 +608,34 @@ func TestMergeLayersErrors(t *testing.T) {
 	if err := s.Keep(1, 0, pruned); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.MergeLayers(1, MergeOptions{T: 0.6}); err == nil {
+	if _, err := policy.MergeLayers(s, 1, policy.MergeOptions{T: 0.6}); err == nil {
 		t.Fatal("merged tables holding different tokens")
 	}
 	s.Free()
 	// One block per layer, both used: retaining one of two tokens needs a
 	// direction block and two retained blocks, but the release frees two.
 	// With γ = 1 every token is retained, in two blocks.
-	p, err = NewPool(PoolConfig{Layout: Layout{Layers: 2, KVHeads: 1, HeadDim: 4}, BlockTokens: 4, Tokens: 2})
+	p, err = kvcache.NewPool(kvcache.PoolConfig{Layout: kvcache.Layout{Layers: 2, KVHeads: 1, HeadDim: 4}, BlockTokens: 4, Tokens: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s = p.NewSequence()
 	md.feed(t, s, 0, 2)
 	before := stored(s)
-	if _, err := s.MergeLayers(1, MergeOptions{T: 0.6, Gamma: 0.5}); !errors.Is(err, ErrNoBlocks) {
+	if _, err := policy.MergeLayers(s, 1, policy.MergeOptions{T: 0.6, Gamma: 0.5}); !errors.Is(err, kvcache.ErrNoBlocks) {
 		t.Fatalf("merge needing 3 blocks with 2: %v", err)
 	}
-	if s.tab(0, 0).mini != nil || fmt.Sprint(stored(s)) != fmt.Sprint(before) {
+	if kvcache.MiniOf(s, 0, 0) != nil || fmt.Sprint(stored(s)) != fmt.Sprint(before) {
 		t.Fatal("a failed merge changed the cache")
 	}
-	checkInvariants(t, p, []*Paged{s})
-	if _, err := s.MergeLayers(1, MergeOptions{T: 0.6, Gamma: 1}); err != nil {
+	kvcache.CheckInvariants(t, p, []*kvcache.Paged{s})
+	if _, err := policy.MergeLayers(s, 1, policy.MergeOptions{T: 0.6, Gamma: 1}); err != nil {
 		t.Fatal(err)
 	}
 	checkMerge(t, s, before, []int{1}, 0.6, 1, 0, true)
-	if _, err := s.MergeLayers(1, MergeOptions{T: 0.6}); err != nil {
+	if _, err := policy.MergeLayers(s, 1, policy.MergeOptions{T: 0.6}); err != nil {
 		t.Fatal(err) // nothing left to merge
 	}
 	s.Free()
-	checkInvariants(t, p, nil)
+	kvcache.CheckInvariants(t, p, nil)
 }

@@ -3,10 +3,8 @@ package kvcache
 import (
 	"errors"
 	"fmt"
-	"unsafe"
 
 	"github.com/kvlm/kvlm/kvcache/codec"
-	"github.com/kvlm/kvlm/tensor"
 )
 
 // table is one (layer, KV head)'s tokens: full blocks, then a partly filled
@@ -14,47 +12,11 @@ import (
 type table struct {
 	blocks []int32     // physical blocks, in token order
 	n      int         // tokens held in blocks; block j holds min(B, n-j·B)
-	res    *residual   // KIVI: the most recent tokens in f32, not yet sealed
+	res    *residual   // KIVI: the newest tokens in f16, not yet sealed (residual.go); nil without KIVI
 	segs   []Segment   // read view, rebuilt when dirty
 	dirty  bool        // blocks or n changed since segs was built
-	kbuf   []float32   // scratch for sealing: keys and values [2][group][headDim]
-	lo, hi []float32   // scratch: per-channel range of a key group [headDim]
 	mini   *merged     // MiniCache: merged and retained tokens before the blocks (minicache.go); nil if unmerged
 	kc     codec.Codec // key codec of this (layer, head): the pool's, shifted by its key mean if set (PoolConfig.KeyShift)
-}
-
-// residual holds the newest tokens of a table in f16 (KIVI keeps its
-// residual in half precision too): keys wait for a whole group of G tokens
-// to be quantized per channel.
-type residual struct {
-	k, v []uint16 // [cap][headDim] f16 bits
-	pos  []int32  // [cap]
-	n    int      // tokens held
-}
-
-// put stores token i's key and value.
-func (r *residual) put(i, d int, k, v []float32) {
-	for c := 0; c < d; c++ {
-		r.k[i*d+c] = tensor.F32ToF16(k[c])
-		r.v[i*d+c] = tensor.F32ToF16(v[c])
-	}
-}
-
-// getK and getV decode token i's key or value into out[:d].
-func (r *residual) getK(i, d int, out []float32) { halfs(r.k[i*d:(i+1)*d], out) }
-func (r *residual) getV(i, d int, out []float32) { halfs(r.v[i*d:(i+1)*d], out) }
-
-// move copies token src to slot dst.
-func (r *residual) move(dst, src, d int) {
-	copy(r.k[dst*d:(dst+1)*d], r.k[src*d:(src+1)*d])
-	copy(r.v[dst*d:(dst+1)*d], r.v[src*d:(src+1)*d])
-	r.pos[dst] = r.pos[src]
-}
-
-func halfs(h []uint16, out []float32) {
-	for i, x := range h {
-		out[i] = tensor.F16ToF32(x)
-	}
 }
 
 // Paged is one sequence's cache over a shared Pool: for each (layer, KV
@@ -86,18 +48,14 @@ func (s *Paged) Pool() *Pool { return s.pool }
 
 func (s *Paged) Layout() Layout { return s.pool.layout }
 
+// Codecs are the pool's key and value codecs.
+func (s *Paged) Codecs() (k, v codec.Codec) { return s.pool.Codecs() }
+
 func (s *Paged) tab(layer, head int) *table { return &s.tables[layer*s.pool.layout.KVHeads+head] }
 
 // tokens a table holds, residual and merged tokens included.
 func (t *table) len() int {
-	n := t.n
-	if t.res != nil {
-		n += t.res.n
-	}
-	if t.mini != nil {
-		n += t.mini.len()
-	}
-	return n
+	return t.mini.len() + t.n + t.res.len()
 }
 
 // Len is the number of tokens of the layer appended to last.
@@ -114,35 +72,14 @@ func (s *Paged) minLen() int {
 	return m
 }
 
-// Room is how many more tokens every table could take from the free blocks
-// (a pool shared with other sequences may give them away first).
-func (s *Paged) Room() int {
-	p := s.pool
-	p.mu.Lock()
-	free := p.obtainable()
-	p.mu.Unlock()
-	tables := len(s.tables)
-	// Each table first fills its last block, then needs one block per B tokens.
-	spare := p.B
-	for i := range s.tables {
-		t := &s.tables[i]
-		if t.res == nil && t.n%p.B != 0 {
-			spare = min(spare, p.B-t.n%p.B)
-		} else {
-			spare = 0
-		}
-	}
-	return spare + free/tables*p.B
-}
-
 // Reserve reports ErrNoBlocks when the pool cannot take n more tokens in
-// every table now.
+// every table now: when their Need is more than the pool can allocate.
 func (s *Paged) Reserve(n int) error {
 	if s.freed {
 		return errors.New("kvcache: sequence already freed")
 	}
-	if r := s.Room(); r < n {
-		return fmt.Errorf("%w: %d tokens needed, room for %d", ErrNoBlocks, n, r)
+	if need, have := s.Need(n), s.pool.ObtainableBytes(); need > have {
+		return fmt.Errorf("%w: %d tokens need %d bytes, %d can be allocated", ErrNoBlocks, n, need, have)
 	}
 	return nil
 }
@@ -227,152 +164,6 @@ func (s *Paged) appendBlock(t *table, pos int32, k, v []float32) error {
 	return nil
 }
 
-// sealSize is how many residual tokens are sealed at once: a KIVI key
-// group, or one block when only the values are KIVI.
-func (p *Pool) sealSize() int {
-	if p.group > 0 {
-		return p.group
-	}
-	return p.B
-}
-
-// appendResidual adds a token to the f32 residual and seals its oldest
-// group once the residual holds residual+group tokens (unless sealing is
-// held).
-func (s *Paged) appendResidual(t *table, pos int32, k, v []float32) error {
-	p := s.pool
-	d := p.layout.HeadDim
-	if t.res == nil {
-		c := p.residual + p.sealSize()
-		t.res = &residual{k: make([]uint16, c*d), v: make([]uint16, c*d), pos: make([]int32, c)}
-	}
-	r := t.res
-	if r.n == len(r.pos) {
-		r.grow(d, 2*len(r.pos))
-	}
-	r.put(r.n, d, k, v)
-	r.pos[r.n] = pos
-	r.n++
-	if s.hold {
-		return nil
-	}
-	return s.sealFull(t)
-}
-
-// sealFull seals groups while the residual holds residual+group tokens.
-func (s *Paged) sealFull(t *table) error {
-	p := s.pool
-	for t.res != nil && t.res.n >= p.residual+p.sealSize() {
-		if err := s.seal(t, p.sealSize()); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// grow enlarges the residual buffers to c tokens.
-func (r *residual) grow(d, c int) {
-	k, v, pos := make([]uint16, c*d), make([]uint16, c*d), make([]int32, c)
-	copy(k, r.k[:r.n*d])
-	copy(v, r.v[:r.n*d])
-	copy(pos, r.pos[:r.n])
-	r.k, r.v, r.pos = k, v, pos
-}
-
-// HoldSeal, with a KIVI cache, keeps new tokens in the full-precision
-// residual instead of sealing them, so a prompt can be compressed before it
-// is quantized; releasing it seals what is due. Without KIVI it does
-// nothing.
-func (s *Paged) HoldSeal(hold bool) error {
-	s.hold = hold
-	if hold || s.pool.residual == 0 {
-		return nil
-	}
-	p := s.pool
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for i := range s.tables {
-		t := &s.tables[i]
-		if err := s.sealFull(t); err != nil {
-			return err
-		}
-		if r := t.res; r != nil && len(r.pos) > p.residual+p.sealSize() {
-			r.grow(p.layout.HeadDim, p.residual+p.sealSize()) // give back what the held prompt took
-		}
-		t.dirty = true
-	}
-	return nil
-}
-
-// seal moves the oldest m residual tokens (whole blocks) into blocks; keys
-// of a grouped codec are quantized per channel over the m tokens together.
-func (s *Paged) seal(t *table, m int) error {
-	p := s.pool
-	d := p.layout.HeadDim
-	r := t.res
-	if t.n%p.B != 0 {
-		return fmt.Errorf("kvcache: sealing into a partly filled block")
-	}
-	// Decode the m oldest tokens once.
-	if cap(t.kbuf) < 2*m*d {
-		t.kbuf = make([]float32, 2*m*d)
-	}
-	ks, vs := t.kbuf[:m*d], t.kbuf[m*d:2*m*d]
-	for i := 0; i < m; i++ {
-		r.getK(i, d, ks[i*d:(i+1)*d])
-		r.getV(i, d, vs[i*d:(i+1)*d])
-	}
-	g, grouped := p.kc.(codec.Grouped)
-	if grouped {
-		if len(t.lo) != d {
-			t.lo, t.hi = make([]float32, d), make([]float32, d)
-		}
-		groupRange(ks, d, t.lo, t.hi)
-	}
-	for off := 0; off < m; off += p.B {
-		b, err := p.alloc()
-		if err != nil {
-			return err
-		}
-		t.blocks = append(t.blocks, b)
-		if grouped {
-			g.EncodeRange(p.kbuf(b), p.B, d, ks[off*d:(off+p.B)*d], t.lo, t.hi)
-		}
-		for i := 0; i < p.B; i++ {
-			x := (off + i) * d
-			if !grouped {
-				t.kc.Put(p.kbuf(b), p.B, d, i, ks[x:x+d])
-			}
-			p.vc.Put(p.vbuf(b), p.B, d, i, vs[x:x+d])
-			p.posbuf(b)[i] = r.pos[off+i]
-		}
-		t.n += p.B
-	}
-	copy(r.k, r.k[m*d:r.n*d])
-	copy(r.v, r.v[m*d:r.n*d])
-	copy(r.pos, r.pos[m:r.n])
-	r.n -= m
-	t.dirty = true
-	return nil
-}
-
-// groupRange is the per-channel minimum and maximum of x [m][d].
-func groupRange(x []float32, d int, lo, hi []float32) {
-	copy(lo, x[:d])
-	copy(hi, x[:d])
-	for i := d; i < len(x); i += d {
-		for c := 0; c < d; c++ {
-			v := x[i+c]
-			if v < lo[c] {
-				lo[c] = v
-			}
-			if v > hi[c] {
-				hi[c] = v
-			}
-		}
-	}
-}
-
 // Segment is a run of token slots of one (layer, KV head) stored with one
 // codec pair: a block, or a table's full-precision residual. Attention reads
 // slots 0..N-1 through the codecs.
@@ -397,29 +188,14 @@ func (s *Paged) Segments(layer, head int) []Segment {
 		return t.segs
 	}
 	p := s.pool
-	d := p.layout.HeadDim
-	t.segs = t.segs[:0]
-	if t.mini != nil {
-		t.segs = t.mini.segments(p, t.kc, t.segs)
-	}
+	t.segs = t.mini.segments(p, t.kc, t.segs[:0])
 	for j, b := range t.blocks {
 		n := min(p.B, t.n-j*p.B)
 		t.segs = append(t.segs, Segment{K: p.kbuf(b), V: p.vbuf(b), KC: t.kc, VC: p.vc, Cap: p.B, N: n, Pos: p.posbuf(b)[:n]})
 	}
-	if r := t.res; r != nil && r.n > 0 {
-		c := len(r.pos)
-		t.segs = append(t.segs, Segment{K: u16bytes(r.k), V: u16bytes(r.v), KC: codec.F16, VC: codec.F16, Cap: c, N: r.n, Pos: r.pos[:r.n]})
-	}
-	_ = d
+	t.segs = t.res.segments(t.segs)
 	t.dirty = false
 	return t.segs
-}
-
-func u16bytes(x []uint16) []byte {
-	if len(x) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 2*len(x))
 }
 
 // Truncate keeps the first n tokens of every table. With a KIVI residual the
@@ -432,7 +208,7 @@ func (s *Paged) Truncate(n int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i := range s.tables {
-		if t := &s.tables[i]; t.mini != nil && n < t.len() && n < t.mini.len() {
+		if t := &s.tables[i]; n < t.len() && n < t.mini.len() {
 			return fmt.Errorf("kvcache: cannot truncate to %d tokens: the first %d of layer %d are merged (MiniCache)", n, t.mini.len(), i/p.layout.KVHeads)
 		}
 	}
@@ -442,10 +218,7 @@ func (s *Paged) Truncate(n int) error {
 			continue
 		}
 		t.dirty = true
-		n := n // tokens of the blocks and residual to keep
-		if t.mini != nil {
-			n -= t.mini.len()
-		}
+		n := n - t.mini.len() // tokens of the blocks and residual to keep
 		if t.res != nil {
 			if n < t.n {
 				return fmt.Errorf("kvcache: cannot truncate to %d tokens: %d are sealed in KIVI groups", n, t.n)
@@ -485,16 +258,8 @@ func (s *Paged) Fork() *Paged {
 		for _, b := range t.blocks {
 			p.incref(b)
 		}
-		if t.mini != nil {
-			ft.mini = t.mini.fork(p)
-		}
-		if t.res != nil {
-			r := *t.res
-			r.k = append([]uint16(nil), r.k...)
-			r.v = append([]uint16(nil), r.v...)
-			r.pos = append([]int32(nil), r.pos...)
-			ft.res = &r
-		}
+		ft.mini = t.mini.fork(p)
+		ft.res = t.res.clone()
 	}
 	return f
 }
@@ -513,9 +278,7 @@ func (s *Paged) Free() {
 		for j := len(t.blocks) - 1; j >= 0; j-- {
 			p.decref(t.blocks[j])
 		}
-		if t.mini != nil {
-			t.mini.free(p)
-		}
+		t.mini.free(p)
 		t.blocks, t.n, t.res, t.segs, t.mini = nil, 0, nil, nil, nil
 	}
 	s.freed = true
@@ -542,14 +305,8 @@ func (s *Paged) Memory() Memory {
 		t := &s.tables[i]
 		m.Blocks += len(t.blocks)
 		m.Used += int64(t.n) * int64(p.blockBytes) / int64(p.B)
-		if t.res != nil {
-			rb := int64(len(t.res.k)+len(t.res.v))*2 + int64(len(t.res.pos))*4
-			m.Residual += rb
-			m.Used += int64(t.res.n) * (int64(2*p.layout.HeadDim*2) + 4)
-		}
-		if t.mini != nil {
-			t.mini.memory(p, &m)
-		}
+		t.res.memory(p.layout.HeadDim, &m)
+		t.mini.memory(p, &m)
 	}
 	m.Reserved = int64(m.Blocks)*int64(p.blockBytes) + m.Residual + m.Magnitudes
 	m.Wasted = m.Reserved - m.Used

@@ -134,16 +134,23 @@ func (f Footprint) Table(n int) (blocks, residualTokens, residualSlots int) {
 }
 
 // AdmitBlocks is the blocks a table must be able to draw for n tokens to
-// be admitted however they arrive: Paged.Reserve counts every incoming
-// token as needing block room, KIVI's residual ones too, so ⌈n /
-// BlockTokens⌉ (for KIVI more than Table's blocks, the residual buffers
-// being outside the arena). A pool of MemBytes = AdmitBlocks(n) · tables ·
-// BlockBytes holds a sequence of n tokens.
+// be admitted however they arrive, counting every token as held in
+// blocks: ⌈n / BlockTokens⌉ (for KIVI more than Table's blocks, since the
+// residual's tokens are counted as if in blocks and the residual buffers
+// are outside the arena: a bound, Paged.Need being exact). A pool of
+// MemBytes = AdmitBlocks(n) · tables · BlockBytes holds a sequence of n
+// tokens.
 func (f Footprint) AdmitBlocks(n int) int {
 	if n <= 0 {
 		return 0
 	}
 	return (n + f.BlockTokens - 1) / f.BlockTokens
+}
+
+// AdmitBytes is AdmitBlocks(n) blocks for every table of layout l, in
+// bytes: an arena that holds a sequence of n tokens however they arrive.
+func (f Footprint) AdmitBytes(l Layout, n int) int64 {
+	return int64(f.AdmitBlocks(n)) * int64(l.Layers) * int64(l.KVHeads) * int64(f.BlockBytes)
 }
 
 // TableBytes is the bytes of Table(n): Paged.Memory().Reserved of a

@@ -175,9 +175,10 @@ type Row struct {
 	// KVMemBytes is the --kv-mem (block arena) that admits the batch
 	// however its tokens arrive: ⌈kept / block_tokens⌉ blocks per (layer, KV
 	// head) of every sequence (kvcache.Footprint.AdmitBlocks). TotalBytes
-	// without KIVI; with KIVI more than its blocks, since admission counts
-	// the residual's tokens as needing blocks, and the residual buffers
-	// are allocated beside the arena.
+	// without KIVI; with KIVI more than its blocks, since it counts the
+	// residual's tokens as if in blocks (a bound: the engine admits by the
+	// cache's exact kvcache.Pool.AdmitBytes), and the residual buffers are
+	// allocated beside the arena.
 	KVMemBytes int64 `json:"kv_mem_bytes"`
 	// TotalBytes is the whole batch's cache in the pool: whole blocks and
 	// KIVI residual buffers.

@@ -3,7 +3,7 @@ package policy
 // MiniCache (arXiv 2405.14366) as a policy: no token is dropped; the KV of
 // adjacent layer pairs (l−1, l) from the middle of the model upward is
 // merged into shared unit directions plus per-layer norms, the most
-// distant tokens retained whole in both layers (kvcache.MergeLayers does
+// distant tokens retained whole in both layers (MergeLayers does
 // the work). Compress merges the prompt once after the prefill; with Every
 // set, Before merges again every Every decode steps, whole blocks only,
 // leaving the newest Window tokens unmerged (Window also applies after the
@@ -94,9 +94,9 @@ func (m *miniCache) merge(decode bool) error {
 	if len(ups) == 0 {
 		return fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(st.cfg.MergeFrom, st.L/2), st.L)
 	}
-	opt := kvcache.MergeOptions{T: st.cfg.Interp, Gamma: st.cfg.Gamma, Recent: st.cfg.Window, Full: decode}
+	opt := MergeOptions{T: st.cfg.Interp, Gamma: st.cfg.Gamma, Recent: st.cfg.Window, Full: decode}
 	for _, u := range ups {
-		if _, err := st.cache.MergeLayers(u, opt); err != nil {
+		if _, err := MergeLayers(st.cache, u, opt); err != nil {
 			return fmt.Errorf("policy: minicache: %w", err)
 		}
 	}

@@ -340,7 +340,7 @@ func logSimilarity(t *testing.T, m *model.Model, ids []int) {
 			kb, vb := rows(l, h)
 			for i := range ka {
 				for j, pair := range [2][2][]float32{{ka[i], kb[i]}, {va[i], vb[i]}} {
-					om, _, nu := kvcache.Slerp(pair[0], pair[1], 0.6, e)
+					om, _, nu := Slerp(pair[0], pair[1], 0.6, e)
 					cos[j] += math.Cos(om)
 					sq := 0.0
 					for c := range e {
