@@ -15,6 +15,7 @@ package policy
 // layer stays unmerged: stories260K (5 layers) merges (2, 3) and keeps 4.
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/kvlm/kvlm/attention"
@@ -94,9 +95,13 @@ func (m *miniCache) merge(decode bool) error {
 	if len(ups) == 0 {
 		return fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(st.cfg.MergeFrom, st.L/2), st.L)
 	}
+	mc, ok := st.cache.(kvcache.Merging)
+	if !ok {
+		return errors.New("policy: minicache: the sequence's cache cannot store merged layers")
+	}
 	opt := MergeOptions{T: st.cfg.Interp, Gamma: st.cfg.Gamma, Recent: st.cfg.Window, Full: decode}
 	for _, u := range ups {
-		if _, err := MergeLayers(st.cache, u, opt); err != nil {
+		if _, err := MergeLayers(mc, u, opt); err != nil {
 			return fmt.Errorf("policy: minicache: %w", err)
 		}
 	}

@@ -24,7 +24,7 @@ type State struct {
 	method *Method
 	run    Runner // nil: full
 	seq    *model.Sequence
-	cache  *kvcache.Paged
+	cache  kvcache.Compacted
 	L, H   int
 
 	scores [][]float32 // [layer·H + head][slot] accumulated or last mass
@@ -39,19 +39,20 @@ type State struct {
 	Pruned int // prunes applied
 }
 
-// New attaches a policy to a sequence whose cache is a *kvcache.Paged.
+// New attaches a policy to a sequence whose cache can be compacted
+// (kvcache.Compacted, the policy's view of the cache).
 func New(cfg Config, seq *model.Sequence) (*State, error) {
 	cfg, err := cfg.Normalize()
 	if err != nil {
 		return nil, err
 	}
-	cache, ok := seq.Cache().(*kvcache.Paged)
+	cache, ok := seq.Cache().(kvcache.Compacted)
 	if !ok {
-		return nil, errors.New("policy: the sequence's cache is not paged")
+		return nil, errors.New("policy: the sequence's cache cannot be compacted")
 	}
 	m := registry[cfg.Method]
 	l := cache.Layout()
-	kg, _ := cache.Pool().Codecs()
+	kg, _ := cache.Codecs()
 	if err := check(cfg, m, l, kg); err != nil {
 		return nil, err
 	}
@@ -89,7 +90,7 @@ func (st *State) Config() Config { return st.cfg }
 func (st *State) Sequence() *model.Sequence { return st.seq }
 
 // Cache is the sequence's cache.
-func (st *State) Cache() *kvcache.Paged { return st.cache }
+func (st *State) Cache() kvcache.Compacted { return st.cache }
 
 // BeginPrefill announces that the next forward steps run the n tokens of a
 // prompt, so the scorers watch the right queries (SnapKV's observation
