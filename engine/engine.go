@@ -276,7 +276,7 @@ func (e *Engine) pool(kn, vn string) (*kvcache.Pool, error) {
 		return nil, capacity(ErrPoolsBusy, "the server keeps at most %d KV codec pairs at once and all are in use (%s); retry later", e.cfg.MaxPools, strings.Join(e.poolNamesLocked(), ", "))
 	}
 	var shift [][]float32
-	if len(e.cfg.KeyShiftPrompt) > 0 && codec.Shifted(k, make([]float32, e.m.HeadDim)) != k {
+	if len(e.cfg.KeyShiftPrompt) > 0 && k.Shiftable() {
 		e.shiftOnce.Do(func() { e.shift, e.shiftErr = e.m.KeyMeans(e.cfg.KeyShiftPrompt, 0, 1) })
 		if e.shiftErr != nil {
 			return nil, fmt.Errorf("key means for %s keys: %w", k.Name(), e.shiftErr)
@@ -455,15 +455,14 @@ func (e *Engine) admitBytes(p *kvcache.Pool, tokens, n int) int64 {
 
 func kivi(p *kvcache.Pool) bool {
 	k, v := p.Codecs()
-	_, grouped := k.(codec.Grouped)
-	return grouped || strings.HasPrefix(v.Name(), "kivi")
+	return k.Residual() > 0 || v.Residual() > 0
 }
 
 // sealBlocks is how many blocks per table a KIVI seal allocates at once.
 func sealBlocks(p *kvcache.Pool) int {
 	k, _ := p.Codecs()
-	if g, ok := k.(codec.Grouped); ok {
-		return g.GroupTokens() / p.BlockTokens()
+	if G := k.GroupTokens(); G > 0 {
+		return G / p.BlockTokens()
 	}
 	return 1
 }
