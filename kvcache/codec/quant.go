@@ -59,8 +59,8 @@ func Base(c Codec) Codec {
 	return c
 }
 
-// Shiftable: q8 and q4 (one group per token); KIVI values are quantized
-// per group of channels, which a mean does not help as much.
+// Shiftable: q8 and q4, one quantization group per token, the case the
+// shift is for (see Shifted); KIVI values are not shifted.
 func (c *tokenQuant) Shiftable() bool { return c.group == 0 }
 
 func (c *tokenQuant) WithShift(mu []float32) Codec {
@@ -81,8 +81,8 @@ func (c *tokenQuant) Residual() int {
 
 // shiftedQuant is a tokenQuant over x − shift (see Shifted). It embeds the
 // plain codec, so it overrides every method that reads values (Get, Dot,
-// Axpy, GetRows, DotBlock) to add the shift back; TestShiftedCapabilities
-// holds each capability of a shifted codec to its Get.
+// Axpy, GetRows, DotBlock) to add the shift back; TestCapabilities holds
+// each capability of a shifted codec to its Get.
 type shiftedQuant struct {
 	*tokenQuant
 	shift []float32 // [d]
