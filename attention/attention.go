@@ -392,18 +392,18 @@ func (b *Batch) classify(p *panel, q int32) uint8 {
 
 // keys returns panel p's keys as a [hd][16] score panel and the type of its
 // values: in place when the key codec stores float panels
-// (codec.KeyPanel), decoded into w.kpan when it stores quantized ones
-// (codec.DecodeKeyPanel), else packed, transposed, as float32 into w.kpan.
+// (Codec.KeyPanel), decoded into w.kpan when it stores quantized ones
+// (Codec.DecodeKeyPanel), else packed, transposed, as float32 into w.kpan.
 func (w *tile) keys(p *panel, hd int) ([]byte, tensor.DType) {
 	if p.single {
 		s := &w.segs[p.seg]
-		if k, t, ok := codec.KeyPanel(s.KC, s.K, s.Cap, hd, p.i0); ok {
+		if k, t, ok := s.KC.KeyPanel(s.K, s.Cap, hd, p.i0); ok {
 			return k, t
 		}
-		if codec.DecodeKeyPanel(s.KC, s.K, s.Cap, hd, p.i0, w.kpan) {
+		if s.KC.DecodeKeyPanel(s.K, s.Cap, hd, p.i0, w.kpan) {
 			return f32Bytes(w.kpan), tensor.F32
 		}
-		if t, ok := codec.Plain(s.KC); ok {
+		if t, ok := s.KC.Plain(); ok {
 			rb := hd * 4
 			if t != tensor.F32 {
 				rb = hd * 2
@@ -430,7 +430,7 @@ func (w *tile) keys(p *panel, hd int) ([]byte, tensor.DType) {
 func (w *tile) values(p *panel, hd int) ([]byte, tensor.DType, int) {
 	if p.single {
 		s := &w.segs[p.seg]
-		if t, ok := codec.Plain(s.VC); ok {
+		if t, ok := s.VC.Plain(); ok {
 			rb := hd * 4
 			if t != tensor.F32 {
 				rb = hd * 2

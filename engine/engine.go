@@ -278,7 +278,7 @@ func (e *Engine) pool(kn, vn string) (*kvcache.Pool, error) {
 		return nil, capacity(ErrPoolsBusy, "the server keeps at most %d KV codec pairs at once and all are in use (%s); retry later", e.cfg.MaxPools, strings.Join(e.poolNamesLocked(), ", "))
 	}
 	var shift [][]float32
-	if len(e.cfg.KeyShiftPrompt) > 0 && codec.Shifted(k, make([]float32, e.m.HeadDim)) != k {
+	if len(e.cfg.KeyShiftPrompt) > 0 && k.Shiftable() {
 		e.shiftOnce.Do(func() { e.shift, e.shiftErr = e.m.KeyMeans(e.cfg.KeyShiftPrompt, 0, 1) })
 		if e.shiftErr != nil {
 			return nil, fmt.Errorf("key means for %s keys: %w", k.Name(), e.shiftErr)

@@ -84,8 +84,7 @@ func FootprintOf(cfg PoolConfig) (Footprint, error) {
 	}
 	f := Footprint{BlockTokens: B, KBytes: k.BlockBytes(B, d), VBytes: v.BlockBytes(B, d)}
 	f.BlockBytes = f.KBytes + f.VBytes + PosBytes*B
-	if g, ok := k.(codec.Grouped); ok {
-		f.KeyGroup = g.GroupTokens()
+	if f.KeyGroup = k.GroupTokens(); f.KeyGroup > 0 {
 		if f.KeyGroup%B != 0 {
 			return Footprint{}, fmt.Errorf("kvcache: %s key groups of %d tokens must be a multiple of the block size %d", k.Name(), f.KeyGroup, B)
 		}
@@ -93,10 +92,10 @@ func FootprintOf(cfg PoolConfig) (Footprint, error) {
 	if !v.PerToken() {
 		return Footprint{}, fmt.Errorf("kvcache: codec %s cannot store values", v.Name())
 	}
-	if f.KeyGroup > 0 || isKIVI(v) {
+	if r := max(k.Residual(), v.Residual()); r > 0 {
 		f.Residual = cfg.Residual
 		if f.Residual == 0 {
-			f.Residual = codec.DefaultResidual
+			f.Residual = r
 		}
 		if f.Residual < 0 {
 			return Footprint{}, fmt.Errorf("kvcache: negative KIVI residual %d", cfg.Residual)
@@ -352,7 +351,7 @@ func (p *Pool) setKeyShift(shift [][]float32) error {
 			}
 		}
 	}
-	if codec.Shifted(p.kc, shift[0]) == p.kc {
+	if !p.kc.Shiftable() {
 		return nil // the key codec does not use it
 	}
 	p.kcs = make([]codec.Codec, len(shift))
@@ -373,8 +372,6 @@ func (p *Pool) keyCodec(i int) codec.Codec {
 // KeyShifted reports whether the tables store keys shifted by a mean
 // (PoolConfig.KeyShift with a per-token quantized key codec).
 func (p *Pool) KeyShifted() bool { return p.kcs != nil }
-
-func isKIVI(c codec.Codec) bool { return len(c.Name()) > 4 && c.Name()[:4] == "kivi" }
 
 // BlockTokens is the number of token slots in a block.
 func (p *Pool) BlockTokens() int { return p.B }

@@ -369,7 +369,7 @@ func (c *streamChat) reset() error {
 	if err != nil {
 		return err
 	}
-	if c.keyMeans == nil && len(c.cfg.KeyShiftPrompt) > 0 && codec.Shifted(k, make([]float32, c.m.HeadDim)) != k {
+	if c.keyMeans == nil && len(c.cfg.KeyShiftPrompt) > 0 && k.Shiftable() {
 		if c.keyMeans, err = c.m.KeyMeans(c.cfg.KeyShiftPrompt, 0, 1); err != nil {
 			return fmt.Errorf("key means for %s keys: %w", k.Name(), err)
 		}

@@ -46,7 +46,7 @@ func (f *modelFlags) register(c *cobra.Command) {
 	c.Flags().BoolVar(&f.mmap, "mmap", false, mmapUsage)
 	c.Flags().IntVar(&f.chunk, "chunk", model.DefaultChunk, "prefill chunk: prompt tokens run as one matrix")
 	c.Flags().IntVar(&f.kvBlock, "kv-block", kvcache.DefaultBlockTokens, "KV cache block size in tokens")
-	c.Flags().StringVar(&f.kvType, "kv-type", "f32", "KV storage codec for keys and values: f32 f16 bf16 q8 q4 kivi2 kivi4")
+	c.Flags().StringVar(&f.kvType, "kv-type", "f32", "KV storage codec for keys and values: "+strings.Join(codec.Names, " "))
 	c.Flags().StringVar(&f.kvTypeK, "kv-type-k", "", "codec of the keys (overrides --kv-type)")
 	c.Flags().StringVar(&f.kvTypeV, "kv-type-v", "", "codec of the values (overrides --kv-type)")
 	c.Flags().StringVar(&f.kvMem, "kv-mem", "", "KV block pool size, e.g. 64MiB or 2GiB (default: room for the whole context)")
@@ -183,7 +183,7 @@ func loadModel(path, tokPath string, mmap bool) (*model.Model, tokenizer.Tokeniz
 // quantizes per token (q8, q4) and --kv-key-shift is on; they are computed
 // once per command.
 func (f *modelFlags) withKeyShift(m *model.Model, opt model.KVOptions) (model.KVOptions, error) {
-	if opt.K == nil || f.tok == nil || codec.Shifted(opt.K, make([]float32, m.HeadDim)) == opt.K {
+	if opt.K == nil || f.tok == nil || !opt.K.Shiftable() {
 		return opt, nil
 	}
 	prompt := keyShiftPrompt(f.keyShift, f.tok)

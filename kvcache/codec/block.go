@@ -14,50 +14,58 @@ import (
 
 // Plain reports the element type of a codec whose block is n rows of d
 // values of one float type (f32, f16, bf16: row i at byte i·d·size, no
-// metadata), which attention's kernels read in place; false for others.
-func Plain(c Codec) (tensor.DType, bool) {
-	switch c.(type) {
-	case f32Codec:
-		return tensor.F32, true
-	case f16Codec:
-		return tensor.F16, true
-	case bf16Codec:
-		return tensor.BF16, true
-	}
-	return 0, false
-}
+// metadata), which attention's kernels read in place; false for others
+// (Codec.Plain).
+func Plain(c Codec) (tensor.DType, bool) { return c.Plain() }
+
+func (f32Codec) Plain() (tensor.DType, bool)  { return tensor.F32, true }
+func (f16Codec) Plain() (tensor.DType, bool)  { return tensor.F16, true }
+func (bf16Codec) Plain() (tensor.DType, bool) { return tensor.BF16, true }
 
 // GetRows decodes slots i0 … i0+cnt−1 of a block of n slots into out
 // [cnt][d], each exactly as Get decodes it, with the per-codec work done
-// once per call: q8, q4 and KIVI values decode through byte tables, KIVI
-// keys read their per-channel metadata once.
+// once per call (Codec.GetRows): q8, q4 and KIVI values decode through byte
+// tables, KIVI keys read their per-channel metadata once; other codecs
+// decode slot by slot.
 func GetRows(c Codec, src []byte, n, d, i0, cnt int, out []float32) {
 	out = out[:cnt*d]
-	switch c := c.(type) {
-	case *tokenQuant:
-		if g := c.GroupChannels(d); g*c.bits%8 == 0 && (c.bits == 8 || c.bits == 4 || c.bits == 2) {
-			c.getRows(src, n, d, i0, cnt, g, out)
-			return
-		}
-	case *shiftedQuant:
-		if g := c.GroupChannels(d); g*c.bits%8 == 0 && (c.bits == 8 || c.bits == 4 || c.bits == 2) {
-			c.tokenQuant.getRows(src, n, d, i0, cnt, g, out)
-			for i := range cnt {
-				// out += 1·shift: the product is exact, so these are the
-				// bits of the plain sum, in SIMD
-				tensor.Axpy(out[i*d:(i+1)*d], 1, c.shift[:d])
-			}
-			return
-		}
-	case *kiviKeys:
-		if (c.bits == 4 || c.bits == 2) && d <= maxStackDim {
-			c.getRows(src, n, d, i0, cnt, out)
-			return
-		}
+	if c.GetRows(src, n, d, i0, cnt, out) {
+		return
 	}
 	for i := range cnt {
 		c.Get(src, n, d, i0+i, out[i*d:(i+1)*d])
 	}
+}
+
+// GetRows decodes whole groups of bytes through tensor.ScaleLevels.
+func (c *tokenQuant) GetRows(src []byte, n, d, i0, cnt int, out []float32) bool {
+	g := c.GroupChannels(d)
+	if g*c.bits%8 != 0 || (c.bits != 8 && c.bits != 4 && c.bits != 2) {
+		return false
+	}
+	c.getRows(src, n, d, i0, cnt, g, out[:cnt*d])
+	return true
+}
+
+// GetRows is the plain codec's, then out += 1·shift per row: the product
+// is exact, so these are the bits of the plain sum, in SIMD.
+func (c *shiftedQuant) GetRows(src []byte, n, d, i0, cnt int, out []float32) bool {
+	if !c.tokenQuant.GetRows(src, n, d, i0, cnt, out) {
+		return false
+	}
+	for i := range cnt {
+		tensor.Axpy(out[i*d:(i+1)*d], 1, c.shift[:d])
+	}
+	return true
+}
+
+// GetRows reads the per-channel metadata once.
+func (c *kiviKeys) GetRows(src []byte, n, d, i0, cnt int, out []float32) bool {
+	if (c.bits != 4 && c.bits != 2) || d > maxStackDim {
+		return false
+	}
+	c.getRows(src, n, d, i0, cnt, out[:cnt*d])
+	return true
 }
 
 // getRows is Get for cnt slots: per token and group of g channels (whole

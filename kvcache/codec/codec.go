@@ -63,6 +63,8 @@ package codec
 import (
 	"fmt"
 	"strings"
+
+	"github.com/kvlm/kvlm/tensor"
 )
 
 // KIVI defaults (arXiv 2402.02750): quantization groups of 32 (tokens for
@@ -95,6 +97,12 @@ func (k Kind) String() string {
 // block. src/dst is the whole block, BlockBytes(n, d) long; i is the slot.
 // Dot and Axpy do not allocate. Lengths are not checked beyond Go's bounds
 // checks: a short slice panics.
+//
+// Besides slot access, a codec answers for its capabilities (Capabilities):
+// how attention may read its blocks, whether slots copy, whether it takes a
+// key shift, whether it seals tokens in groups. Every codec embeds defaults,
+// which answer "no" to each, and overrides what it has; callers ask the
+// codec, never its type.
 type Codec interface {
 	Name() string                                           // "f32","f16","bf16","q8","q4","kivi2","kivi4"
 	Bits() int                                              // payload bits per value (32,16,16,8,4,2,4)
@@ -105,21 +113,122 @@ type Codec interface {
 	Get(src []byte, n, d, i int, out []float32)             // decode slot i into out[:d]
 	Dot(src []byte, n, d, i int, q []float32) float32       // q[:d] · x_i read straight from src
 	Axpy(src []byte, n, d, i int, a float32, out []float32) // out[:d] += a · x_i
+	Capabilities
 }
 
+// Capabilities are what a codec can do beyond reading and writing a slot,
+// each with a default in the embedded defaults type that says it cannot
+// (false, nil or 0), so that a codec overrides only what it has. The
+// package functions of the same names (Plain, KeyPanel, DecodeKeyPanel,
+// GetRows, DotAll, CopySlot, Shifted, Shift, Base) call them and fall back
+// to slot-by-slot work where a codec has no faster way.
+type Capabilities interface {
+	// Plain reports the element type when a block is n rows of d values of
+	// one float type (row i at byte i·d·size, no metadata), which
+	// attention's kernels read in place.
+	Plain() (tensor.DType, bool)
+	// KeyPanel returns, in place, the [d][16] score panel of slots i0 …
+	// i0+15 of a block of n slots and the type of its values, when the
+	// codec stores float keys in panels and those slots are one full group.
+	KeyPanel(src []byte, n, d, i0 int) ([]byte, tensor.DType, bool)
+	// DecodeKeyPanel decodes slots i0 … i0+15 into the [d][16] float32
+	// score panel out, each value exactly as Get decodes it, when the codec
+	// stores quantized keys in panels and those slots are one full group.
+	DecodeKeyPanel(src []byte, n, d, i0 int, out []float32) bool
+	// GetRows decodes slots i0 … i0+cnt−1 into out [cnt][d], each exactly as
+	// Get decodes it, with the per-codec work done once per call; false
+	// when the codec has no such path (the caller then calls Get).
+	GetRows(src []byte, n, d, i0, cnt int, out []float32) bool
+	// DotBlock sets out[i] = q·x_i for the first len(out) ≤ n slots, faster
+	// than one Dot each; false when the codec has no such path.
+	DotBlock(src []byte, n, d int, q, out []float32) bool
+	// CopySlot copies slot si of block src (sn slots) into slot di of block
+	// dst (dn slots) without decoding it; false for codecs whose slots are
+	// not self-contained.
+	CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int) bool
+	// Shiftable reports whether WithShift gives a codec storing x − mu.
+	Shiftable() bool
+	// WithShift returns the codec storing x − mu (see Shifted, which is how
+	// callers reach it: mu non-nil, copied); nil unless Shiftable.
+	WithShift(mu []float32) Codec
+	// Shift is the mean a shifted codec subtracts; nil for others.
+	Shift() []float32
+	// Unshifted is the codec whose layout a shifted codec's blocks have;
+	// nil for others (their own).
+	Unshifted() Codec
+	// GroupTokens is the number of tokens a quantization group spans when
+	// it spans tokens (KIVI keys: G, and the codec is Grouped); 0 when
+	// every slot is quantized alone.
+	GroupTokens() int
+	// Residual is the number of newest tokens the codec wants kept in full
+	// precision before they are sealed into its blocks (KIVI:
+	// DefaultResidual); 0 for none.
+	Residual() int
+}
+
+// defaults gives every Capabilities method its "cannot" answer; every codec
+// embeds it (directly or through the codec it wraps) and overrides what it
+// has.
+type defaults struct{}
+
+func (defaults) Plain() (tensor.DType, bool)                                     { return 0, false }
+func (defaults) KeyPanel(src []byte, n, d, i0 int) ([]byte, tensor.DType, bool)  { return nil, 0, false }
+func (defaults) DecodeKeyPanel(src []byte, n, d, i0 int, out []float32) bool     { return false }
+func (defaults) GetRows(src []byte, n, d, i0, cnt int, out []float32) bool       { return false }
+func (defaults) DotBlock(src []byte, n, d int, q, out []float32) bool            { return false }
+func (defaults) CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int) bool { return false }
+func (defaults) Shiftable() bool                                                 { return false }
+func (defaults) WithShift(mu []float32) Codec                                    { return nil }
+func (defaults) Shift() []float32                                                { return nil }
+func (defaults) Unshifted() Codec                                                { return nil }
+func (defaults) GroupTokens() int                                                { return 0 }
+func (defaults) Residual() int                                                   { return 0 }
+
 // Grouped is implemented by codecs whose quantization groups span tokens
-// (KIVI keys): the caller supplies the per-channel range computed over the
-// whole group of G tokens, which may span several blocks (see ChannelRange).
+// (KIVI keys, GroupTokens() > 0): the caller supplies the per-channel range
+// computed over the whole group of G tokens, which may span several blocks
+// (see ChannelRange).
 type Grouped interface {
 	Codec
-	GroupTokens() int // G
 	// EncodeRange encodes all n slots of a block from x [n][d], with lo/hi
 	// [d] the per-channel min/max over the group the block belongs to.
 	EncodeRange(dst []byte, n, d int, x []float32, lo, hi []float32)
 }
 
+// parsers lists the codecs Parse knows, in the order of Names (largest
+// first): a name and the constructor of its key and value codecs. A new
+// codec is a file of this package and a line here.
+var parsers = []struct {
+	name string
+	new  func(Kind) (Codec, error)
+}{
+	{"f32", pair(F32Keys, F32)},
+	{"f16", pair(F16Keys, F16)},
+	{"bf16", pair(BF16Keys, BF16)},
+	{"q8", pair(Q8Keys, Q8)},
+	{"q4", pair(Q4Keys, Q4)},
+	{"kivi2", func(k Kind) (Codec, error) { return newKIVI(2, DefaultGroup, k) }},
+	{"kivi4", func(k Kind) (Codec, error) { return newKIVI(4, DefaultGroup, k) }},
+}
+
+// pair is the constructor of a codec with fixed key and value flavours.
+func pair(keys, values Codec) func(Kind) (Codec, error) {
+	return func(k Kind) (Codec, error) {
+		if k == Keys {
+			return keys, nil
+		}
+		return values, nil
+	}
+}
+
 // Names lists the codec names Parse accepts.
-var Names = []string{"f32", "f16", "bf16", "q8", "q4", "kivi2", "kivi4"}
+var Names = func() []string {
+	n := make([]string, len(parsers))
+	for i, p := range parsers {
+		n[i] = p.name
+	}
+	return n
+}()
 
 // Parse returns the codec called name (case-insensitive) for keys or values.
 // KIVI codecs use DefaultGroup; keys get the per-channel Grouped flavour,
@@ -128,36 +237,11 @@ func Parse(name string, kind Kind) (Codec, error) {
 	if kind != Keys && kind != Values {
 		return nil, fmt.Errorf("codec: invalid kind %d", int(kind))
 	}
-	switch strings.ToLower(strings.TrimSpace(name)) {
-	case "f32":
-		if kind == Keys {
-			return F32Keys, nil
+	want := strings.ToLower(strings.TrimSpace(name))
+	for _, p := range parsers {
+		if p.name == want {
+			return p.new(kind)
 		}
-		return F32, nil
-	case "f16":
-		if kind == Keys {
-			return F16Keys, nil
-		}
-		return F16, nil
-	case "bf16":
-		if kind == Keys {
-			return BF16Keys, nil
-		}
-		return BF16, nil
-	case "q8":
-		if kind == Keys {
-			return Q8Keys, nil
-		}
-		return Q8, nil
-	case "q4":
-		if kind == Keys {
-			return Q4Keys, nil
-		}
-		return Q4, nil
-	case "kivi2":
-		return newKIVI(2, DefaultGroup, kind)
-	case "kivi4":
-		return newKIVI(4, DefaultGroup, kind)
 	}
 	return nil, fmt.Errorf("codec: unknown codec %q (known: %s)", name, strings.Join(Names, ", "))
 }
@@ -174,8 +258,11 @@ var (
 	F32  Codec = f32Codec{}
 	F16  Codec = f16Codec{}
 	BF16 Codec = bf16Codec{}
-	Q8   Codec = &tokenQuant{name: "q8", bits: 8}
-	Q4   Codec = &tokenQuant{name: "q4", bits: 4}
+	Q8   Codec = q8
+	Q4   Codec = q4
+
+	q8 = &tokenQuant{name: "q8", bits: 8}
+	q4 = &tokenQuant{name: "q4", bits: 4}
 )
 
 // NewKIVIValues returns KIVI's value codec: per token, groups of min(group,
@@ -207,19 +294,10 @@ func bitsPerValue(c Codec, n, d int) float64 {
 	return 8 * float64(c.BlockBytes(n, d)) / float64(n*d)
 }
 
-// BlockDotter is implemented by codecs that score many slots of a block
-// faster together than with one Dot call each. KIVI keys have it: their
-// per-channel metadata is decoded once per block instead of once per slot.
-type BlockDotter interface {
-	// DotBlock sets out[i] = q·x_i for the first len(out) ≤ n slots.
-	DotBlock(src []byte, n, d int, q []float32, out []float32)
-}
-
 // DotAll sets out[i] = q·x_i for the first len(out) ≤ n slots of a block,
 // through c's DotBlock when it has one. It does not allocate.
 func DotAll(c Codec, src []byte, n, d int, q, out []float32) {
-	if b, ok := c.(BlockDotter); ok {
-		b.DotBlock(src, n, d, q, out)
+	if c.DotBlock(src, n, d, q, out) {
 		return
 	}
 	for i := range out {

@@ -9,7 +9,7 @@ import (
 )
 
 // f32Codec: [n][d]float32 little-endian.
-type f32Codec struct{}
+type f32Codec struct{ defaults }
 
 func (f32Codec) Name() string                    { return "f32" }
 func (f32Codec) Bits() int                       { return 32 }
@@ -38,7 +38,7 @@ func (c f32Codec) Axpy(src []byte, n, d, i int, a float32, out []float32) {
 }
 
 // half16 holds what f16 and bf16 share: [n][d]uint16 little-endian.
-type half16 struct{}
+type half16 struct{ defaults }
 
 func (half16) Bits() int                     { return 16 }
 func (half16) BlockBytes(n, d int) int       { return 2 * n * d }

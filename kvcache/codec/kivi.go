@@ -24,6 +24,7 @@ import (
 // and minimum per row of the panel). Slots are written all at once by
 // EncodeRange; Put panics.
 type kiviKeys struct {
+	defaults
 	name  string
 	bits  int
 	group int
@@ -33,6 +34,7 @@ func (c *kiviKeys) Name() string                  { return c.name }
 func (c *kiviKeys) Bits() int                     { return c.bits }
 func (c *kiviKeys) PerToken() bool                { return false }
 func (c *kiviKeys) GroupTokens() int              { return c.group }
+func (c *kiviKeys) Residual() int                 { return DefaultResidual }
 func (c *kiviKeys) String() string                { return fmt.Sprintf("%s keys(group %d)", c.name, c.group) }
 func (c *kiviKeys) rowBytes(d int) int            { return (d*c.bits + 7) / 8 }
 func (c *kiviKeys) BlockBytes(n, d int) int       { return n*c.rowBytes(d) + 4*d }
@@ -147,12 +149,9 @@ const maxStackDim = 256
 // DotBlock folds the per-channel scales into the query once per block,
 // qs_c = q_c·scale_c and base = Σ q_c·min_c, so that each slot costs what a
 // q4 Dot does: q·x_i = base + Σ qs_c·u_ic.
-func (c *kiviKeys) DotBlock(src []byte, n, d int, q, out []float32) {
+func (c *kiviKeys) DotBlock(src []byte, n, d int, q, out []float32) bool {
 	if d > maxStackDim {
-		for i := range out {
-			out[i] = c.Dot(src, n, d, i, q)
-		}
-		return
+		return false // Dot per slot
 	}
 	metas := c.metas(src, n, d)
 	var buf [maxStackDim]float32
@@ -186,4 +185,5 @@ func (c *kiviKeys) DotBlock(src []byte, n, d int, q, out []float32) {
 		}
 		out[i] = base + ((a[0] + a[1]) + (a[2] + a[3]))
 	}
+	return true
 }

@@ -21,6 +21,7 @@ import (
 // the row codec of its type encodes it (f16, bf16: round to nearest even),
 // so keys read back, score and sum as they do in rows.
 type keyPanels struct {
+	defaults
 	t   tensor.DType // F32, F16 or BF16
 	row Codec        // the row codec of the same type: F32, F16, BF16
 }
@@ -28,9 +29,9 @@ type keyPanels struct {
 // The key codecs of the float types: Parse("f32"|"f16"|"bf16", Keys)
 // returns them; they are named as their row codecs.
 var (
-	F32Keys  Codec = keyPanels{tensor.F32, F32}
-	F16Keys  Codec = keyPanels{tensor.F16, F16}
-	BF16Keys Codec = keyPanels{tensor.BF16, BF16}
+	F32Keys  Codec = keyPanels{t: tensor.F32, row: F32}
+	F16Keys  Codec = keyPanels{t: tensor.F16, row: F16}
+	BF16Keys Codec = keyPanels{t: tensor.BF16, row: BF16}
 )
 
 func (c keyPanels) Name() string                  { return c.row.Name() }
@@ -64,14 +65,15 @@ func (c keyPanels) slot(b []byte, n, d, i int) ([]byte, int) {
 	return b[es*e : es*(e+(d-1)*L+1)], es * L
 }
 
-// copySlot copies slot si of src (sn slots) into slot di of dst (dn).
-func (c keyPanels) copySlot(dst []byte, dn, di int, src []byte, sn, si, d int) {
+// CopySlot copies slot si of src (sn slots) into slot di of dst (dn).
+func (c keyPanels) CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int) bool {
 	dv, dst2 := c.slot(dst, dn, d, di)
 	sv, sst := c.slot(src, sn, d, si)
 	es := c.size()
 	for k := range d {
 		copy(dv[k*dst2:k*dst2+es], sv[k*sst:k*sst+es])
 	}
+	return true
 }
 
 func (c keyPanels) Put(dst []byte, n, d, i int, x []float32) {
@@ -151,14 +153,18 @@ func (c keyPanels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
 // KeyPanel returns, in place, the [d][16] score panel of slots i0 … i0+15
 // of a block of n slots and the type of its values (for
 // tensor.AttnScoresOf), when c stores panels (F32Keys, F16Keys, BF16Keys)
-// and those 16 slots are one full group of the block; false otherwise.
+// and those 16 slots are one full group of the block; false otherwise
+// (Codec.KeyPanel).
 func KeyPanel(c Codec, src []byte, n, d, i0 int) ([]byte, tensor.DType, bool) {
-	p, ok := c.(keyPanels)
-	if !ok || !fullGroup(n, d, i0) {
+	return c.KeyPanel(src, n, d, i0)
+}
+
+func (c keyPanels) KeyPanel(src []byte, n, d, i0 int) ([]byte, tensor.DType, bool) {
+	if !fullGroup(n, d, i0) {
 		return nil, 0, false
 	}
-	es := p.size()
-	return src[es*i0*d : es*(i0+tensor.AttnLanes)*d], p.t, true
+	es := c.size()
+	return src[es*i0*d : es*(i0+tensor.AttnLanes)*d], c.t, true
 }
 
 // quantPanels stores q8 or q4 keys (the per-token quantizer of Q8 or Q4)
@@ -171,6 +177,7 @@ func KeyPanel(c Codec, src []byte, n, d, i0 int) ([]byte, tensor.DType, bool) {
 // a full group straight into its float32 score panel (DecodeKeyPanel)
 // instead of decoding rows and transposing them.
 type quantPanels struct {
+	defaults
 	tq *tokenQuant // Q8 or Q4: the quantizer, the metadata, the block size
 }
 
@@ -178,8 +185,8 @@ type quantPanels struct {
 // Parse("q8"|"q4", Keys) returns them, and Shifted wraps them as it wraps
 // Q8 and Q4.
 var (
-	Q8Keys Codec = quantPanels{Q8.(*tokenQuant)}
-	Q4Keys Codec = quantPanels{Q4.(*tokenQuant)}
+	Q8Keys Codec = quantPanels{tq: q8}
+	Q4Keys Codec = quantPanels{tq: q4}
 )
 
 func (c quantPanels) Name() string                  { return c.tq.name }
@@ -187,6 +194,11 @@ func (c quantPanels) Bits() int                     { return c.tq.bits }
 func (c quantPanels) BlockBytes(n, d int) int       { return c.tq.BlockBytes(n, d) }
 func (c quantPanels) BitsPerValue(n, d int) float64 { return bitsPerValue(c, n, d) }
 func (quantPanels) PerToken() bool                  { return true }
+func (quantPanels) Shiftable() bool                 { return true }
+
+func (c quantPanels) WithShift(mu []float32) Codec {
+	return &shiftedPanels{quantPanels: c, shift: append([]float32(nil), mu...)}
+}
 
 // at returns the element of slot i's first level and the stride between
 // its levels, and slot i's metadata.
@@ -264,22 +276,30 @@ func (c quantPanels) Axpy(src []byte, n, d, i int, a float32, out []float32) {
 	c.tq.Axpy(b, 1, d, 0, a, out)
 }
 
-// copySlot copies slot si of src (sn slots) into slot di of dst (dn).
-func (c quantPanels) copySlot(dst []byte, dn, di int, src []byte, sn, si, d int) {
+// CopySlot copies slot si of src (sn slots) into slot di of dst (dn).
+func (c quantPanels) CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int) bool {
 	de, dst2, dm := c.at(dst, dn, d, di)
 	se, sst, sm := c.at(src, sn, d, si)
 	for k := range d {
 		c.setLevel(dst, de+k*dst2, c.level(src, se+k*sst))
 	}
 	copy(dm, sm)
+	return true
 }
 
 // shiftedPanels is quantPanels over x − shift, read back as shiftedQuant
-// reads the row codec (see Shifted).
+// reads the row codec (see Shifted). Like shiftedQuant it overrides every
+// method of the embedded codec that reads values (Get, Dot, Axpy,
+// DecodeKeyPanel); slots copy as the plain codec's.
 type shiftedPanels struct {
 	quantPanels
 	shift []float32 // [d]
 }
+
+func (c *shiftedPanels) Shiftable() bool              { return false }
+func (c *shiftedPanels) WithShift(mu []float32) Codec { return nil }
+func (c *shiftedPanels) Shift() []float32             { return c.shift }
+func (c *shiftedPanels) Unshifted() Codec             { return c.quantPanels }
 
 func (c *shiftedPanels) Put(dst []byte, n, d, i int, x []float32) {
 	var buf [maxShiftStack]float32
@@ -304,30 +324,32 @@ func (c *shiftedPanels) Axpy(src []byte, n, d, i int, a float32, out []float32) 
 // [d][16] float32 score panel out (tensor.AttnScores's layout), each value
 // exactly as Get decodes it, when c stores quantized keys in panels (q8 or
 // q4 keys, shifted or not; KIVI keys) and those slots are one full group
-// of the block; it reports false otherwise.
+// of the block; it reports false otherwise (Codec.DecodeKeyPanel).
 func DecodeKeyPanel(c Codec, src []byte, n, d, i0 int, out []float32) bool {
-	var shift []float32
-	var qp quantPanels
-	switch c := c.(type) {
-	case quantPanels:
-		qp = c
-	case *shiftedPanels:
-		qp, shift = c.quantPanels, c.shift[:d]
-	case *kiviKeys:
-		return c.decodePanel(src, n, d, i0, out)
-	default:
-		return false
-	}
+	return c.DecodeKeyPanel(src, n, d, i0, out)
+}
+
+func (c quantPanels) DecodeKeyPanel(src []byte, n, d, i0 int, out []float32) bool {
+	return c.decodePanel(src, n, d, i0, nil, out)
+}
+
+func (c *shiftedPanels) DecodeKeyPanel(src []byte, n, d, i0 int, out []float32) bool {
+	return c.quantPanels.decodePanel(src, n, d, i0, c.shift[:d], out)
+}
+
+// decodePanel decodes a full group with each slot's scale and minimum,
+// plus shift per row when shift is not nil.
+func (c quantPanels) decodePanel(src []byte, n, d, i0 int, shift, out []float32) bool {
 	if !fullGroup(n, d, i0) {
 		return false
 	}
 	var sm [2 * tensor.AttnLanes]float32
-	m := n*qp.tq.rowBytes(d) + 4*i0
+	m := n*c.tq.rowBytes(d) + 4*i0
 	meta := src[m : m+4*tensor.AttnLanes]
 	for j := range tensor.AttnLanes {
 		sm[j], sm[tensor.AttnLanes+j] = unmeta(binary.LittleEndian.Uint32(meta[4*j:]))
 	}
-	if qp.tq.bits == 8 {
+	if c.tq.bits == 8 {
 		tensor.ScalePanel(out, src[i0*d:(i0+tensor.AttnLanes)*d], &sm, shift, d)
 	} else {
 		tensor.ScalePanel4(out, src[i0*d/2:(i0+tensor.AttnLanes)*d/2], &sm, shift, d)
@@ -335,9 +357,9 @@ func DecodeKeyPanel(c Codec, src []byte, n, d, i0 int, out []float32) bool {
 	return true
 }
 
-// decodePanel is DecodeKeyPanel for KIVI keys: row c of the panel is
-// channel c of the 16 slots, decoded with the channel's scale and minimum.
-func (c *kiviKeys) decodePanel(src []byte, n, d, i0 int, out []float32) bool {
+// DecodeKeyPanel for KIVI keys: row c of the panel is channel c of the 16
+// slots, decoded with the channel's scale and minimum.
+func (c *kiviKeys) DecodeKeyPanel(src []byte, n, d, i0 int, out []float32) bool {
 	if !fullGroup(n, d, i0) || d > maxStackDim {
 		return false
 	}

@@ -17,6 +17,7 @@ import (
 //	[n·rb, n·rb + 4·n·ng)  meta: token i, group k at n·rb + 4·(i·ng + k):
 //	                       f16 scale, f16 min (x̂ = scale·u + min)
 type tokenQuant struct {
+	defaults
 	name  string
 	bits  int
 	group int // channels per group; 0 means d
@@ -37,47 +38,62 @@ type tokenQuant struct {
 // does not change). mu must hold finite values, one per channel of the
 // vectors it will store; it is copied.
 func Shifted(c Codec, mu []float32) Codec {
-	if qp, ok := c.(quantPanels); ok && mu != nil {
-		return &shiftedPanels{quantPanels: qp, shift: append([]float32(nil), mu...)}
+	if mu != nil && c.Shiftable() {
+		if s := c.WithShift(mu); s != nil {
+			return s
+		}
 	}
-	tq, ok := c.(*tokenQuant)
-	if !ok || tq.group != 0 || mu == nil {
-		return c
-	}
-	return &shiftedQuant{tokenQuant: tq, shift: append([]float32(nil), mu...)}
+	return c
 }
 
 // Shift returns the mean a Shifted codec subtracts, or nil.
-func Shift(c Codec) []float32 {
-	switch s := c.(type) {
-	case *shiftedQuant:
-		return s.shift
-	case *shiftedPanels:
-		return s.shift
-	}
-	return nil
-}
+func Shift(c Codec) []float32 { return c.Shift() }
 
 // Base returns the codec whose layout c's blocks have: c itself, or the
 // plain codec of a Shifted one. Slot bytes copied with CopySlot(Base(c), …)
 // between blocks of the same c stay valid.
 func Base(c Codec) Codec {
-	switch s := c.(type) {
-	case *shiftedQuant:
-		return s.tokenQuant
-	case *shiftedPanels:
-		return s.quantPanels
+	if u := c.Unshifted(); u != nil {
+		return u
 	}
 	return c
 }
 
-// shiftedQuant is a tokenQuant over x − shift (see Shifted). It is a type
-// of its own so that code reading tokenQuant blocks directly (fast paths
-// keyed on *tokenQuant) never skips the shift.
+// Shiftable: q8 and q4, one quantization group per token, the case the
+// shift is for (see Shifted); KIVI values are not shifted.
+func (c *tokenQuant) Shiftable() bool { return c.group == 0 }
+
+func (c *tokenQuant) WithShift(mu []float32) Codec {
+	if !c.Shiftable() {
+		return nil
+	}
+	return &shiftedQuant{tokenQuant: c, shift: append([]float32(nil), mu...)}
+}
+
+// Residual: KIVI values (grouped channels) keep the newest tokens in full
+// precision, as KIVI keys do.
+func (c *tokenQuant) Residual() int {
+	if c.group > 0 {
+		return DefaultResidual
+	}
+	return 0
+}
+
+// shiftedQuant is a tokenQuant over x − shift (see Shifted). It embeds the
+// plain codec, so it overrides every method that reads values (Get, Dot,
+// Axpy, GetRows, DotBlock) to add the shift back; TestCapabilities holds
+// each capability of a shifted codec to its Get.
 type shiftedQuant struct {
 	*tokenQuant
 	shift []float32 // [d]
 }
+
+// A shifted codec takes no second shift; its blocks have the plain codec's
+// layout (so slots copy as the plain codec's, promoted from it).
+func (c *shiftedQuant) Shiftable() bool              { return false }
+func (c *shiftedQuant) WithShift(mu []float32) Codec { return nil }
+func (c *shiftedQuant) Shift() []float32             { return c.shift }
+func (c *shiftedQuant) Unshifted() Codec             { return c.tokenQuant }
 
 func (c *shiftedQuant) String() string { return c.tokenQuant.String() + " shifted" }
 
@@ -120,11 +136,12 @@ func (c *shiftedQuant) Dot(src []byte, n, d, i int, q []float32) float32 {
 }
 
 // DotBlock scores the first len(out) slots, with q·shift computed once.
-func (c *shiftedQuant) DotBlock(src []byte, n, d int, q []float32, out []float32) {
+func (c *shiftedQuant) DotBlock(src []byte, n, d int, q []float32, out []float32) bool {
 	qm := dotF32(q[:d], c.shift[:d])
 	for i := range out {
 		out[i] = c.tokenQuant.Dot(src, n, d, i, q) + qm
 	}
+	return true
 }
 
 func (c *shiftedQuant) Axpy(src []byte, n, d, i int, a float32, out []float32) {
