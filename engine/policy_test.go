@@ -140,7 +140,7 @@ func TestEnginePyramidInferChunkedPrefill(t *testing.T) {
 	}
 	full := run(128, policy.Config{Method: "full"})
 	for _, decay := range []float64{0, 0.3} {
-		cfg := policy.Config{Method: "pyramidinfer", Decay: decay}
+		cfg := policy.Config{Method: "pyramidinfer", Opts: policy.Opts{}.With("decay", decay)}
 		one, chunked := run(512, cfg), run(128, cfg)
 		t.Logf("decay %g: bytes %d in one step, %d in chunks of 128, %d uncompressed; evicted %d, %d", decay, one.KVBytes, chunked.KVBytes, full.KVBytes, one.EvictedTokens, chunked.EvictedTokens)
 		if chunked.KVBytes != one.KVBytes || chunked.KVBytes >= full.KVBytes || chunked.EvictedTokens == 0 || chunked.EvictedTokens != one.EvictedTokens {
@@ -164,7 +164,7 @@ func TestEngineRefusesUnrunnablePolicy(t *testing.T) {
 		{"window 1", policy.Config{Method: "window", Window: 1}},
 		{"knorm budget = sinks, every step", policy.Config{Method: "knorm", Budget: 2, Sinks: 2, Every: 1}},
 		{"adakv reindex", policy.Config{Method: "adakv", Budget: 40, Positions: policy.PosReindex}},
-		{"minicache without a pair", policy.Config{Method: "minicache", MergeFrom: 4}},
+		{"minicache without a pair", policy.Config{Method: "minicache", Opts: policy.Opts{}.With("merge-from", 4)}},
 		{"full with a window", policy.Config{Method: "full", Window: 8}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

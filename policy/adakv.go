@@ -15,7 +15,7 @@ func (adakv) Budgets(st *State, l, b, window int, scores [][]float32) []int {
 		n := st.cache.Slots(l, h)
 		cand[h] = scores[h][:max(0, n-window)]
 	}
-	budgets := adaBudgets(cand, b-window, st.cfg.Alpha)
+	budgets := adaBudgets(cand, b-window, pAlpha.Float(st.cfg))
 	for h := range budgets {
 		budgets[h] += window
 	}
@@ -23,7 +23,7 @@ func (adakv) Budgets(st *State, l, b, window int, scores [][]float32) []int {
 }
 
 var pAlpha = &Param{Name: "alpha", Kind: FloatParam, Doc: "share of the budget spread evenly over the heads", Default: "0.2",
-	Lo: 0, Hi: 1, Fill: 0.2, field: func(c *Config) any { return &c.Alpha }}
+	Lo: 0, Hi: 1, Fill: 0.2}
 
 func init() {
 	Register(Method{Name: "adakv", Order: 7, Doc: "Ada-KV: snapkv with head-adaptive budgets",

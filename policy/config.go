@@ -42,8 +42,10 @@ const (
 
 // Config is one policy's parameters: the method and the values of its
 // parameters (Param). The zero value of a field means the method's
-// default. The shared parameters and those of the first twelve methods
-// have a field; a plug-in's own parameters live in Opts.
+// default. The parameters several methods share have a field; a method's
+// own parameters (adakv's alpha, pyramidkv's beta, pyramidinfer's recent,
+// decay, gen-decay and min-keep, minicache's t, gamma and merge-from,
+// expected's n-future) are declared in its file and stored in Opts.
 type Config struct {
 	Method    string        // a Methods name
 	Budget    int           // tokens kept per (layer, KV head); or
@@ -51,25 +53,13 @@ type Config struct {
 	Window    int           // recent tokens always kept (snapkv: the observation window)
 	Sinks     int           // first tokens always kept
 	Agg       attention.Agg // how the query heads of a KV head combine their scores
-	Pool      string        // snapkv family: "avg" or "max" pooling of scores
+	Pool      string        // snapkv family (snapkv, adakv, pyramidkv): "avg" or "max" pooling of scores
 	Kernel    int           // snapkv family: pooling kernel (odd)
 	Every     int           // during decoding, prune every N steps (0: the method's default; EveryNever: only after the prompt)
 	Positions Positions     // PosDefault (the method's), original or re-indexed
-	Alpha     float64       // adakv (adakv.go)
-	Beta      float64       // pyramidkv (pyramidkv.go)
 
-	// PyramidInfer (pyramidinfer.go).
-	Recent   float64
-	MinKeep  int
-	Decay    float64
-	GenDecay float64
-
-	// MiniCache (minicache.go).
-	Interp    float64
-	Gamma     float64
-	MergeFrom int
-
-	// Opts holds the parameters of methods with no field here.
+	// Opts holds the methods' own parameters, by name (Param.Float,
+	// Param.Int read them).
 	Opts Opts
 }
 

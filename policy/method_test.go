@@ -48,10 +48,10 @@ func TestValidateMatchesNew(t *testing.T) {
 		}
 	}
 	// What only the layout decides.
-	if err := Validate(Config{Method: "minicache", MergeFrom: 4}, kvcache.Layout{Layers: 5, KVHeads: 4, HeadDim: 8}, nil); err == nil || !strings.Contains(err.Error(), "no layer pair") {
+	if err := Validate(Config{Method: "minicache", Opts: Opts{}.With("merge-from", 4)}, kvcache.Layout{Layers: 5, KVHeads: 4, HeadDim: 8}, nil); err == nil || !strings.Contains(err.Error(), "no layer pair") {
 		t.Fatalf("minicache from layer 4 of 5: %v", err)
 	}
-	if err := Validate(Config{Method: "minicache", MergeFrom: 4}, kvcache.Layout{Layers: 6, KVHeads: 4, HeadDim: 8}, nil); err != nil {
+	if err := Validate(Config{Method: "minicache", Opts: Opts{}.With("merge-from", 4)}, kvcache.Layout{Layers: 6, KVHeads: 4, HeadDim: 8}, nil); err != nil {
 		t.Fatalf("minicache from layer 4 of 6: %v", err)
 	}
 }
@@ -119,8 +119,66 @@ func TestParamErrorRender(t *testing.T) {
 	if got := pe.Render(func(p string) string { return "kv." + JSONName(p) }); got != "policy: snapkv needs a budget (kv.budget N) or a ratio (kv.ratio R)" {
 		t.Fatalf("Render %q", got)
 	}
-	_, err = Config{Method: "pyramidinfer", MinKeep: -1}.Normalize()
+	_, err = Config{Method: "pyramidinfer", Opts: Opts{}.With("min-keep", -1)}.Normalize()
 	if pe, ok := err.(*ParamError); !ok || pe.Param != "min-keep" || pe.Render(func(p string) string { return "kv." + JSONName(p) }) != "policy: kv.min_keep must not be negative, got -1" {
 		t.Fatalf("%v", err)
+	}
+}
+
+// TestOwnParams: a method's own parameters live in Opts (Config has a
+// field only for the shared ones); a front end can set every parameter of
+// every method on one Config, in any order, before Normalize refuses
+// those the method does not take; the same values set in another order
+// compare equal, and Float/Int read back what Set stored.
+func TestOwnParams(t *testing.T) {
+	shared := map[string]bool{"budget": true, "ratio": true, "window": true, "sinks": true, "agg": true,
+		"pool": true, "kernel": true, "every": true, "positions": true}
+	value := func(p *Param) any {
+		switch p.Kind {
+		case IntParam:
+			return 3
+		case FloatParam:
+			return 0.5
+		}
+		return p.Choices[len(p.Choices)-1]
+	}
+	var own []*Param
+	for _, p := range AllParams() {
+		if (p.field == nil) == shared[p.Name] {
+			t.Errorf("parameter %s: shared %v, but stored in a Config field %v", p.Name, shared[p.Name], p.field != nil)
+		}
+		if p.field == nil {
+			own = append(own, p)
+		}
+	}
+	set := func(ps []*Param) (c Config) {
+		c.Method = "snapkv"
+		for _, p := range ps {
+			if err := p.Set(&c, value(p)); err != nil {
+				t.Fatalf("Set %s: %v", p.Name, err)
+			}
+		}
+		return c
+	}
+	rev := slices.Clone(own)
+	slices.Reverse(rev)
+	a, b := set(own), set(rev)
+	if a != b {
+		t.Fatalf("the same parameters in another order differ:\n%+v\n%+v", a, b)
+	}
+	for _, p := range own {
+		var got any
+		if p.Kind == IntParam {
+			got = p.Int(a)
+		} else {
+			got = p.Float(a)
+		}
+		if got != value(p) {
+			t.Errorf("%s: read %v, set %v", p.Name, got, value(p))
+		}
+	}
+	all := set(AllParams())
+	if _, err := all.Normalize(); err == nil || !strings.Contains(err.Error(), "snapkv takes no") {
+		t.Fatalf("every parameter given to snapkv: %v", err)
 	}
 }

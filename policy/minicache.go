@@ -9,9 +9,9 @@ package policy
 // leaving the newest Window tokens unmerged (Window also applies after the
 // prefill). Tokens merged stay in Kept: they are approximated, not evicted.
 //
-// Pairs: (MergeFrom, MergeFrom+1), (MergeFrom+2, MergeFrom+3), … while both
-// layers exist, MergeFrom defaulting to Layers/2 (the paper merges from the
-// middle layer up). With an odd number of layers from MergeFrom on, the top
+// Pairs: (f, f+1), (f+2, f+3), … while both layers exist, f being the
+// merge-from parameter, Layers/2 by default (the paper merges from the
+// middle layer up). With an odd number of layers from f on, the top
 // layer stays unmerged: stories260K (5 layers) merges (2, 3) and keeps 4.
 
 import (
@@ -28,11 +28,10 @@ import (
 // unverified).
 var (
 	pInterp = &Param{Name: "t", Kind: FloatParam, Doc: "SLERP weight of the upper layer of a merged pair", Default: "0.6",
-		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.6, field: func(c *Config) any { return &c.Interp }}
+		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.6}
 	pGamma = &Param{Name: "gamma", Kind: FloatParam, Doc: "share of tokens retained unmerged in both layers", Default: "0.05",
-		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.05, field: func(c *Config) any { return &c.Gamma }}
-	pMergeFrom = &Param{Name: "merge-from", Kind: IntParam, Doc: "lower layer of the first merged pair", Default: "layers/2",
-		field: func(c *Config) any { return &c.MergeFrom }}
+		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.05}
+	pMergeFrom = &Param{Name: "merge-from", Kind: IntParam, Doc: "lower layer of the first merged pair", Default: "layers/2"}
 )
 
 func init() {
@@ -47,10 +46,12 @@ func init() {
 			"pool":      "minicache uses no attention scores; it takes no {{pool}}",
 			"kernel":    "minicache uses no attention scores; it takes no {{kernel}}",
 		},
-		Describe: func(c Config) string { return fmt.Sprintf(" t=%g gamma=%g from=%d", c.Interp, c.Gamma, c.MergeFrom) },
+		Describe: func(c Config) string {
+			return fmt.Sprintf(" t=%g gamma=%g from=%d", pInterp.Float(c), pGamma.Float(c), pMergeFrom.Int(c))
+		},
 		Check: func(c Config, l kvcache.Layout, _ codec.Codec) error {
 			if len(c.MergedPairs(l.Layers)) == 0 {
-				return fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(c.MergeFrom, l.Layers/2), l.Layers)
+				return fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(pMergeFrom.Int(c), l.Layers/2), l.Layers)
 			}
 			return nil
 		},
@@ -60,7 +61,7 @@ func init() {
 // MergedPairs lists the merged layer pairs as their upper layers, for a
 // model of L layers.
 func (c Config) MergedPairs(L int) []int {
-	from := c.MergeFrom
+	from := pMergeFrom.Int(c)
 	if from == 0 {
 		from = L / 2
 	}
@@ -93,13 +94,13 @@ func (m *miniCache) merge(decode bool) error {
 	st := m.st
 	ups := st.cfg.MergedPairs(st.L)
 	if len(ups) == 0 {
-		return fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(st.cfg.MergeFrom, st.L/2), st.L)
+		return fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(pMergeFrom.Int(st.cfg), st.L/2), st.L)
 	}
 	mc, ok := st.cache.(kvcache.Merging)
 	if !ok {
 		return errors.New("policy: minicache: the sequence's cache cannot store merged layers")
 	}
-	opt := MergeOptions{T: st.cfg.Interp, Gamma: st.cfg.Gamma, Recent: st.cfg.Window, Full: decode}
+	opt := MergeOptions{T: pInterp.Float(st.cfg), Gamma: pGamma.Float(st.cfg), Recent: st.cfg.Window, Full: decode}
 	for _, u := range ups {
 		if _, err := MergeLayers(mc, u, opt); err != nil {
 			return fmt.Errorf("policy: minicache: %w", err)

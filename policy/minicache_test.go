@@ -19,7 +19,7 @@ func TestMiniCacheConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Method != "minicache" || c.Interp != 0.6 || c.Gamma != 0.05 || c.MergeFrom != 0 || c.Every != 0 {
+	if c.Method != "minicache" || c.Opts.Get("t") != 0.6 || c.Opts.Get("gamma") != 0.05 || c.Opts.Get("merge-from") != 0 || c.Every != 0 {
 		t.Fatalf("defaults %+v", c)
 	}
 	if s := c.String(); s != "minicache t=0.6 gamma=0.05 from=0" {
@@ -36,11 +36,11 @@ func TestMiniCacheConfig(t *testing.T) {
 		{Config{Method: "minicache", Ratio: 0.5}, "no budget"},
 		{Config{Method: "minicache", Sinks: 4}, "sinks"},
 		{Config{Method: "minicache", Positions: PosReindex}, "original positions"},
-		{Config{Method: "minicache", Interp: 1.5}, "t must be"},
-		{Config{Method: "minicache", Interp: -0.1}, "t must be"},
-		{Config{Method: "minicache", Gamma: 2}, "gamma"},
-		{Config{Method: "minicache", Gamma: math.NaN()}, "gamma"},
-		{Config{Method: "minicache", MergeFrom: -1}, "merge-from"},
+		{Config{Method: "minicache", Opts: Opts{}.With("t", 1.5)}, "t must be"},
+		{Config{Method: "minicache", Opts: Opts{}.With("t", -0.1)}, "t must be"},
+		{Config{Method: "minicache", Opts: Opts{}.With("gamma", 2)}, "gamma"},
+		{Config{Method: "minicache", Opts: Opts{}.With("gamma", math.NaN())}, "gamma"},
+		{Config{Method: "minicache", Opts: Opts{}.With("merge-from", -1)}, "merge-from"},
 		{Config{Method: "minicache", Pool: "max"}, "attention scores"},
 	} {
 		if _, err := bad.cfg.Normalize(); err == nil || !strings.Contains(err.Error(), bad.want) {
@@ -57,7 +57,7 @@ func TestMiniCacheConfig(t *testing.T) {
 		{0, 32, []int{17, 19, 21, 23, 25, 27, 29, 31}}, // LLaMA-2-7B: 16..31
 		{4, 5, nil},
 	} {
-		if got := (Config{MergeFrom: c.from}).MergedPairs(c.L); !slices.Equal(got, c.want) {
+		if got := (Config{Opts: Opts{}.With("merge-from", float64(c.from))}).MergedPairs(c.L); !slices.Equal(got, c.want) {
 			t.Errorf("pairs from %d of %d layers: %v, want %v", c.from, c.L, got, c.want)
 		}
 	}
@@ -77,10 +77,10 @@ func TestMiniCacheState(t *testing.T) {
 	m := st.m
 	const T = 150
 	for _, cn := range [][2]string{{"f32", "f32"}, {"q8", "q4"}, {"f32", "kivi4"}, {"kivi4", "kivi2"}} {
-		for _, cfg := range []Config{{Method: "minicache"}, {Method: "minicache", Every: 16, Window: 8, MergeFrom: 1}, {Method: "minicache", Gamma: 1}} {
+		for _, cfg := range []Config{{Method: "minicache"}, {Method: "minicache", Every: 16, Window: 8, Opts: Opts{}.With("merge-from", 1)}, {Method: "minicache", Opts: Opts{}.With("gamma", 1)}} {
 			kivi := strings.Contains(cn[0]+cn[1], "kivi")
-			exact := cfg.Gamma == 1 && !kivi
-			t.Run(fmt.Sprintf("from%d-every%d-gamma%g/%s-%s", cfg.MergeFrom, cfg.Every, cfg.Gamma, cn[0], cn[1]), func(t *testing.T) {
+			exact := cfg.Opts.Get("gamma") == 1 && !kivi
+			t.Run(fmt.Sprintf("from%d-every%d-gamma%g/%s-%s", int(cfg.Opts.Get("merge-from")), cfg.Every, cfg.Opts.Get("gamma"), cn[0], cn[1]), func(t *testing.T) {
 				kc, _ := codec.Parse(cn[0], codec.Keys)
 				vc, _ := codec.Parse(cn[1], codec.Values)
 				seq, err := m.NewStandaloneSequence(model.KVOptions{K: kc, V: vc})
@@ -124,7 +124,7 @@ func TestMiniCacheState(t *testing.T) {
 						}
 					}
 					mem, ref := cache.Memory(), plain.Cache().(*kvcache.Paged).Memory()
-					if u := pool.Usage(); mem.Blocks != u.Used || !kivi && (mem.Used >= ref.Used) != (cfg.Gamma == 1) {
+					if u := pool.Usage(); mem.Blocks != u.Used || !kivi && (mem.Used >= ref.Used) != (cfg.Opts.Get("gamma") == 1) {
 						t.Fatalf("%s: the sequence holds %d bytes in %d blocks, the pool %d blocks; unmerged: %d bytes", stage, mem.Used, mem.Blocks, u.Used, ref.Used)
 					}
 				}
@@ -278,19 +278,19 @@ func TestMiniCacheNLL(t *testing.T) {
 		}
 		for _, cfg := range []Config{
 			{Method: "minicache"},
-			{Method: "minicache", MergeFrom: 3},
-			{Method: "minicache", MergeFrom: 1},
-			{Method: "minicache", Gamma: 0.2},
+			{Method: "minicache", Opts: Opts{}.With("merge-from", 3)},
+			{Method: "minicache", Opts: Opts{}.With("merge-from", 1)},
+			{Method: "minicache", Opts: Opts{}.With("gamma", 0.2)},
 			{Method: "minicache", Window: 128},
 		} {
-			if cn != [2]string{"f32", "f32"} && cfg.Gamma+float64(cfg.MergeFrom+cfg.Window) > 0 {
+			if cn != [2]string{"f32", "f32"} && cfg.Opts.Get("gamma")+float64(int(cfg.Opts.Get("merge-from"))+cfg.Window) > 0 {
 				continue // variants on f32 only
 			}
 			r := run(cn[0], cn[1], cfg, cfg == Config{Method: "minicache"})
 			c, _ := cfg.Normalize()
 			name := fmt.Sprintf("minicache pairs %v", c.MergedPairs(m.Config.Layers))
-			if cfg.Gamma > 0 {
-				name += fmt.Sprintf(" γ=%g", cfg.Gamma)
+			if cfg.Opts.Get("gamma") > 0 {
+				name += fmt.Sprintf(" γ=%g", cfg.Opts.Get("gamma"))
 			}
 			if cfg.Window > 0 {
 				name += fmt.Sprintf(" window=%d", cfg.Window)
@@ -298,7 +298,7 @@ func TestMiniCacheNLL(t *testing.T) {
 			report(name, cn[0], cn[1], r, ref)
 			// stories260K's adjacent layers are nearly unrelated (see the
 			// similarity logged below): merging costs much quality here.
-			if bound := 1.4 * base.nll; math.IsNaN(r.nll) || r.nll > bound && cfg.MergeFrom == 0 || r.bytes >= ref.bytes {
+			if bound := 1.4 * base.nll; math.IsNaN(r.nll) || r.nll > bound && int(cfg.Opts.Get("merge-from")) == 0 || r.bytes >= ref.bytes {
 				t.Errorf("%s %s/%s: mean NLL %.6f, %d bytes (full: %d)", name, cn[0], cn[1], r.nll, r.bytes, ref.bytes)
 			}
 		}

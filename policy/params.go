@@ -44,8 +44,9 @@ type Param struct {
 	// method uses it.
 	Fill float64
 
-	// field points at the parameter's storage in a Config: *int,
-	// *float64, *string, *attention.Agg or *Positions; nil: Config.Opts.
+	// field points at a shared parameter's storage in a Config: *int,
+	// *float64, *string, *attention.Agg or *Positions. A method's own
+	// parameter has none: it is stored in Config.Opts under its Name.
 	field func(*Config) any
 }
 
@@ -77,6 +78,26 @@ func (p *Param) Value(c Config) any {
 		return [...]string{"", "original", "reindex"}[*f]
 	}
 	panic("policy: parameter " + p.Name + " has no storage")
+}
+
+// Float is a number parameter's value in c (0: not set), for the method
+// that owns it.
+func (p *Param) Float(c Config) float64 {
+	switch v := p.Value(c).(type) {
+	case int:
+		return float64(v)
+	case float64:
+		return v
+	}
+	panic("policy: parameter " + p.Name + " is not a number")
+}
+
+// Int is an integer parameter's value in c (0: not set).
+func (p *Param) Int(c Config) int {
+	if v, ok := p.Value(c).(int); ok {
+		return v
+	}
+	panic("policy: parameter " + p.Name + " is not an integer")
 }
 
 // IsSet reports whether the parameter holds something other than "not
@@ -207,6 +228,7 @@ var (
 	params     = map[string]*Param{}
 	paramOrder []string
 	allParams  []string // the names, in order
+	optParams  int      // how many are stored in Opts
 )
 
 func registerParam(p *Param) {
@@ -215,6 +237,14 @@ func registerParam(p *Param) {
 			panic("policy: parameter " + p.Name + " registered twice")
 		}
 		return
+	}
+	if p.field == nil {
+		if p.Kind == ChoiceParam {
+			panic("policy: parameter " + p.Name + ": a choice needs a Config field")
+		}
+		if optParams++; optParams > maxOpts {
+			panic(fmt.Sprintf("policy: parameter %s: more than %d method parameters for Opts", p.Name, maxOpts))
+		}
 	}
 	params[p.Name] = p
 	paramOrder = append(paramOrder, p.Name)
@@ -294,16 +324,26 @@ var sharedParams = func() []*Param {
 	return ps
 }()
 
-// Opts holds the parameters that have no Config field (a plug-in
-// method's own), by name. It is a value (Config stays comparable); a
-// parameter at 0 is not stored.
+// Opts holds the methods' own parameters (those with no Config field:
+// each is declared and read by its method's file), by name. It is a value
+// (Config stays comparable); a parameter at 0 is not stored, and the
+// names are kept sorted, so equal options compare equal.
 type Opts struct {
 	n    [maxOpts]string
 	v    [maxOpts]float64
 	used int
 }
 
-const maxOpts = 8
+// maxOpts bounds the methods' own parameters, all of which a front end
+// may set at once before Normalize refuses those the method does not use
+// (registerParam panics past it).
+const maxOpts = 16
+
+// With is o with name set to v, for literals: Opts{}.With("t", 0.5).
+func (o Opts) With(name string, v float64) Opts {
+	o.Set(name, v)
+	return o
+}
 
 // Get is the value of name (0: not set).
 func (o Opts) Get(name string) float64 {

@@ -335,7 +335,7 @@ func TestSelectionMatchesBruteForce(t *testing.T) {
 					if c.Method == "pyramidkv" {
 						// The published schedule, written out.
 						L := m.Config.Layers
-						minB := float64(b-W) / c.Beta
+						minB := float64(b-W) / c.Opts.Get("beta")
 						maxB := 2*float64(b-W) - minB
 						if maxB >= float64(T-W) {
 							maxB, minB = float64(T-W), 2*float64(b-W)-float64(T-W)
@@ -361,7 +361,7 @@ func TestSelectionMatchesBruteForce(t *testing.T) {
 							count[x.h]++
 						}
 						for h := range budgets {
-							budgets[h] = int(math.Round(float64(count[h])*(1-c.Alpha)+c.Alpha*float64(b-W))) + W
+							budgets[h] = int(math.Round(float64(count[h])*(1-c.Opts.Get("alpha"))+c.Opts.Get("alpha")*float64(b-W))) + W
 						}
 					}
 					for h := range want {

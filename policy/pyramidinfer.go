@@ -13,16 +13,16 @@ import (
 //
 // Prefill (the whole prompt of T tokens runs as one forward step; a
 // prompt run in several steps is pruned after its last one, pruneChunked):
-//   - the recent window is the last 1+⌊Recent·T⌋ tokens (the last token
+//   - the recent window is the last 1+⌊recent·T⌋ tokens (the last token
 //     included); their queries score every earlier token at each layer:
 //     attention averaged over all query heads, each query's row weighted by
 //     linspace(1, 1.2) from the oldest to the newest;
 //   - after layer l (not the last), of the ctx tokens before the window,
-//     ⌊ctx·r(l)⌋ are kept, r(l) = (1−Decay)(cos(πl/L)+1)/2 + Decay: the
+//     ⌊ctx·r(l)⌋ are kept, r(l) = (1−decay)(cos(πl/L)+1)/2 + decay: the
 //     first Sinks tokens, then the best-scored (ties: the earlier token);
 //     the window always goes on. So sets shrink multiplicatively with depth
 //     and layer l+1 keeps a subset of layer l's tokens. No pruning happens
-//     when ctx ≤ min(MinKeep, T − window) or when ⌊ctx·r(l)⌋ would not
+//     when ctx ≤ min(min-keep, T − window) or when ⌊ctx·r(l)⌋ would not
 //     exceed that floor (the authors' rule: the context never drops to the
 //     floor or below it);
 //   - a token's KV is stored by each layer it reached (layer l's tables
@@ -31,7 +31,7 @@ import (
 // Decoding: the prompt's KV is never compressed again. Generated tokens
 // are pending until 16 of them lie beyond the recent window (of the same
 // length as the prompt's); then, in each layer, the oldest 16 are reduced
-// to max(1, ⌊16·0.9·r_gen(l)⌋), r_gen with GenDecay, chosen by the
+// to max(1, ⌊16·0.9·r_gen(l)⌋), r_gen with gen-decay, chosen by the
 // window's queries' attention, weighted as in the prefill.
 //
 // The published code sets the same rules (recent ratio 0.2, decay 0.9,
@@ -46,13 +46,13 @@ const (
 // The parameters of PyramidInfer (the authors' released defaults).
 var (
 	pRecent = &Param{Name: "recent", Kind: FloatParam, Doc: "share of the prompt whose queries score the rest", Default: "0.2",
-		Lo: 0, LoOpen: true, Hi: 1, HiOpen: true, Fill: 0.2, field: func(c *Config) any { return &c.Recent }}
+		Lo: 0, LoOpen: true, Hi: 1, HiOpen: true, Fill: 0.2}
 	pDecay = &Param{Name: "decay", Kind: FloatParam, Doc: "prefill: last-layer retention of the cosine schedule", Default: "0.9",
-		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.9, field: func(c *Config) any { return &c.Decay }}
+		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.9}
 	pGenDecay = &Param{Name: "gen-decay", Kind: FloatParam, Doc: "decoding: last-layer retention of a compressed chunk's schedule", Default: "0.1",
-		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.1, field: func(c *Config) any { return &c.GenDecay }}
+		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.1}
 	pMinKeep = &Param{Name: "min-keep", Kind: IntParam, Doc: "context never pruned below this many tokens", Default: "64",
-		Fill: 64, field: func(c *Config) any { return &c.MinKeep }}
+		Fill: 64}
 )
 
 func init() {
@@ -132,7 +132,7 @@ type pyramid struct {
 // several steps anyway (a server's chunked prefill) is computed whole and
 // pruned to the same per-layer counts by Compress (pruneChunked).
 func (p *pyramid) Begin(n int) {
-	p.T, p.win = n, pyrWindow(n, p.st.cfg.Recent)
+	p.T, p.win = n, pyrWindow(n, pRecent.Float(p.st.cfg))
 	p.chunk = p.st.seq.Chunk
 	if p.st.seq.Chunk < n {
 		p.st.seq.Chunk = n
@@ -269,15 +269,15 @@ func (p *pyramid) AfterLayer(layer int, _ []int32) []int {
 // target is how many of the context tokens (those before the window)
 // layer keeps when n prompt tokens reached it: ⌊ctx·r(layer)⌋, or 0 when
 // the layer prunes nothing (the last layer, r = 1, or the context would
-// not stay above the floor min(MinKeep, T − window)).
+// not stay above the floor min(min-keep, T − window)).
 func (p *pyramid) target(layer, n int) int {
 	L, W := p.st.L, p.win
 	if layer >= L-1 {
 		return 0
 	}
 	ctx := n - W
-	floor := min(p.st.cfg.MinKeep, p.T-W)
-	r := pyrSchedule(layer, L, p.st.cfg.Decay)
+	floor := min(pMinKeep.Int(p.st.cfg), p.T-W)
+	r := pyrSchedule(layer, L, pDecay.Float(p.st.cfg))
 	if ctx <= floor || r >= 1 {
 		return 0
 	}
@@ -311,7 +311,7 @@ func (p *pyramid) Compress() error {
 		}
 	}
 	if p.win == 0 {
-		p.win = pyrWindow(st.seen, st.cfg.Recent)
+		p.win = pyrWindow(st.seen, pRecent.Float(st.cfg))
 	}
 	p.T, p.active, p.decoding, p.pending = 0, false, true, 0
 	p.chunked, p.wmass = false, nil
@@ -403,7 +403,7 @@ func (p *pyramid) compressChunk() error {
 	C, P, W := pyrGenChunk, p.pending, p.win
 	w := pyrWeights(W)
 	for l := 0; l < st.L; l++ {
-		k := max(1, int(float64(C)*pyrGenCompress*pyrSchedule(l, st.L, st.cfg.GenDecay)))
+		k := max(1, int(float64(C)*pyrGenCompress*pyrSchedule(l, st.L, pGenDecay.Float(st.cfg))))
 		q := p.qrows[l]
 		score := make([]float32, C)
 		for i := P - W; i < P; i++ {

@@ -51,7 +51,7 @@ func TestPyramidInferChunkedPrefill(t *testing.T) {
 		_, _, _, full := run(T, nil)
 		for _, decay := range []float64{0, 0.3} {
 			t.Run(fmt.Sprintf("%s-%s/decay%g", cn[0], cn[1], decay), func(t *testing.T) {
-				checkChunked(t, run, Config{Method: "pyramidinfer", Decay: decay}, full)
+				checkChunked(t, run, Config{Method: "pyramidinfer", Opts: Opts{}.With("decay", decay)}, full)
 			})
 		}
 	}

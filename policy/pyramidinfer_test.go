@@ -17,7 +17,7 @@ func TestPyramidInferNormalize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Recent != 0.2 || c.Decay != 0.9 || c.GenDecay != 0.1 || c.MinKeep != 64 || c.Sinks != 4 || c.Positions != PosOriginal {
+	if c.Opts.Get("recent") != 0.2 || c.Opts.Get("decay") != 0.9 || c.Opts.Get("gen-decay") != 0.1 || c.Opts.Get("min-keep") != 64 || c.Sinks != 4 || c.Positions != PosOriginal {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if !slices.Contains(Methods, "pyramidinfer") {
@@ -32,10 +32,10 @@ func TestPyramidInferNormalize(t *testing.T) {
 		{Config{Method: "pyramidinfer", Window: 8}, "recent"},
 		{Config{Method: "pyramidinfer", Every: 4}, "every"},
 		{Config{Method: "pyramidinfer", Positions: PosReindex}, "original"},
-		{Config{Method: "pyramidinfer", Recent: 1.5}, "recent"},
-		{Config{Method: "pyramidinfer", Decay: 1.5}, "decay"},
-		{Config{Method: "pyramidinfer", GenDecay: -1}, "decay"},
-		{Config{Method: "pyramidinfer", MinKeep: -1}, "min-keep"},
+		{Config{Method: "pyramidinfer", Opts: Opts{}.With("recent", 1.5)}, "recent"},
+		{Config{Method: "pyramidinfer", Opts: Opts{}.With("decay", 1.5)}, "decay"},
+		{Config{Method: "pyramidinfer", Opts: Opts{}.With("gen-decay", -1)}, "decay"},
+		{Config{Method: "pyramidinfer", Opts: Opts{}.With("min-keep", -1)}, "min-keep"},
 	}
 	for _, b := range bad {
 		if _, err := b.cfg.Normalize(); err == nil || !contains(err.Error(), b.want) {
@@ -204,11 +204,11 @@ func TestPyramidInferInvariants(t *testing.T) {
 			t.Fatal(err)
 		}
 		seq.Chunk = 64
-		ps, err := New(Config{Method: "pyramidinfer", Decay: tc.decay}, seq)
+		ps, err := New(Config{Method: "pyramidinfer", Opts: Opts{}.With("decay", tc.decay)}, seq)
 		if err != nil {
 			t.Fatal(err)
 		}
-		decay := ps.Config().Decay
+		decay := ps.Config().Opts.Get("decay")
 		ps.BeginPrefill(T)
 		logits, err := seq.Forward(st.ids[:T], false)
 		if err != nil {
@@ -327,7 +327,7 @@ func TestPyramidInferPrefillSaving(t *testing.T) {
 		}
 		return seq.RowLayers, time.Since(start)
 	}
-	cfgs := []Config{{Method: "pyramidinfer", Decay: 0.9}, {Method: "pyramidinfer", Decay: 0.5}}
+	cfgs := []Config{{Method: "pyramidinfer", Opts: Opts{}.With("decay", 0.9)}, {Method: "pyramidinfer", Opts: Opts{}.With("decay", 0.5)}}
 	best := make([]time.Duration, 2+len(cfgs))
 	rows := make([]int, len(best))
 	for i := range best {
@@ -358,7 +358,7 @@ func TestPyramidInferPrefillSaving(t *testing.T) {
 			t.Fatalf("%s: %d rows computed, dense %d", cfg, r, dense)
 		}
 		t.Logf("prefill of %d tokens, decay %g: %d of %d row-layers computed (%.1f%% saved); wall %v: %.2f× dense in chunks of %d (%v), %.2f× dense as one step (%v)",
-			T, cfg.Decay, r, dense, 100*(1-float64(r)/float64(dense)), d.Round(time.Microsecond),
+			T, cfg.Opts.Get("decay"), r, dense, 100*(1-float64(r)/float64(dense)), d.Round(time.Microsecond),
 			float64(d)/float64(best[0]), model.DefaultChunk, best[0].Round(time.Microsecond), float64(d)/float64(best[1]), best[1].Round(time.Microsecond))
 	}
 }

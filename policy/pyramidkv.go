@@ -5,7 +5,7 @@ package policy
 type pyramidkv struct{ snap }
 
 func (pyramidkv) Budgets(st *State, l, b, window int, _ [][]float32) []int {
-	pb := max(pyramidBudgets(b, window, st.cache.Slots(l, 0), st.L, st.cfg.Beta)[l], window)
+	pb := max(pyramidBudgets(b, window, st.cache.Slots(l, 0), st.L, pBeta.Float(st.cfg))[l], window)
 	budgets := make([]int, st.H)
 	for h := range budgets {
 		budgets[h] = pb
@@ -14,7 +14,7 @@ func (pyramidkv) Budgets(st *State, l, b, window int, _ [][]float32) []int {
 }
 
 var pBeta = &Param{Name: "beta", Kind: FloatParam, Doc: "ratio of the largest to the smallest layer budget", Default: "20",
-	Lo: 1, Fill: 20, field: func(c *Config) any { return &c.Beta }}
+	Lo: 1, Fill: 20}
 
 func init() {
 	Register(Method{Name: "pyramidkv", Order: 8, Doc: "PyramidKV: snapkv with budgets shrinking with depth",

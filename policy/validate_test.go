@@ -70,10 +70,10 @@ func boundaryConfigs(method string) []Config {
 								c.Kernel = v.(int)
 							}
 							if v := cyc("alpha", 0.0, 1.0, 1.5); v != nil {
-								c.Alpha = v.(float64)
+								c.Opts.Set("alpha", v.(float64))
 							}
 							if v := cyc("beta", 0.0, 1.0, 0.5); v != nil {
-								c.Beta = v.(float64)
+								c.Opts.Set("beta", v.(float64))
 							}
 							out = append(out, c)
 							i++
@@ -88,7 +88,7 @@ func boundaryConfigs(method string) []Config {
 		for _, rc := range []float64{0, 0.01, 0.99, 1} {
 			for _, mk := range []int{0, 1, 1000} {
 				for _, d := range []float64{0, 0.01, 1, 1.5} {
-					out = append(out, Config{Method: method, Recent: rc, MinKeep: mk, Decay: d, GenDecay: d, Sinks: mk % 7})
+					out = append(out, Config{Method: method, Opts: Opts{}.With("recent", rc).With("min-keep", float64(mk)).With("decay", d).With("gen-decay", d), Sinks: mk % 7})
 				}
 			}
 		}
@@ -97,7 +97,7 @@ func boundaryConfigs(method string) []Config {
 			for _, g := range []float64{0, 0.01, 1} {
 				for _, from := range []int{0, 1, 3, 4} {
 					for _, e := range []int{0, EveryNever, 1, 2} {
-						out = append(out, Config{Method: method, Interp: tv, Gamma: g, MergeFrom: from, Every: e, Window: from})
+						out = append(out, Config{Method: method, Opts: Opts{}.With("t", tv).With("gamma", g).With("merge-from", float64(from)), Every: e, Window: from})
 					}
 				}
 			}
@@ -188,11 +188,11 @@ func TestNormalizeUnused(t *testing.T) {
 		"window": func(c *Config) { c.Window = 4 }, "sinks": func(c *Config) { c.Sinks = 2 },
 		"agg": func(c *Config) { c.Agg = attention.AggMax }, "pool": func(c *Config) { c.Pool = "max" },
 		"kernel": func(c *Config) { c.Kernel = 3 }, "every": func(c *Config) { c.Every = 2 },
-		"positions": func(c *Config) { c.Positions = PosReindex }, "alpha": func(c *Config) { c.Alpha = 0.5 },
-		"beta": func(c *Config) { c.Beta = 2 }, "recent": func(c *Config) { c.Recent = 0.5 },
-		"min-keep": func(c *Config) { c.MinKeep = 8 }, "decay": func(c *Config) { c.Decay = 0.5 },
-		"gen-decay": func(c *Config) { c.GenDecay = 0.5 }, "t": func(c *Config) { c.Interp = 0.5 },
-		"gamma": func(c *Config) { c.Gamma = 0.5 }, "merge-from": func(c *Config) { c.MergeFrom = 1 },
+		"positions": func(c *Config) { c.Positions = PosReindex }, "alpha": func(c *Config) { c.Opts.Set("alpha", 0.5) },
+		"beta": func(c *Config) { c.Opts.Set("beta", 2) }, "recent": func(c *Config) { c.Opts.Set("recent", 0.5) },
+		"min-keep": func(c *Config) { c.Opts.Set("min-keep", 8) }, "decay": func(c *Config) { c.Opts.Set("decay", 0.5) },
+		"gen-decay": func(c *Config) { c.Opts.Set("gen-decay", 0.5) }, "t": func(c *Config) { c.Opts.Set("t", 0.5) },
+		"gamma": func(c *Config) { c.Opts.Set("gamma", 0.5) }, "merge-from": func(c *Config) { c.Opts.Set("merge-from", 1) },
 		"n-future": func(c *Config) { c.Opts.Set("n-future", 8) },
 	}
 	// A configuration of each method that Normalize accepts.
