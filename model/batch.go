@@ -108,12 +108,13 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 
 // Fork returns a sequence over a fork of s's cache (every block shared,
 // copied on first write): the same position, history count, chunk and
-// position limit, no hooks and no policy. The cache must be a
-// *kvcache.Paged. n > 1 samples of one prompt fork after its prefill.
+// position limit, no hooks and no policy. The cache must be one the
+// scheduler can fork (kvcache.Scheduled). n > 1 samples of one prompt fork
+// after its prefill.
 func (s *Sequence) Fork() (*Sequence, error) {
-	p, ok := s.cache.(*kvcache.Paged)
+	p, ok := s.cache.(kvcache.Scheduled)
 	if !ok {
-		return nil, errors.New("model: only a paged cache can be forked")
+		return nil, errors.New("model: this cache cannot be forked")
 	}
 	f, err := s.m.NewSequence(p.Fork())
 	if err != nil {
