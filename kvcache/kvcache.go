@@ -37,12 +37,6 @@ func (l Layout) Validate() error {
 	return nil
 }
 
-// BytesPerToken is the f32 storage of one token across all layers and heads:
-// keys and values, without the position metadata.
-func (l Layout) BytesPerToken() int64 {
-	return 2 * int64(l.Layers) * int64(l.KVHeads) * int64(l.HeadDim) * 4
-}
-
 // Reader gives attention the stored tokens of one (layer, KV head), in
 // storage order, as segments of slots in one codec pair.
 type Reader interface {
