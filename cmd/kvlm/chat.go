@@ -10,7 +10,6 @@ import (
 
 	"github.com/kvlm/kvlm/chat"
 	"github.com/kvlm/kvlm/engine"
-	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/policy"
@@ -165,17 +164,12 @@ first tokens and the last --window (StreamingLLM), never re-encoding history.`,
 // are fixed at one.
 func (f *serveFlags) registerChat(c *cobra.Command) {
 	fl := c.Flags()
-	fl.StringVarP(&f.model, "model", "m", "", "model file: GGUF, or a llama2.c checkpoint (then --tokenizer)")
-	fl.StringVar(&f.tokenizer, "tokenizer", "", "llama2.c tokenizer.bin (required for llama2.c checkpoints, overrides a GGUF's)")
-	fl.BoolVar(&f.mmap, "mmap", false, mmapUsage)
+	f.registerShared(c)
 	fl.StringVar(&f.kvMem, "kv-mem", "", "truncate: KV byte budget of the conversation and its prefix cache, e.g. 16MiB (default: one full context)")
 	fl.StringVar(&f.kvType, "kv-type", "f32", "KV codec for keys and values")
 	fl.StringVar(&f.kvTypeK, "kv-type-k", "", "codec of the keys (overrides --kv-type)")
 	fl.StringVar(&f.kvTypeV, "kv-type-v", "", "codec of the values (overrides --kv-type)")
-	fl.IntVar(&f.kvBlock, "kv-block", kvcache.DefaultBlockTokens, "KV cache block size in tokens")
-	fl.BoolVar(&f.keyShift, "kv-key-shift", true, "store q8/q4 keys around the model's mean keys (estimated once from a text the model writes from BOS; see docs/KVCACHE.md)")
 	fl.IntVar(&f.chunk, "chunk", model.DefaultChunk, "truncate: prompt tokens prefilled per step")
-	fl.StringVar(&f.template, "chat-template", "", "chat template: "+strings.Join(server.TemplateNames(), ", ")+" (default: from the GGUF metadata; plain for llama2.c checkpoints and GGUFs converted from them)")
 	f.maxRunning, f.maxQueue = 1, 1
 }
 

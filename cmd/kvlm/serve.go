@@ -38,19 +38,26 @@ type serveFlags struct {
 
 func (f *serveFlags) register(c *cobra.Command) {
 	fl := c.Flags()
-	fl.StringVarP(&f.model, "model", "m", "", "model file: GGUF, or a llama2.c checkpoint (then --tokenizer)")
-	fl.StringVar(&f.tokenizer, "tokenizer", "", "llama2.c tokenizer.bin (required for llama2.c checkpoints, overrides a GGUF's)")
-	fl.BoolVar(&f.mmap, "mmap", false, mmapUsage)
+	f.registerShared(c)
 	fl.StringVar(&f.kvMem, "kv-mem", "", "KV memory of all sequences and codec pools together, cached prefixes included, e.g. 256MiB (default: --max-running full contexts, at most 4GiB)")
 	fl.StringVar(&f.kvType, "kv-type", "f32", "default KV codec for keys and values (a request's kv.type_k/type_v may choose others)")
 	fl.StringVar(&f.kvTypeK, "kv-type-k", "", "default codec of the keys (overrides --kv-type)")
 	fl.StringVar(&f.kvTypeV, "kv-type-v", "", "default codec of the values (overrides --kv-type)")
-	fl.IntVar(&f.kvBlock, "kv-block", kvcache.DefaultBlockTokens, "KV cache block size in tokens")
-	fl.BoolVar(&f.keyShift, "kv-key-shift", true, "store q8/q4 keys around the model's mean keys (estimated once from a text the model writes from BOS; see docs/KVCACHE.md)")
 	fl.IntVar(&f.maxRunning, "max-running", 32, "sequences decoded together at most (the batch; each sample of an n > 1 request counts)")
 	fl.IntVar(&f.maxQueue, "max-queue", 256, "requests waiting at most; more are refused with 429 and Retry-After")
 	fl.IntVar(&f.chunk, "chunk", model.DefaultChunk, "prompt tokens prefilled per scheduler step, between decode steps")
-	fl.StringVar(&f.template, "chat-template", "", "chat template: "+strings.Join(server.TemplateNames(), ", ")+" (default: from the GGUF metadata; plain for llama2.c checkpoints)")
+}
+
+// registerShared registers the flags kvlm serve and kvlm chat take in the
+// same words: the model, its KV block size and key shift, the template.
+func (f *serveFlags) registerShared(c *cobra.Command) {
+	fl := c.Flags()
+	fl.StringVarP(&f.model, "model", "m", "", "model file: GGUF, or a llama2.c checkpoint (then --tokenizer)")
+	fl.StringVar(&f.tokenizer, "tokenizer", "", "llama2.c tokenizer.bin (required for llama2.c checkpoints, overrides a GGUF's)")
+	fl.BoolVar(&f.mmap, "mmap", false, mmapUsage)
+	fl.IntVar(&f.kvBlock, "kv-block", kvcache.DefaultBlockTokens, "KV cache block size in tokens")
+	fl.BoolVar(&f.keyShift, "kv-key-shift", true, "store q8/q4 keys around the model's mean keys (estimated once from a text the model writes from BOS; see docs/KVCACHE.md)")
+	fl.StringVar(&f.template, "chat-template", "", "chat template: "+strings.Join(server.TemplateNames(), ", ")+" (default: from the GGUF metadata; plain for llama2.c checkpoints and GGUFs converted from them)")
 }
 
 func (f *serveFlags) engineConfig() (engine.Config, error) {
