@@ -26,15 +26,8 @@ func (p *Pool) appendBlocks(filled int, shared bool, n int) int {
 }
 
 // sealed is how many of res tokens in a KIVI residual are sealed into
-// blocks once sealing is due: groups of sealSize while residual+sealSize
-// tokens are there (sealFull).
-func (p *Pool) sealed(res int) int {
-	S := p.sealSize()
-	if res < p.residual+S {
-		return 0
-	}
-	return (res - p.residual) / S * S
-}
+// blocks once sealing is due (Footprint.sealed, the rule sealFull follows).
+func (p *Pool) sealed(res int) int { return p.fp.sealed(res) }
 
 // sealBlocks is the blocks a KIVI table holding res residual tokens takes
 // for n more: the groups they make due (a group of sealSize tokens is

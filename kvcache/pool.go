@@ -125,11 +125,18 @@ func (f Footprint) Table(n int) (blocks, residualTokens, residualSlots int) {
 	if f.SealTokens == 0 {
 		return (n + f.BlockTokens - 1) / f.BlockTokens, 0, 0
 	}
-	sealed := 0
-	if n > f.Residual {
-		sealed = (n - f.Residual) / f.SealTokens * f.SealTokens
-	}
+	sealed := f.sealed(n)
 	return sealed / f.BlockTokens, n - sealed, f.Residual + f.SealTokens
+}
+
+// sealed is how many of n tokens in a KIVI residual are sealed into blocks
+// once sealing is due: whole groups of SealTokens while Residual+SealTokens
+// tokens are there; 0 without KIVI.
+func (f Footprint) sealed(n int) int {
+	if f.SealTokens == 0 || n < f.Residual+f.SealTokens {
+		return 0
+	}
+	return (n - f.Residual) / f.SealTokens * f.SealTokens
 }
 
 // AdmitBlocks is the blocks a table must be able to draw for n tokens to
@@ -205,6 +212,7 @@ type Pool struct {
 	blockBytes int           // kBytes + vBytes + 4·B (positions)
 	residual   int           // KIVI full-precision residual (tokens)
 	group      int           // KIVI key group (tokens); 0 without KIVI keys
+	fp         Footprint     // the bytes and sealing rule the pool was sized by
 
 	arena  *Arena
 	bpc    int       // blocks per chunk
@@ -256,7 +264,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		return nil, err
 	}
 	p.kBytes, p.vBytes, p.blockBytes = f.KBytes, f.VBytes, f.BlockBytes
-	p.group, p.residual = f.KeyGroup, f.Residual
+	p.group, p.residual, p.fp = f.KeyGroup, f.Residual, f
 	heads := cfg.Layout.Layers * cfg.Layout.KVHeads
 	if cfg.Arena != nil {
 		if cfg.MemBytes > 0 || cfg.Tokens > 0 {
