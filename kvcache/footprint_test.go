@@ -69,9 +69,9 @@ func TestFootprintErrors(t *testing.T) {
 		cfg  PoolConfig
 		want string
 	}{
-		{"block 0", PoolConfig{Layout: Layout{1, 1, 8}}, "block size must be between 1 and 65536 tokens, got 0"},
-		{"kivi group", PoolConfig{Layout: Layout{1, 1, 8}, BlockTokens: 48, K: k2}, "kivi2 key groups of 32 tokens must be a multiple of the block size 48"},
-		{"keys as values", PoolConfig{Layout: Layout{1, 1, 8}, BlockTokens: 16, V: k2}, "codec kivi2 cannot store values"},
+		{"block 0", PoolConfig{Layout: Layout{Layers: 1, KVHeads: 1, HeadDim: 8}}, "block size must be between 1 and 65536 tokens, got 0"},
+		{"kivi group", PoolConfig{Layout: Layout{Layers: 1, KVHeads: 1, HeadDim: 8}, BlockTokens: 48, K: k2}, "kivi2 key groups of 32 tokens must be a multiple of the block size 48"},
+		{"keys as values", PoolConfig{Layout: Layout{Layers: 1, KVHeads: 1, HeadDim: 8}, BlockTokens: 16, V: k2}, "codec kivi2 cannot store values"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if _, err := FootprintOf(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {

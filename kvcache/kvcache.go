@@ -24,9 +24,16 @@ import (
 
 // Layout is the shape of what one sequence stores per token.
 type Layout struct {
-	Layers  int // layers that keep their own KV
+	Layers  int // layers that keep their own KV (a model's KV owners)
 	KVHeads int // key/value heads per layer
 	HeadDim int // values per head
+	// Windows, if set ([Layers]), bounds each layer: a layer with
+	// Windows[l] = W > 0 is read by sliding-window attention only, so it
+	// needs only the tokens of the latest W positions (0: all).
+	Windows []int `json:",omitempty"`
+	// Readers, if set ([Layers]), is how many model layers attend each
+	// layer (nil: one each); a policy aggregates their attention.
+	Readers []int `json:",omitempty"`
 }
 
 // Validate reports a layout that cannot hold anything.

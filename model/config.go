@@ -59,6 +59,13 @@ type Config struct {
 	// IgnoredSlidingWindow is a sliding_window key the architecture does
 	// not apply (qwen2; see Archs), kept so that inspect can say so.
 	IgnoredSlidingWindow int `json:",omitempty"`
+
+	// KVSource is the KV source map ([Layers], model/kvmap.go): layer i
+	// attends the KV of layer KVSource[i]. nil: every layer its own.
+	KVSource []int `json:",omitempty"`
+	// LayerWindows is each layer's attention window ([Layers], 0: full
+	// causal attention). nil: SlidingWindow in every layer.
+	LayerWindows []int `json:",omitempty"`
 }
 
 // window is the attention.Batch window of SlidingWindow (0: none), whose
@@ -105,5 +112,5 @@ func (c Config) Validate() error {
 	if err := c.validateRopeScaling(); err != nil {
 		return err
 	}
-	return nil
+	return c.validateKVMap()
 }

@@ -151,7 +151,7 @@ func (s *Sequence) Close() { s.cache.Free() }
 
 // KVLayout is the per-token shape of the model's KV cache.
 func (m *Model) KVLayout() kvcache.Layout {
-	return kvcache.Layout{Layers: m.Config.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim}
+	return kvcache.Layout{Layers: m.Config.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim} // TODO(issue 21): owners only, Windows, Readers
 }
 
 // Pos is the position the next token will take.
