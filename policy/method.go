@@ -152,8 +152,34 @@ func check(c Config, m *Method, l kvcache.Layout, keys codec.Codec) error {
 	if keys != nil && !keys.PerToken() && c.Positions == PosReindex {
 		return fmt.Errorf("policy: re-indexed positions need per-token keys; %s keys are sealed in groups", keys.Name())
 	}
+	if b := boundedLayer(l); b >= 0 && c.Positions == PosReindex {
+		return perr("positions", "policy: %s re-indexes positions (every layer's tokens renumbered 0…n−1 from one next position), but cache layer %d is read by sliding-window attention of window %d and frees the tokens that slide out of it, so the layers hold different numbers of tokens; use %s original",
+			c.Method, b, l.Windows[b], ref("positions"))
+	}
 	if m.Check != nil {
 		return m.Check(c, l, keys)
 	}
 	return nil
+}
+
+// boundedLayer is the first cache layer of l bounded by a window
+// (Layout.Windows), or −1.
+func boundedLayer(l kvcache.Layout) int {
+	for c, w := range l.Windows {
+		if w > 0 {
+			return c
+		}
+	}
+	return -1
+}
+
+// sharedLayer is the first cache layer of l that several model layers
+// read (Layout.Readers), or −1.
+func sharedLayer(l kvcache.Layout) int {
+	for c, r := range l.Readers {
+		if r > 1 {
+			return c
+		}
+	}
+	return -1
 }

@@ -1,0 +1,325 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/kvlm/kvlm/attention"
+	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/model"
+)
+
+// twoReaders is a hand-written fake of a model whose every cache layer is
+// read by two model layers (CLA2-like): the model's real call is the
+// first reader, and after its Done a second reader, whose queries are the
+// first's times scale, runs its own attention over the same cache layer
+// and calls the policy's Request and Done in turn, as the model calls them
+// for the next model layer reading that cache layer. The cache's layout
+// says Readers = 2 for every layer.
+type twoReaders struct {
+	ps       *State
+	seq      *model.Sequence
+	scale    float32
+	start, n int
+	sc       attention.Scratch
+	// calls records every Done: cache layer, reader, step, queries, positions.
+	calls []readerCall
+}
+
+type readerCall struct {
+	layer, reader, step int
+	q                   []float32 // [n][heads·headDim] rotated
+	pos                 []int32
+}
+
+func (f *twoReaders) Request(layer, start, n int) *attention.MassRequest {
+	f.start, f.n = start, n
+	req := f.ps.Request(layer, start, n)
+	if req == nil {
+		// The second reader asks too (and a method asks both or neither).
+		if r2 := f.ps.Request(layer, start, n); r2 != nil {
+			panic("policy: the second reader was asked for mass the first was not")
+		}
+	}
+	return req
+}
+
+func (f *twoReaders) Done(layer int, req *attention.MassRequest, q []float32, pos []int32) {
+	f.ps.Done(layer, req, q, pos)
+	step := f.seq.Computed
+	f.calls = append(f.calls, readerCall{layer, 0, step, append([]float32(nil), q...), append([]int32(nil), pos...)})
+	r2 := f.ps.Request(layer, f.start, f.n)
+	if r2 == nil {
+		panic("policy: the first reader was asked for mass the second was not")
+	}
+	m := f.seq.Model()
+	q2 := make([]float32, len(q))
+	for i, v := range q {
+		q2[i] = v * f.scale
+	}
+	cache := f.seq.Cache()
+	b := attention.Batch{Heads: m.KVHeads, G: m.Config.GroupSize(), HeadDim: m.HeadDim, Norm: float32(math.Sqrt(float64(m.HeadDim))),
+		Q: q2, Out: make([]float32, len(q2)), Pos: pos, Segs: func(h int) []kvcache.Segment { return cache.Segments(layer, h) }, Mass: r2}
+	b.Run(&f.sc)
+	f.ps.Done(layer, r2, q2, pos)
+	f.calls = append(f.calls, readerCall{layer, 1, step, q2, append([]int32(nil), pos...)})
+}
+
+// twoReaderShape is the stories model with the fake: every cache layer
+// read by two model layers.
+func twoReaderShape(st stories, scale float32) (invShape, *[]*twoReaders) {
+	l := st.m.KVLayout()
+	l.Readers = make([]int, l.Layers)
+	for i := range l.Readers {
+		l.Readers[i] = 2
+	}
+	var fakes []*twoReaders
+	return invShape{m: st.m, ids: st.ids, layout: &l, hook: func(ps *State, seq *model.Sequence) model.MassHook {
+		f := &twoReaders{ps: ps, seq: seq, scale: scale}
+		fakes = append(fakes, f)
+		return f
+	}}, &fakes
+}
+
+// sharedConfigs are the configurations every shape runs through the
+// invariants: each method that runs on layers read by several model layers.
+var sharedConfigs = []Config{
+	{Method: "window", Window: 40},
+	{Method: "streaming", Window: 36, Sinks: 4},
+	{Method: "lminfinite", Window: 60, Sinks: 4},
+	{Method: "h2o", Budget: 48},
+	{Method: "h2o", Ratio: 0.5, Every: 8, Agg: attention.AggMax},
+	{Method: "tova", Budget: 40},
+	{Method: "snapkv", Budget: 64, Window: 16},
+	{Method: "snapkv", Ratio: 0.25, Window: 16, Every: 16},
+	{Method: "adakv", Budget: 64, Window: 16},
+	{Method: "pyramidkv", Budget: 64, Window: 16},
+	{Method: "knorm", Budget: 50, Sinks: 2, Window: 8, Every: 4},
+	{Method: "keydiff", Budget: 50, Sinks: 2, Window: 8, Every: 4},
+	{Method: "expected", Budget: 50, Window: 8, Every: 4},
+}
+
+// TestInvariantsTwoReaders runs every method through TestInvariants'
+// checks on the fake of a model whose every cache layer has two readers
+// (two Request/Done pairs per cache layer and step): one origin per slot
+// (a cache layer's new tokens tracked once), the budget per cache layer,
+// sinks and window kept, blocks freed, no leak.
+func TestInvariantsTwoReaders(t *testing.T) {
+	st := loadStories(t)
+	sh, _ := twoReaderShape(st, -0.7)
+	for _, cfg := range sharedConfigs {
+		for _, cn := range [][2]string{{"f32", "f32"}, {"kivi4", "kivi2"}} {
+			t.Run(fmt.Sprintf("%s/%s-%s", cfg, cn[0], cn[1]), func(t *testing.T) { runInvariantsOn(t, sh, cfg, cn) })
+		}
+	}
+}
+
+// TestReadersAggregated: on the fake with two readers per cache layer, a
+// method's scores are its scores of each reader's attention, computed
+// naively here from the recorded queries and the stored keys, aggregated
+// over the readers as the query heads of a group (the mean by default;
+// sum; max: of each step's per-reader sums): H2O's accumulated mass after
+// a prompt and after decode steps, TOVA's last query, SnapKV's window.
+// It fails if only one reader is counted, or both summed for the mean.
+func TestReadersAggregated(t *testing.T) {
+	st := loadStories(t)
+	const T = 40
+	cases := []struct {
+		cfg    Config
+		decode int  // decode steps before the last check
+		last   bool // only the last query of the last step counts (TOVA)
+		window int  // only the prompt's last window queries count (SnapKV)
+	}{
+		{cfg: Config{Method: "h2o", Budget: 1000}, decode: 3},
+		{cfg: Config{Method: "h2o", Budget: 1000, Agg: attention.AggSum}, decode: 3},
+		{cfg: Config{Method: "h2o", Budget: 1000, Agg: attention.AggMax}, decode: 3},
+		{cfg: Config{Method: "tova", Budget: 1000}, decode: 2, last: true},
+		{cfg: Config{Method: "tova", Budget: 1000, Agg: attention.AggMax}, last: true},
+		{cfg: Config{Method: "snapkv", Budget: 1000, Window: 8}, window: 8},
+	}
+	for _, tc := range cases {
+		t.Run(tc.cfg.String()+"/agg="+tc.cfg.Agg.String(), func(t *testing.T) {
+			sh, fakes := twoReaderShape(st, -0.7)
+			seq, err := sh.newSequence(nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seq.Close()
+			ps, err := New(tc.cfg, seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seq.Mass = sh.hook(ps, seq)
+			f := (*fakes)[0]
+			ps.BeginPrefill(T)
+			if _, err := seq.Forward(st.ids[:T], false); err != nil {
+				t.Fatal(err)
+			}
+			from := 0
+			if tc.window > 0 {
+				from = T - tc.window
+			}
+			checkAggregated(t, ps, f, tc.cfg.Agg, tc.last, from, T)
+			if err := ps.Compress(); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < tc.decode; i++ {
+				if err := ps.Before(1); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := seq.Forward([]int{st.ids[T+i]}, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.decode > 0 {
+				checkAggregated(t, ps, f, tc.cfg.Agg, tc.last, 0, T)
+			}
+		})
+	}
+}
+
+// checkAggregated compares every table's scores with the naive
+// aggregation of the recorded readers' attention over the stored keys
+// (nothing pruned: slot j holds position j). Only queries at positions ≥
+// from count while the prompt (positions < prompt) runs; last: only the
+// last recorded step's last query.
+func checkAggregated(t *testing.T, ps *State, f *twoReaders, agg attention.Agg, last bool, from, prompt int) {
+	t.Helper()
+	m := ps.seq.Model()
+	keys := snapshotKeys(ps.seq)
+	H, G, d := m.KVHeads, m.Config.GroupSize(), m.HeadDim
+	lastStep := f.calls[len(f.calls)-1].step
+	for l := 0; l < ps.L; l++ {
+		for h := 0; h < H; h++ {
+			k := keys[l*H+h]
+			// mass[step][reader][slot]
+			mass := map[int]*[2][]float64{}
+			var steps []int
+			for _, c := range f.calls {
+				if c.layer != l || (last && c.step != lastStep) {
+					continue
+				}
+				if mass[c.step] == nil {
+					mass[c.step] = &[2][]float64{make([]float64, len(k)), make([]float64, len(k))}
+					steps = append(steps, c.step)
+				}
+				qd := len(c.q) / len(c.pos)
+				for i, p := range c.pos {
+					if (int(p) < prompt && int(p) < from) || (last && i != len(c.pos)-1) {
+						continue
+					}
+					row := make([]float64, len(k))
+					for g := 0; g < G; g++ {
+						q := c.q[i*qd+(h*G+g)*d : i*qd+(h*G+g+1)*d]
+						for j, v := range probs(q, k, p) {
+							switch agg {
+							case attention.AggMax:
+								row[j] = math.Max(row[j], v)
+							case attention.AggSum:
+								row[j] += v
+							default:
+								row[j] += v / float64(G)
+							}
+						}
+					}
+					for j, v := range row {
+						mass[c.step][c.reader][j] += v
+					}
+				}
+			}
+			want := make([]float64, len(k))
+			one := make([]float64, len(k)) // the first reader alone
+			for _, s := range steps {
+				r := mass[s]
+				for j := range want {
+					switch agg {
+					case attention.AggMax:
+						want[j] += math.Max(r[0][j], r[1][j])
+					case attention.AggSum:
+						want[j] += r[0][j] + r[1][j]
+					default:
+						want[j] += (r[0][j] + r[1][j]) / 2
+					}
+					one[j] += r[0][j]
+				}
+			}
+			got := ps.Scores(l, h)
+			far := 0.0
+			for j := range want {
+				var g float64
+				if j < len(got) {
+					g = float64(got[j])
+				}
+				if math.Abs(g-want[j]) > 1e-4*(1+math.Abs(want[j])) {
+					t.Fatalf("layer %d head %d slot %d: score %g, the readers' aggregate %g (first reader alone %g)", l, h, j, g, want[j], one[j])
+				}
+				far = math.Max(far, math.Abs(want[j]-one[j]))
+			}
+			if far < 1e-3 {
+				t.Fatalf("layer %d head %d: the readers' aggregate is the first reader's (%g apart): the test cannot tell them apart", l, h, far)
+			}
+		}
+	}
+}
+
+// TestValidateSharedLayouts: what Validate refuses on the layouts of
+// models that share KV across layers (Readers) or bound layers by a
+// window (Windows), with the reason, and what it lets run; New refuses
+// the same on a cache of that layout.
+func TestValidateSharedLayouts(t *testing.T) {
+	cla := kvcache.Layout{Layers: 3, KVHeads: 4, HeadDim: 8, Readers: []int{2, 2, 2}}
+	cla2 := kvcache.Layout{Layers: 2, KVHeads: 4, HeadDim: 8, Readers: []int{2, 2}}
+	yoco := kvcache.Layout{Layers: 3, KVHeads: 4, HeadDim: 8, Windows: []int{16, 16, 0}, Readers: []int{1, 1, 2}}
+	local := kvcache.Layout{Layers: 4, KVHeads: 4, HeadDim: 8, Windows: []int{16, 0, 16, 0}}
+	from := func(f int) Opts { return Opts{}.With("merge-from", float64(f)) }
+	cases := []struct {
+		name string
+		cfg  Config
+		l    kvcache.Layout
+		want string // "" runs
+	}{
+		{"pyramidinfer on CLA", Config{Method: "pyramidinfer"}, cla, "cache layer 0 is read by 2 model layers"},
+		{"pyramidinfer on YOCO", Config{Method: "pyramidinfer"}, yoco, "read by 2 model layers"},
+		{"pyramidinfer on local-global", Config{Method: "pyramidinfer"}, local, "cache layer 0 is read by sliding-window attention (window 16)"},
+		{"streaming re-indexes on YOCO", Config{Method: "streaming", Window: 36, Sinks: 4}, yoco, "re-indexes positions"},
+		{"h2o re-indexed on local-global", Config{Method: "h2o", Budget: 32, Positions: PosReindex}, local, "use --kv-positions original"},
+		{"streaming, original positions, on YOCO", Config{Method: "streaming", Window: 36, Sinks: 4, Positions: PosOriginal}, yoco, ""},
+		{"streaming on CLA", Config{Method: "streaming", Window: 36, Sinks: 4}, cla, ""},
+		{"h2o on CLA", Config{Method: "h2o", Budget: 32}, cla, ""},
+		{"snapkv on YOCO", Config{Method: "snapkv", Budget: 64}, yoco, ""},
+		{"pyramidkv on CLA", Config{Method: "pyramidkv", Budget: 64}, cla, ""},
+		{"lminfinite on local-global", Config{Method: "lminfinite", Window: 60, Sinks: 4}, local, ""},
+		{"minicache on 3 cache layers", Config{Method: "minicache"}, cla, ""},
+		{"minicache on 2 cache layers", Config{Method: "minicache"}, cla2, "no cache layer pair to merge from cache layer 1 of 2"},
+		{"minicache pair with a windowed layer", Config{Method: "minicache"}, yoco, "cache layer 1 is read by sliding-window attention"},
+		{"minicache from a windowed layer", Config{Method: "minicache", Opts: from(2)}, local, "cache layers 2 and 3"},
+		{"minicache past the windowed layers", Config{Method: "minicache", Opts: from(1)}, kvcache.Layout{Layers: 3, KVHeads: 4, HeadDim: 8, Windows: []int{16, 0, 0}}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := Validate(c.cfg, c.l, nil)
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.want != "" && (err == nil || !contains(err.Error(), c.want)):
+				t.Fatalf("error %v, want one saying %q", err, c.want)
+			}
+		})
+	}
+	// New refuses what Validate refuses, on a cache of that layout.
+	st := loadStories(t)
+	l := st.m.KVLayout()
+	l.Readers = []int{1, 2, 1, 1, 1}
+	sh := invShape{m: st.m, ids: st.ids, layout: &l}
+	seq, err := sh.newSequence(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Close()
+	_, nerr := New(Config{Method: "pyramidinfer"}, seq)
+	verr := Validate(Config{Method: "pyramidinfer"}, l, nil)
+	if nerr == nil || verr == nil || nerr.Error() != verr.Error() {
+		t.Fatalf("New: %v; Validate: %v", nerr, verr)
+	}
+}
