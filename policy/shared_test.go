@@ -323,3 +323,90 @@ func TestValidateSharedLayouts(t *testing.T) {
 		t.Fatalf("New: %v; Validate: %v", nerr, verr)
 	}
 }
+
+// windowFree is a hand-written fake of a window-bounded cache
+// (Layout.Windows): before the first reader of a bounded cache layer runs
+// in a step, the layer's owner having appended the step's tokens, it frees
+// the layer's oldest whole blocks (16 slots) whose every slot lies at a
+// position ≤ p0 − W, p0 the step's first position, as the contract lets
+// the cache do.
+type windowFree struct {
+	inner model.MassHook
+	seq   *model.Sequence
+	win   []int
+	step  []int // Computed at the last free, per cache layer
+}
+
+func (f *windowFree) Request(layer, start, n int) *attention.MassRequest {
+	if w := f.win[layer]; w > 0 && f.step[layer] != f.seq.Computed+1 {
+		f.step[layer] = f.seq.Computed + 1
+		cache := f.seq.Cache().(kvcache.Compacted)
+		bound := int32(f.seq.Pos() - w)
+		for h := 0; h < cache.Layout().KVHeads; h++ {
+			pos := cache.Positions(layer, h)
+			d := 0
+			for d < len(pos) && pos[d] <= bound {
+				d++
+			}
+			if d -= d % 16; d > 0 {
+				if err := cache.Keep(layer, h, seq(d, len(pos))); err != nil {
+					panic(err)
+				}
+			}
+		}
+	}
+	return f.inner.Request(layer, start, n)
+}
+
+func (f *windowFree) Done(layer int, req *attention.MassRequest, q []float32, pos []int32) {
+	f.inner.Done(layer, req, q, pos)
+}
+
+// windowShape is the stories model with layers 1 and 3 bounded to a
+// window of 24 by the windowFree fake (the model's attention itself is
+// left full: the fake tests the policy's bookkeeping, not the masks), and,
+// with twoReaders, every cache layer read twice.
+func windowShape(st stories, twoReaders bool) invShape {
+	sh := invShape{m: st.m, ids: st.ids}
+	inner := func(ps *State, _ *model.Sequence) model.MassHook { return ps }
+	if twoReaders {
+		sh, _ = twoReaderShape(st, -0.7)
+		inner = sh.hook
+	}
+	l := st.m.KVLayout()
+	if sh.layout != nil {
+		l = *sh.layout
+	}
+	l.Windows = []int{0, 24, 0, 24, 0}
+	sh.layout = &l
+	sh.hook = func(ps *State, seq *model.Sequence) model.MassHook {
+		return &windowFree{inner: inner(ps, seq), seq: seq, win: l.Windows, step: make([]int, l.Layers)}
+	}
+	return sh
+}
+
+// TestInvariantsWindowFreed runs the invariants on layouts whose cache
+// layers 1 and 3 free their blocks as they slide out of a window (the
+// windowFree fake), alone and with two readers per cache layer: the
+// origins follow the cache (the freed slots leave the front of the tables
+// and the slots keep their positions), and re-indexed positions are
+// refused.
+func TestInvariantsWindowFreed(t *testing.T) {
+	st := loadStories(t)
+	for _, two := range []bool{false, true} {
+		sh := windowShape(st, two)
+		for _, cfg := range sharedConfigs {
+			for _, cn := range [][2]string{{"f32", "f32"}, {"q8", "q4"}} {
+				t.Run(fmt.Sprintf("readers2=%v/%s/%s-%s", two, cfg, cn[0], cn[1]), func(t *testing.T) {
+					if n, _ := cfg.Normalize(); n.Positions == PosReindex {
+						if err := Validate(cfg, *sh.layout, nil); err == nil || !contains(err.Error(), "re-indexes positions") {
+							t.Fatalf("re-indexed positions on a window-bounded layout: %v", err)
+						}
+						return
+					}
+					runInvariantsOn(t, sh, cfg, cn)
+				})
+			}
+		}
+	}
+}
