@@ -410,3 +410,29 @@ func TestInvariantsWindowFreed(t *testing.T) {
 		}
 	}
 }
+
+// TestReaderCountMismatch: a model that calls the hook more often per
+// step than its layout's Readers say gets a clear error from Compress,
+// not scores and origins off by a reader.
+func TestReaderCountMismatch(t *testing.T) {
+	st := loadStories(t)
+	sh, _ := twoReaderShape(st, -0.7)
+	sh.layout = nil // the layout says one reader per cache layer
+	seq, err := sh.newSequence(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Close()
+	ps, err := New(Config{Method: "h2o", Budget: 16}, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq.Mass = sh.hook(ps, seq)
+	ps.BeginPrefill(20)
+	if _, err := seq.Forward(st.ids[:20], false); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.Compress(); err == nil || !contains(err.Error(), "cache layer 0 was asked 2 times in one forward step, but 1 model layers read it") {
+		t.Fatalf("Compress: %v", err)
+	}
+}

@@ -144,6 +144,9 @@ func (st *State) Request(layer, start, n int) *attention.MassRequest {
 		*c = stepCalls{step: st.seq.Computed}
 	}
 	c.req++
+	if c.req > st.readers[layer] && st.err == nil {
+		st.err = fmt.Errorf("policy: cache layer %d was asked %d times in one forward step, but %d model layers read it (Layout.Readers)", layer, c.req, st.readers[layer])
+	}
 	return st.run.Request(layer, start, n)
 }
 
