@@ -65,6 +65,14 @@ func (e *expected) Mass(st *State, layer, start, n int) *attention.MassRequest {
 	return &attention.MassRequest{From: n}
 }
 
+// Rows: the prompt's queries (their mean and covariance).
+func (e *expected) Rows(st *State, _, n int) int {
+	if st.prefT == 0 {
+		return 0
+	}
+	return n
+}
+
 // Done adds the step's prompt queries, past the sinks, unrotated.
 func (e *expected) Done(st *State, layer int, _ *attention.MassRequest, q []float32, pos []int32) {
 	m := st.seq.Model()

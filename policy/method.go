@@ -77,6 +77,10 @@ type Scorer interface {
 	Pruned(st *State)
 	// Step runs before each decode step, after the schedule's prune.
 	Step(st *State, incoming int) error
+	// Rows is how many of the last queries of a step of n tokens
+	// (history [start, start+n)) the method scores, their attention or the
+	// queries themselves (State.PromptRows).
+	Rows(st *State, start, n int) int
 }
 
 // Runner is a method with its own schedule: the State hands it the
@@ -101,6 +105,7 @@ func (scorerBase) Scores(*State, int, int) [][]float32              { return nil
 func (scorerBase) Budgets(*State, int, int, int, [][]float32) []int { return nil }
 func (scorerBase) Pruned(*State)                                    {}
 func (scorerBase) Step(*State, int) error                           { return nil }
+func (scorerBase) Rows(*State, int, int) int                        { return 0 }
 
 // registry holds the methods by name; Methods lists them in Order.
 var registry = map[string]*Method{}

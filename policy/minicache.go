@@ -116,6 +116,9 @@ func (m *miniCache) Request(layer, start, n int) *attention.MassRequest {
 
 func (m *miniCache) Done(int, *attention.MassRequest, []float32, []int32) {}
 
+// PromptRows: merging scores no attention.
+func (m *miniCache) PromptRows(int, int) int { return 0 }
+
 // Compress merges the prompt.
 func (m *miniCache) Compress() error { return m.merge(false) }
 

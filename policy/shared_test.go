@@ -436,3 +436,54 @@ func TestReaderCountMismatch(t *testing.T) {
 		t.Fatalf("Compress: %v", err)
 	}
 }
+
+// TestPromptRows: the rows of a prompt step whose attention (or queries)
+// each method scores, which a model exiting a prefill early above its last
+// KV owner must still compute there.
+func TestPromptRows(t *testing.T) {
+	st := loadStories(t)
+	const T = 40
+	cases := []struct {
+		cfg         Config
+		start, n    int // a step of the prompt: history [start, start+n)
+		want, after int // during the prompt; in a decode step of one token
+	}{
+		{Config{Method: "h2o", Budget: 16}, 0, T, T, 1},
+		{Config{Method: "h2o", Budget: 16}, 16, 16, 16, 1},
+		{Config{Method: "tova", Budget: 16}, 0, T, 1, 1},
+		{Config{Method: "snapkv", Budget: 24, Window: 8}, 0, T, 8, 0},
+		{Config{Method: "snapkv", Budget: 24, Window: 8}, 0, 16, 0, 0},
+		{Config{Method: "snapkv", Budget: 24, Window: 8}, 28, 8, 4, 0},
+		{Config{Method: "snapkv", Budget: 24, Window: 8, Every: 4}, 0, T, 8, 1},
+		{Config{Method: "expected", Budget: 16}, 0, T, T, 0},
+		{Config{Method: "knorm", Budget: 16}, 0, T, 0, 0},
+		{Config{Method: "streaming", Window: 12, Sinks: 4}, 0, T, 0, 0},
+		{Config{Method: "minicache"}, 0, T, 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%s/[%d,%d)", c.cfg, c.start, c.start+c.n), func(t *testing.T) {
+			seq, err := st.m.NewStandaloneSequence(model.KVOptions{BlockTokens: 16, Tokens: 128})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seq.Close()
+			ps, err := New(c.cfg, seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ps.BeginPrefill(T)
+			if got := ps.PromptRows(c.start, c.n); got != c.want {
+				t.Fatalf("prompt: %d rows, want %d", got, c.want)
+			}
+			if _, err := seq.Forward(st.ids[:T], false); err != nil {
+				t.Fatal(err)
+			}
+			if err := ps.Compress(); err != nil {
+				t.Fatal(err)
+			}
+			if got := ps.PromptRows(T, 1); got != c.after {
+				t.Fatalf("decoding: %d rows, want %d", got, c.after)
+			}
+		})
+	}
+}

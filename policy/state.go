@@ -156,6 +156,26 @@ func (st *State) Done(layer int, req *attention.MassRequest, q []float32, pos []
 	st.run.Done(layer, req, q, pos)
 }
 
+// PromptRows is how many of the last rows of a forward step of n tokens
+// (history [start, start+n)) the method scores the attention (or the
+// queries) of: a model that computes only a prompt chunk's last row in the
+// layers above its last KV owner (prefill early exit), or none of them when
+// no logits are wanted, must compute these rows there too, or the
+// attention of those layers, which read a cache layer as much as the layers
+// below, is missing from its scores. 0 for a method that scores no
+// attention (window, streaming, knorm, keydiff, minicache).
+func (st *State) PromptRows(start, n int) int {
+	switch r := st.run.(type) {
+	case nil:
+		return 0
+	case *pruner:
+		return min(n, max(0, r.sc.Rows(st, start, n)))
+	case interface{ PromptRows(start, n int) int }:
+		return min(n, max(0, r.PromptRows(start, n)))
+	}
+	return n
+}
+
 // reader is which reader of cache layer layer the current call is (0 for
 // the first model layer reading it in this step), from its Requests.
 func (st *State) reader(layer int) int { return st.calls[layer].req - 1 }

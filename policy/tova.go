@@ -41,6 +41,9 @@ func (tova) Done(st *State, layer int, req *attention.MassRequest, _ []float32, 
 	}
 }
 
+// Rows: the last query's attention.
+func (tova) Rows(*State, int, int) int { return 1 }
+
 func (tova) Scores(st *State, l, _ int) [][]float32 {
 	shared := make([]float32, st.cache.Slots(l, 0))
 	for h := 0; h < st.H; h++ {
