@@ -381,7 +381,9 @@ func TestKVMapLoadErrors(t *testing.T) {
 		{"source not integers", func(s *tinySpec) { s.meta[KeyKVSource] = []string{"a"} }, "attention.kv_source"},
 		{"short windows", func(s *tinySpec) { s.meta[KeyLayerWindow] = []uint32{8, 8} }, "has 2 entries for 6 layers"},
 		{"huge window", func(s *tinySpec) { s.meta[KeyLayerWindow] = []uint32{8, 8, 8, 8, 8, 1 << 31} }, "layer_window"},
-		{"K/V tensor in a reader", func(s *tinySpec) { s.skip = []string{"blk.1.attn_k.weight", "blk.1.attn_v.weight", "blk.3.attn_v.weight", "blk.5.attn_k.weight", "blk.5.attn_v.weight"} },
+		{"K/V tensor in a reader", func(s *tinySpec) {
+			s.skip = []string{"blk.1.attn_k.weight", "blk.1.attn_v.weight", "blk.3.attn_v.weight", "blk.5.attn_k.weight", "blk.5.attn_v.weight"}
+		},
 			"blk.3.attn_k.weight present, but layer 3 reads layer 2's KV"},
 		{"missing owner K", func(s *tinySpec) { s.skip = append(s.skip, "blk.2.attn_k.weight") }, "missing tensor blk.2.attn_k.weight"},
 	} {
