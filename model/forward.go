@@ -113,6 +113,8 @@ type Sequence struct {
 	// ran its layers, before a policy compressed it: a prompt's peak.
 	StepBytes int64
 
+	noEarlyExit bool // tests: every layer runs every row (the early exit's baseline)
+
 	pol      Compressor // nil: none
 	prompt   int        // tokens of the announced prompt still to run
 	prepared int        // tokens the next step's Before already ran for (Prepare)
@@ -411,7 +413,7 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		}
 		prune := s.Prune != nil && !all
 		for li := range m.Layers {
-			if li > last && !all {
+			if li > last && !all && !s.noEarlyExit {
 				if len(dst) == 0 || p.dry {
 					break // nothing above the last owner is needed
 				}
