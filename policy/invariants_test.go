@@ -54,12 +54,13 @@ type invShape struct {
 	ids    []int
 	layout *kvcache.Layout                                     // nil: the model's
 	hook   func(ps *State, seq *model.Sequence) model.MassHook // nil: the policy's own
+	passes int                                                 // Sequence.LCKVPasses
 }
 
 // newSequence is a sequence of sh's model over a cache of sh's layout.
 func (sh invShape) newSequence(kc, vc codec.Codec) (*model.Sequence, error) {
 	if sh.layout == nil {
-		return sh.m.NewStandaloneSequence(model.KVOptions{K: kc, V: vc, BlockTokens: 16})
+		return sh.m.NewStandaloneSequence(model.KVOptions{K: kc, V: vc, BlockTokens: 16, LCKVPasses: sh.passes})
 	}
 	pool, err := kvcache.NewPool(kvcache.PoolConfig{Layout: *sh.layout, BlockTokens: 16, K: kc, V: vc, Tokens: sh.m.CtxLen})
 	if err != nil {

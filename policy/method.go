@@ -157,9 +157,9 @@ func check(c Config, m *Method, l kvcache.Layout, keys codec.Codec) error {
 	if keys != nil && !keys.PerToken() && c.Positions == PosReindex {
 		return fmt.Errorf("policy: re-indexed positions need per-token keys; %s keys are sealed in groups", keys.Name())
 	}
-	if b := boundedLayer(l); b >= 0 && c.Positions == PosReindex {
-		return perr("positions", "policy: %s re-indexes positions (every layer's tokens renumbered 0…n−1 from one next position), but cache layer %d is read by sliding-window attention of window %d and frees the tokens that slide out of it, so the layers hold different numbers of tokens; use %s original",
-			c.Method, b, l.Windows[b], ref("positions"))
+	if a, b := unevenBounds(l); b >= 0 && c.Positions == PosReindex {
+		return perr("positions", "policy: %s re-indexes positions (every layer's tokens renumbered 0…n−1 from one next position), but cache layer %d keeps %s and cache layer %d %s (a window-bounded layer frees the tokens that slide out of it), so the layers hold different numbers of tokens; use %s original",
+			c.Method, a, boundText(l, a), b, boundText(l, b), ref("positions"))
 	}
 	if m.Check != nil {
 		return m.Check(c, l, keys)
@@ -176,6 +176,25 @@ func boundedLayer(l kvcache.Layout) int {
 		}
 	}
 	return -1
+}
+
+// unevenBounds is two cache layers of l with different window bounds
+// (Layout.Windows; 0: unbounded), or −1, −1 when all have the same.
+func unevenBounds(l kvcache.Layout) (int, int) {
+	for c, w := range l.Windows {
+		if w != l.Windows[0] {
+			return 0, c
+		}
+	}
+	return -1, -1
+}
+
+// boundText says what cache layer c of l keeps.
+func boundText(l kvcache.Layout, c int) string {
+	if w := l.Windows[c]; w > 0 {
+		return fmt.Sprintf("the last %d positions", w)
+	}
+	return "every token"
 }
 
 // sharedLayer is the first cache layer of l that several model layers

@@ -216,7 +216,8 @@ func (st *State) Before(incoming int) error {
 
 // sync brings the origins (and scores) of layer's tables in line with the
 // cache when a reader of layer is about to run the queries of tokens
-// [start, start+n), the last of the step. The step's new slots are those
+// [start, start+n), the last of the step (a reader above the last KV owner
+// may run only the step's last row during a prefill). The step's new slots are those
 // at positions from the sequence's next position on (every slot stored
 // before the step lies before it): the layer's owner appended them, for
 // the step's last tokens, before its own call, which comes first for an
@@ -244,7 +245,7 @@ func (st *State) sync(layer, start, n int) {
 			}
 		}
 		fresh := a - st.calls[layer].added // not tracked by an earlier reader of the step
-		if a > n || fresh < 0 || m+fresh < s {
+		if fresh > n || fresh < 0 || m+fresh < s {
 			st.err = fmt.Errorf("policy: cache layer %d head %d holds %d slots, %d of them new, for %d tracked and a step of %d tokens: the policy lost track of the cache", layer, h, s, a, m, n)
 			continue
 		}
