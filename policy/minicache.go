@@ -73,7 +73,7 @@ func checkMiniCache(c Config, l kvcache.Layout, _ codec.Codec) error {
 	for _, u := range ups {
 		for _, x := range []int{u - 1, u} {
 			if l.Windows != nil && l.Windows[x] > 0 {
-				return fmt.Errorf("policy: minicache merges cache layers %d and %d token by token, but cache layer %d is read by sliding-window attention (window %d) and frees the tokens that slide out, which merged tokens cannot; set %s past it", u-1, u, x, l.Windows[x], ref("merge-from"))
+				return perr("merge-from", "policy: minicache merges cache layers %d and %d token by token, but cache layer %d is read by sliding-window attention (window %d) and frees the tokens that slide out, which merged tokens cannot; choose %s so that no pair holds a window-bounded layer", u-1, u, x, l.Windows[x], ref("merge-from"))
 			}
 		}
 	}
