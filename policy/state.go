@@ -216,16 +216,16 @@ func (st *State) Before(incoming int) error {
 
 // sync brings the origins (and scores) of layer's tables in line with the
 // cache when a reader of layer is about to run the queries of tokens
-// [start, start+n), the last of the step (a reader above the last KV owner
-// may run only the step's last row during a prefill). The step's new slots are those
-// at positions from the sequence's next position on (every slot stored
-// before the step lies before it): the layer's owner appended them, for
-// the step's last tokens, before its own call, which comes first for an
-// owner read by later layers and last for one read by earlier layers
-// (Layer-Condensed KV), so a call may find them there or not yet. A
-// window-bounded layer may have freed its oldest slots (Layout.Windows):
-// they leave the front of the tables. Called at every reader's Request;
-// the second reader of a step finds nothing new.
+// [start, start+n), the last of the step (a reader above the last KV
+// owner may run only the step's last rows during a prefill). The step's
+// new slots are those at positions from the sequence's next position on
+// (every slot stored before the step lies before it): the layer's owner
+// appended them before its own call, which comes first for an owner read
+// by later layers and last for one read by earlier layers (Layer-Condensed
+// KV), so a call may find them there or not yet. A window-bounded layer
+// may have freed its oldest slots as the owner appended (Layout.Windows):
+// they leave the front of the tables. Called at every reader's Request; a
+// later reader of the step finds nothing new.
 func (st *State) sync(layer, start, n int) {
 	st.seen = max(st.seen, start+n)
 	p0 := int32(st.seq.Pos())
