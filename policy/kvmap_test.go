@@ -165,8 +165,12 @@ func TestInvariantsKVMaps(t *testing.T) {
 		st := mapped(t, mp.name)
 		sh := invShape{m: st.m, ids: st.ids}
 		lay := st.m.KVLayout()
+		codecs := [][2]string{{"f32", "f32"}, {"kivi4", "kivi2"}}
+		if mp.name != "cla2" && mp.name != "yoco" {
+			codecs = codecs[:1] // CI time: every codec on the two shapes
+		}
 		for _, cfg := range sharedConfigs {
-			for _, cn := range [][2]string{{"f32", "f32"}, {"kivi4", "kivi2"}} {
+			for _, cn := range codecs {
 				t.Run(fmt.Sprintf("%s/%s/%s-%s", mp.name, cfg, cn[0], cn[1]), func(t *testing.T) {
 					if n, _ := cfg.Normalize(); n.Positions == PosReindex && lay.Windows != nil {
 						if err := Validate(cfg, lay, nil); err == nil || !contains(err.Error(), "re-indexes positions") {
