@@ -344,6 +344,29 @@ func TestEncodeLlama3(t *testing.T) {
 	}
 }
 
+// TestEncodeJinjaLlama3: a model's own Llama 3 template, rendered by the
+// Jinja engine, tokenizes to the same ids as the built-in format: one BOS
+// (the template's bos_token; Encode adds none), the header tokens, and the
+// end-of-turn stop.
+func TestEncodeJinjaLlama3(t *testing.T) {
+	tok := llama3Tok(t)
+	tm, how, err := ForModel(Model{Arch: "llama", Tok: tok, Template: jinjaSrc["llama3"]}, "")
+	if err != nil || tm.Name != JinjaName || how != "chat_template" || tm.BOS != "<|begin_of_text|>" {
+		t.Fatalf("%+v %v %v", tm, how, err)
+	}
+	ids, err := tm.Encode(tok, []Message{{"user", "hello"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int{128000, 128006, 882, 128007, 271, 15339, 128009, 128006, 78191, 128007, 271}
+	if !slices.Equal(ids, want) {
+		t.Errorf("ids %v, want %v", ids, want)
+	}
+	if stops := tm.StopIDs(tok); !slices.Contains(stops, 128009) || !slices.Contains(stops, 128008) {
+		t.Errorf("stop ids %v", stops)
+	}
+}
+
 func TestEncodeLlama2SentencePiece(t *testing.T) {
 	tok, err := tokenizer.LoadLlama2C(shared.Path(t, "models/llama2-tokenizer/tokenizer.bin"), 32000)
 	if err != nil {
