@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -353,5 +355,40 @@ func TestFromJinjaStops(t *testing.T) {
 	tm, _, err := ForModel(Model{Template: jinjaSrc["llama3"]}, "")
 	if err != nil || !slices.Contains(tm.Stops, "<|eom_id|>") {
 		t.Errorf("%+v %v", tm, err)
+	}
+}
+
+// TestJinjaConcurrent: one compiled template serves concurrent renderings
+// (the server's requests); run with -race.
+func TestJinjaConcurrent(t *testing.T) {
+	src, err := os.ReadFile("testdata/templates/Qwen-Qwen3-0.6B.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := FromJinja(string(src), "", "<|im_end|>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []Message{{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}}
+	want, err := tm.Render(msgs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	for range 8 {
+		wg.Go(func() {
+			for range 20 {
+				if got, err := tm.Render(msgs, true); err != nil || got != want {
+					errs <- fmt.Sprintf("%q (%v)", got, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
 }
