@@ -95,6 +95,13 @@ type Sequence struct {
 	// evaluation measures what compression does to attention.
 	AttnTap func(layer int, out []float32)
 
+	// NoEarlyExit turns the prefill early exit off (see step): every layer
+	// runs every row of a prompt chunk, so that a mass hook sees every
+	// prompt query of the layers above the last KV owner. The early exit
+	// is off as well while a Prune hook is set (a row pruner follows the
+	// rows layer by layer).
+	NoEarlyExit bool
+
 	// LCKVPasses chooses how a prompt runs on a Layer-Condensed KV model
 	// (Config.Condensed): 0, exact sequential encoding, token by token; m >
 	// 0, the iterative parallel encoding of Wu & Tu (arXiv 2405.10637,
@@ -112,8 +119,6 @@ type Sequence struct {
 	// StepBytes is the bytes the cache held after the last forward step
 	// ran its layers, before a policy compressed it: a prompt's peak.
 	StepBytes int64
-
-	noEarlyExit bool // tests: every layer runs every row (the early exit's baseline)
 
 	pol      Compressor // nil: none
 	prompt   int        // tokens of the announced prompt still to run
@@ -381,7 +386,7 @@ func grow(b []float32, n int) []float32 {
 // Prefill early exit: when not every token's logits are wanted, the layers
 // above the last KV owner (Config.LastOwner) run for the last row only, or
 // not at all when no logits are wanted: no later token reads anything they
-// produce, so this is exact. With LCKVPasses > 1 on a Layer-Condensed KV
+// produce, so this is exact. NoEarlyExit or a Prune hook turns it off. With LCKVPasses > 1 on a Layer-Condensed KV
 // model, the chunk runs that many passes (see LCKVPasses).
 func (s *Sequence) step(tokens []int, dst []float32) error {
 	m, c := s.m, s.m.Config
@@ -413,7 +418,7 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		}
 		prune := s.Prune != nil && !all
 		for li := range m.Layers {
-			if li > last && !all && !s.noEarlyExit {
+			if li > last && !all && !s.NoEarlyExit && s.Prune == nil {
 				if len(dst) == 0 || p.dry {
 					break // nothing above the last owner is needed
 				}
