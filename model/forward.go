@@ -406,6 +406,15 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 	}
 	all := len(dst) == n*c.Vocab
 	last := c.LastOwner()
+	// A pass before the last only computes the keys and values the next
+	// pass's readers of a later layer see: the layers up to the highest
+	// such source.
+	lastRead := 0
+	for i := 0; i < c.Layers; i++ {
+		if c.ReadsLater(i) {
+			lastRead = max(lastRead, c.Source(i))
+		}
+	}
 	for k := 0; k < passes; k++ {
 		p.grow(c, n, 1)
 		p.batch = false
@@ -418,8 +427,11 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		}
 		prune := s.Prune != nil && !all
 		for li := range m.Layers {
+			if p.dry && li > lastRead {
+				break
+			}
 			if li > last && !all && !s.NoEarlyExit && s.Prune == nil {
-				if len(dst) == 0 || p.dry {
+				if len(dst) == 0 {
 					break // nothing above the last owner is needed
 				}
 				if r := p.spans[0].hi; r > 1 {
