@@ -386,8 +386,9 @@ func grow(b []float32, n int) []float32 {
 // Prefill early exit: when not every token's logits are wanted, the layers
 // above the last KV owner (Config.LastOwner) run for the last row only, or
 // not at all when no logits are wanted: no later token reads anything they
-// produce, so this is exact. NoEarlyExit or a Prune hook turns it off. With LCKVPasses > 1 on a Layer-Condensed KV
-// model, the chunk runs that many passes (see LCKVPasses).
+// produce, so this is exact. NoEarlyExit or a Prune hook turns it off.
+// With LCKVPasses > 1 on a Layer-Condensed KV model, the chunk runs that
+// many passes (see LCKVPasses).
 func (s *Sequence) step(tokens []int, dst []float32) error {
 	m, c := s.m, s.m.Config
 	n := len(tokens)
