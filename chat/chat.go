@@ -1,10 +1,14 @@
 // Package chat turns a conversation into the prompt a chat model was trained
-// on. Templates are built-in renderers of the common formats (Llama 2,
-// Llama 3, Llama 3.1/3.2, ChatML, Mistral v1, v3, v3-tekken and v7, Zephyr,
-// Phi-3), each rendering exactly the string its Hugging Face Jinja template
-// renders (without tools); a model's template is recognised from the content
-// of its GGUF tokenizer.chat_template, or else chosen by architecture and
-// vocabulary, and can be overridden by name.
+// on. A model whose GGUF carries a Jinja chat template
+// (tokenizer.chat_template) has that template rendered by a Jinja engine
+// (github.com/ardanlabs/jinja) as Hugging Face's apply_chat_template
+// renders it (FromJinja; docs/CHAT.md says how closely, template by
+// template). The built-in renderers of the common formats (Llama 2,
+// Llama 3, Llama 3.1/3.2, ChatML, Mistral v1, v3, v3-tekken and v7,
+// Zephyr, Phi-3), each rendering the string its Hugging Face template
+// renders without tools (but for two details: TestBuiltinsMatchJinja),
+// serve files without a template (chosen by architecture and vocabulary)
+// and whoever names one (--chat-template).
 package chat
 
 import (
@@ -13,6 +17,9 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
+
+	"github.com/ardanlabs/jinja"
 
 	"github.com/kvlm/kvlm/gguf"
 	"github.com/kvlm/kvlm/tokenizer"
@@ -40,10 +47,16 @@ type Template struct {
 	// StopIDs) or plain strings to cut generated text at.
 	Stops []string
 	// WritesBOS: the rendered prompt starts with BOS's text, so Encode adds
-	// no BOS of its own.
+	// no BOS of its own. A model's Jinja template writes whatever BOS it
+	// wants (Hugging Face tokenizes its text without adding special
+	// tokens): true.
 	WritesBOS bool
+	// Now is the clock of a Jinja template's strftime_now (time.Now if
+	// nil).
+	Now func() time.Time
 
 	render func(t *Template, msgs []Message, gen bool) (string, error)
+	jinja  *jinja.Template // the compiled model template (FromJinja); nil for built-ins
 }
 
 // Render returns the prompt for msgs; with gen, it ends with the header of
@@ -136,7 +149,8 @@ func IsPlain(src string) bool { return strings.TrimSpace(src) == PlainTemplate }
 var chatmlSystem = regexp.MustCompile(`<\|im_start\|>system(?:\n|\\n)([^'"{}<>\\]+)<\|im_end\|>`)
 
 // Detect recognises a Jinja chat template by its content and returns the
-// name of the built-in template rendering the same format, or "".
+// name of the built-in template rendering the same format, or "" (ForModel
+// adds that format's stops to those of a model's own template).
 func Detect(src string) string {
 	has := func(s ...string) bool {
 		for _, x := range s {
@@ -191,18 +205,35 @@ type Model struct {
 }
 
 // ForModel chooses the template of a model: override (a name, as given to
-// --chat-template) if set, else the built-in template whose format the
-// model's own template has, else one implied by its architecture and
-// vocabulary. BOS and EOS texts come from the vocabulary. how says which
-// rule chose ("override", "chat_template", "architecture").
+// --chat-template) if set; else the model's own Jinja template, rendered as
+// Hugging Face renders it (FromJinja); else, for a model without one, the
+// built-in format implied by its architecture and vocabulary. BOS and EOS
+// texts come from the vocabulary. how says which rule chose ("override",
+// "chat_template", "architecture"). A model template that does not parse is
+// an error, not a reason to fall back on a built-in format.
 func ForModel(m Model, override string) (t *Template, how string, err error) {
+	var bos, eos string
+	if m.Tok != nil {
+		bos, eos = specialText(m.Tok, m.Tok.BOS()), specialText(m.Tok, m.Tok.EOS())
+	}
 	switch {
 	case override != "":
 		t, err = Lookup(override)
 		how = "override"
-	case Detect(m.Template) != "":
-		t, err = Lookup(Detect(m.Template))
-		how = "chat_template"
+	case m.Template != "":
+		t, err = FromJinja(m.Template, bos, eos)
+		if err != nil {
+			return nil, "", err
+		}
+		if d := Detect(m.Template); d != "" {
+			b, _ := Lookup(d)
+			for _, s := range b.Stops {
+				if !slices.Contains(t.Stops, s) {
+					t.Stops = append(t.Stops, s)
+				}
+			}
+		}
+		return t, "chat_template", nil
 	default:
 		t, err = Lookup(byArch(m))
 		how = "architecture"
@@ -215,13 +246,11 @@ func ForModel(m Model, override string) (t *Template, how string, err error) {
 			t.DefaultSystem = sm[1]
 		}
 	}
-	if m.Tok != nil {
-		if p := specialText(m.Tok, m.Tok.BOS()); p != "" {
-			t.BOS = p
-		}
-		if p := specialText(m.Tok, m.Tok.EOS()); p != "" && t.Name != "phi3" {
-			t.EOS = p
-		}
+	if bos != "" {
+		t.BOS = bos
+	}
+	if eos != "" && t.Name != "phi3" {
+		t.EOS = eos
 	}
 	return t, how, nil
 }

@@ -102,7 +102,7 @@ func TestRender(t *testing.T) {
 		if !covered[n] {
 			t.Errorf("template %s has no exact-string case", n)
 		}
-		if _, ok := jinja[n]; !ok {
+		if _, ok := jinjaSrc[n]; !ok {
 			t.Errorf("template %s has no Jinja source for TestDetect", n)
 		}
 	}
@@ -172,7 +172,7 @@ func TestRenderErrors(t *testing.T) {
 }
 
 // Jinja sources as models ship them (abridged where long).
-var jinja = map[string]string{
+var jinjaSrc = map[string]string{
 	"llama2":  "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}",
 	"llama3":  "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
 	"chatml":  "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
@@ -188,7 +188,7 @@ var jinja = map[string]string{
 }
 
 func TestDetect(t *testing.T) {
-	for want, src := range jinja {
+	for want, src := range jinjaSrc {
 		if got := Detect(src); got != want {
 			t.Errorf("Detect(%s template) = %q", want, got)
 		}
@@ -219,18 +219,14 @@ func TestForModel(t *testing.T) {
 		name     string
 		how      string
 	}{
-		{Model{Arch: "llama", Template: jinja["llama3"]}, "", "llama3", "chat_template"},
-		{Model{Arch: "qwen2", Template: jinja["chatml"]}, "", "chatml", "chat_template"},
+		{Model{Arch: "llama", Template: jinjaSrc["llama3"]}, "", JinjaName, "chat_template"},
+		{Model{Arch: "qwen2", Template: jinjaSrc["chatml"]}, "", JinjaName, "chat_template"},
 		{Model{Arch: "qwen2"}, "", "chatml", "architecture"},
 		{Model{Arch: "mistral"}, "", "mistral", "architecture"},
 		{Model{Arch: "llama"}, "", "llama2", "architecture"},
-		{Model{Arch: "llama", Template: jinja["zephyr"]}, "", "zephyr", "chat_template"},
-		{Model{Arch: "llama", Template: jinja["llama3"]}, "ChatML", "chatml", "override"},
-		{Model{Arch: "llama", Template: "{{ unknown }}"}, "", "llama2", "architecture"},
-		{Model{Arch: "llama", Template: jinja["llama3.1"]}, "", "llama3.1", "chat_template"},
-		{Model{Arch: "llama", Template: jinja["mistral-v3-tekken"]}, "", "mistral-v3-tekken", "chat_template"},
-		{Model{Arch: "mistral", Template: jinja["mistral-v7"]}, "", "mistral-v7", "chat_template"},
-		{Model{Arch: "llama", Template: jinja["llama3"]}, "mistral-v3", "mistral-v3", "override"},
+		{Model{Arch: "llama", Template: "{{ unknown }}"}, "", JinjaName, "chat_template"},
+		{Model{Arch: "llama", Template: jinjaSrc["llama3"]}, "ChatML", "chatml", "override"},
+		{Model{Arch: "llama", Template: jinjaSrc["llama3"]}, "mistral-v3", "mistral-v3", "override"},
 	}
 	for _, c := range cases {
 		tm, how, err := ForModel(c.m, c.override)
@@ -241,12 +237,64 @@ func TestForModel(t *testing.T) {
 			t.Errorf("%+v override %q: %s by %s, want %s by %s", c.m.Arch, c.override, tm.Name, how, c.name, c.how)
 		}
 	}
-	tm, _, _ := ForModel(Model{Arch: "qwen2", Template: jinja["chatml"]}, "")
-	if tm.DefaultSystem != "You are a helpful assistant." {
-		t.Errorf("Qwen default system %q", tm.DefaultSystem)
+	// The model's template renders, default system prompt and all.
+	tm, _, _ := ForModel(Model{Arch: "qwen2", Template: jinjaSrc["chatml"]}, "")
+	if got, err := tm.Render([]Message{u1}, true); err != nil || !strings.HasPrefix(got, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n") {
+		t.Errorf("Qwen's template renders %q (%v)", got, err)
 	}
 	if _, _, err := ForModel(Model{}, "nope"); err == nil {
 		t.Error("unknown override accepted")
+	}
+	// A template that does not parse is an error, not a fallback.
+	_, _, err := ForModel(Model{Arch: "llama", Template: "{% for m in messages %}{{ m.content }}"}, "")
+	if err == nil || !strings.Contains(err.Error(), "tokenizer.chat_template) does not parse") || !strings.Contains(err.Error(), "--chat-template") {
+		t.Errorf("broken template: %v", err)
+	}
+}
+
+// TestBuiltinsMatchJinja: each built-in format renders what the Jinja
+// engine renders from the template it stands for (jinjaSrc), and fails
+// where that template raises (a built-in may be stricter than the abridged
+// sources, which lack some of the real templates' checks). builtinDiffers
+// are the built-ins that knowingly render otherwise.
+func TestBuiltinsMatchJinja(t *testing.T) {
+	builtinDiffers := map[string]string{
+		"mistral": "llama.cpp's mistral-v1 layout (\" [INST] \", a system message) rather than the Hugging Face string",
+		"phi3":    "no eos_token after a conversation rendered without the generation prompt",
+	}
+	convs := []struct {
+		msgs []Message
+		gen  bool
+	}{{conv, true}, {conv, false}, {[]Message{u1}, true}, {[]Message{u1}, false}, {[]Message{u1, a1}, false},
+		{[]Message{sys, u1, a1}, false}, {[]Message{u1, u1}, true}, {[]Message{sys, a1}, true}}
+	for _, n := range Names() {
+		t.Run(n, func(t *testing.T) {
+			b, err := Lookup(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == "chatml" {
+				b.DefaultSystem = "You are a helpful assistant."
+			}
+			j, err := FromJinja(jinjaSrc[n], b.BOS, b.EOS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			differs := false
+			for _, c := range convs {
+				want, werr := j.Render(c.msgs, c.gen)
+				got, gerr := b.Render(c.msgs, c.gen)
+				if werr != nil && gerr == nil || werr == nil && gerr == nil && got != want {
+					differs = true
+					if builtinDiffers[n] == "" {
+						t.Errorf("%v gen %v: built-in %q (%v), Jinja %q (%v)", c.msgs, c.gen, got, gerr, want, werr)
+					}
+				}
+			}
+			if !differs && builtinDiffers[n] != "" {
+				t.Errorf("renders as its Jinja source does, but builtinDiffers lists it (%s)", builtinDiffers[n])
+			}
+		})
 	}
 }
 
@@ -296,6 +344,29 @@ func TestEncodeLlama3(t *testing.T) {
 	}
 }
 
+// TestEncodeJinjaLlama3: a model's own Llama 3 template, rendered by the
+// Jinja engine, tokenizes to the same ids as the built-in format: one BOS
+// (the template's bos_token; Encode adds none), the header tokens, and the
+// end-of-turn stop.
+func TestEncodeJinjaLlama3(t *testing.T) {
+	tok := llama3Tok(t)
+	tm, how, err := ForModel(Model{Arch: "llama", Tok: tok, Template: jinjaSrc["llama3"]}, "")
+	if err != nil || tm.Name != JinjaName || how != "chat_template" || tm.BOS != "<|begin_of_text|>" {
+		t.Fatalf("%+v %v %v", tm, how, err)
+	}
+	ids, err := tm.Encode(tok, []Message{{"user", "hello"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int{128000, 128006, 882, 128007, 271, 15339, 128009, 128006, 78191, 128007, 271}
+	if !slices.Equal(ids, want) {
+		t.Errorf("ids %v, want %v", ids, want)
+	}
+	if stops := tm.StopIDs(tok); !slices.Contains(stops, 128009) || !slices.Contains(stops, 128008) {
+		t.Errorf("stop ids %v", stops)
+	}
+}
+
 func TestEncodeLlama2SentencePiece(t *testing.T) {
 	tok, err := tokenizer.LoadLlama2C(shared.Path(t, "models/llama2-tokenizer/tokenizer.bin"), 32000)
 	if err != nil {
@@ -324,7 +395,7 @@ func TestEncodeLlama2SentencePiece(t *testing.T) {
 
 func TestFromGGUF(t *testing.T) {
 	w := gguf.NewWriter()
-	for k, v := range map[string]any{"general.architecture": "qwen2", "tokenizer.chat_template": jinja["chatml"]} {
+	for k, v := range map[string]any{"general.architecture": "qwen2", "tokenizer.chat_template": jinjaSrc["chatml"]} {
 		if err := w.Set(k, v); err != nil {
 			t.Fatal(err)
 		}
@@ -339,8 +410,11 @@ func TestFromGGUF(t *testing.T) {
 	}
 	defer f.Close()
 	tm, how, err := FromGGUF(f, nil, "")
-	if err != nil || tm.Name != "chatml" || how != "chat_template" || tm.DefaultSystem == "" {
+	if err != nil || tm.Name != JinjaName || how != "chat_template" || !slices.Contains(tm.Stops, "<|im_end|>") {
 		t.Fatalf("%+v %s %v", tm, how, err)
+	}
+	if got, err := tm.Render([]Message{u1}, true); err != nil || got != "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n" {
+		t.Errorf("renders %q (%v)", got, err)
 	}
 }
 

@@ -92,8 +92,10 @@ func (f templateFormat) Stops() []string                       { return f.t.Stop
 func TemplateNames() []string { return append([]string{PlainName}, chat.Names()...) }
 
 // ChooseFormat picks the chat format of the model at path: override if
-// given (a chat template name or "plain"); for a GGUF file, the template
-// its metadata implies (tokenizer.chat_template, else its architecture);
+// given (a built-in template name or "plain"); for a GGUF file, its own
+// Jinja template (tokenizer.chat_template, rendered as Hugging Face does;
+// one that does not parse is an error) or, without one, the built-in
+// format its architecture implies (see chat.ForModel);
 // for a llama2.c checkpoint, plain (as for a GGUF whose template is
 // chat.PlainTemplate, which kvlm convert writes). how says which rule chose.
 func ChooseFormat(path string, tok tokenizer.Tokenizer, override string) (f ChatFormat, how string, err error) {

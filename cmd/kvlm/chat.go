@@ -84,7 +84,7 @@ first tokens and the last --window (StreamingLLM), never re-encoding history.`,
 			}
 			defer m.Close()
 			cfg.KeyShiftPrompt = f.keyShiftPrompt(tok)
-			format, _, err := server.ChooseFormat(f.model, tok, f.template)
+			format, how, err := server.ChooseFormat(f.model, tok, f.template)
 			if err != nil {
 				return err
 			}
@@ -110,7 +110,7 @@ first tokens and the last --window (StreamingLLM), never re-encoding history.`,
 			if p.Temperature > 0 {
 				seed = fmt.Sprintf(", seed %d", p.Seed)
 			}
-			fmt.Fprintf(errOut, "kvlm chat: template %s, strategy %s, context %d tokens%s. /reset, /kv, /quit.\n", format.Name(), strategy, ctxLimit, seed)
+			fmt.Fprintf(errOut, "kvlm chat: template %s (by %s), strategy %s, context %d tokens%s. /reset, /kv, /quit.\n", format.Name(), how, strategy, ctxLimit, seed)
 			in := bufio.NewScanner(cmd.InOrStdin())
 			in.Buffer(make([]byte, 64<<10), 1<<20)
 			for {

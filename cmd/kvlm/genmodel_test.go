@@ -173,8 +173,8 @@ func TestGenFallback(t *testing.T) {
 // TestGenModelTinyArchs writes llama3-tiny and qwen2-tiny in every type and
 // checks that each loads with its architecture and vocabulary, stores each
 // matrix in the type asked for or llama.cpp's fallback (said on stderr),
-// has its chat template recognised from tokenizer.chat_template, and runs a
-// rendered chat prompt to finite logits.
+// has its chat template (tokenizer.chat_template) rendered by the Jinja
+// engine, and runs a rendered chat prompt to finite logits.
 func TestGenModelTinyArchs(t *testing.T) {
 	dir := t.TempDir()
 	for _, shape := range []string{"llama3-tiny", "qwen2-tiny"} {
@@ -202,7 +202,7 @@ func TestGenModelTinyArchs(t *testing.T) {
 				if _, ok := tok.(*tokenizer.BPE); !ok {
 					t.Fatalf("tokenizer %T", tok)
 				}
-				wantTmpl := "llama3.1"
+				wantPrompt := "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
 				switch shape {
 				case "llama3-tiny":
 					if m.Vocab != 128256 || tok.BOS() != 128000 || tok.EOS() != 128009 || !tokenizer.AddsBOS(tok) ||
@@ -210,7 +210,7 @@ func TestGenModelTinyArchs(t *testing.T) {
 						t.Fatalf("llama3-tiny: vocab %d, BOS %d, EOS %d, rope %s, factors %v", m.Vocab, tok.BOS(), tok.EOS(), m.Rope, m.RopeFreqFactors)
 					}
 				case "qwen2-tiny":
-					wantTmpl = "chatml"
+					wantPrompt = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHello there!"
 					if m.Vocab != 128003 || tok.BOS() != 128000 || tok.EOS() != 128002 || tokenizer.AddsBOS(tok) ||
 						m.Output == m.TokEmb || m.Rope != model.RopeNeoX || m.Layers[1].Bv == nil || m.RopeFreqFactors != nil || c.NormEps != 1e-6 {
 						t.Fatalf("qwen2-tiny: vocab %d, BOS %d, EOS %d, rope %s, eps %g", m.Vocab, tok.BOS(), tok.EOS(), m.Rope, c.NormEps)
@@ -250,8 +250,11 @@ func TestGenModelTinyArchs(t *testing.T) {
 					t.Error("blk.1.ffn_down.weight: stored bytes differ from the quantized draw")
 				}
 				tm, how, err := chat.FromGGUF(f, tok, "")
-				if err != nil || tm.Name != wantTmpl || how != "chat_template" {
-					t.Fatalf("chat template %v by %s (%v), want %s", tm, how, err, wantTmpl)
+				if err != nil || tm.Name != chat.JinjaName || how != "chat_template" {
+					t.Fatalf("chat template %v by %s (%v), want the file's", tm, how, err)
+				}
+				if p, err := tm.Render([]chat.Message{{Role: "user", Content: "Hello there!"}}, true); err != nil || !strings.HasPrefix(p, wantPrompt) {
+					t.Fatalf("prompt %q (%v), want it to start %q", p, err, wantPrompt)
 				}
 				ids, err := tm.Encode(tok, []chat.Message{{Role: "user", Content: "Hello there!"}}, true)
 				if err != nil {
@@ -387,11 +390,11 @@ func TestGenModelTinyCLI(t *testing.T) {
 		args     []string
 		template string
 	}
-	cases := []chatCase{{l3, nil, "llama3.1"}, {q2, nil, "chatml"}, {l3, []string{"--chat-template", "llama3.2"}, "llama3.1"},
+	cases := []chatCase{{l3, nil, chat.JinjaName}, {q2, nil, chat.JinjaName}, {l3, []string{"--chat-template", "llama3.2"}, "llama3.1"},
 		{q2, []string{"--chat-template", "mistral-v3-tekken"}, "mistral-v3-tekken"}}
 	for _, c := range cases {
 		_, errOut, err := chatRun(t, "hello\n/quit\n", append([]string{"-m", c.path, "-n", "3", "--temp", "0"}, c.args...)...)
-		if err != nil || !strings.Contains(errOut, "template "+c.template+",") {
+		if err != nil || !strings.Contains(errOut, "template "+c.template+" (by ") {
 			t.Errorf("chat %s %v: %v\n%s", filepath.Base(c.path), c.args, err, errOut)
 		}
 	}

@@ -57,7 +57,7 @@ func (f *serveFlags) registerShared(c *cobra.Command) {
 	fl.BoolVar(&f.mmap, "mmap", false, mmapUsage)
 	fl.IntVar(&f.kvBlock, "kv-block", kvcache.DefaultBlockTokens, "KV cache block size in tokens")
 	fl.BoolVar(&f.keyShift, "kv-key-shift", true, "store q8/q4 keys around the model's mean keys (estimated once from a text the model writes from BOS; see docs/KVCACHE.md)")
-	fl.StringVar(&f.template, "chat-template", "", "chat template: "+strings.Join(server.TemplateNames(), ", ")+" (default: from the GGUF metadata; plain for llama2.c checkpoints and GGUFs converted from them)")
+	fl.StringVar(&f.template, "chat-template", "", "built-in chat format to use instead of the model's: "+strings.Join(server.TemplateNames(), ", ")+" (default: the GGUF's tokenizer.chat_template, rendered by a Jinja engine as Hugging Face does; for a GGUF without one, a built-in format chosen by architecture; plain for llama2.c checkpoints and GGUFs converted from them)")
 }
 
 func (f *serveFlags) engineConfig() (engine.Config, error) {
