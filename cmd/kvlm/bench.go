@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -165,6 +166,7 @@ type benchFlags struct {
 	maxCtx              int
 	sweep               string
 	sweepRequests       int
+	compare             bool // --compare
 }
 
 func newBench() *cobra.Command {
@@ -199,7 +201,10 @@ func newBench() *cobra.Command {
 					}
 				}
 			}
-			f.compress = mf.pol.Method != "full" || f.vsKV != ""
+			f.compress = f.compare && (mf.pol.Method != "full" || f.vsKV != "")
+			if !f.compare && f.vsKV != "" {
+				return errors.New("--vs-kv-type names the full cache of the comparison that --compare=false turns off")
+			}
 			if f.compress && (f.weightsCtx < 1 || f.weightsCtx >= f.promptN) {
 				return fmt.Errorf("--weights-ctx must be at least 1 and below --prompt %d, got %d", f.promptN, f.weightsCtx)
 			}
@@ -263,6 +268,7 @@ func newBench() *cobra.Command {
 	c.Flags().IntVar(&f.weightsCtx, "weights-ctx", 16, "prompt tokens of the full-cache run that measures a decode step's weights-only time (compression runs)")
 	c.Flags().IntVar(&f.maxCtx, "max-context", 0, "let sequences run to this many positions, past the model's trained context length if it is larger (random-weight speed measurements; the output says so)")
 	c.Flags().StringVar(&f.sweep, "sweep-batch", "", "batch sizes, e.g. 1,2,4,8,16,32,64: generated tokens/s through the engine (continuous batching in --kv-mem, --kv-policy and --kv-type) with that many --prompt-token requests of --gen tokens each, at most that many running")
+	c.Flags().BoolVar(&f.compare, "compare", true, "with --kv-policy (or --vs-kv-type), also run the full cache and predict the speed-up; --compare=false times the policy's runs alone (e.g. for kvlm --cpuprofile FILE bench …)")
 	c.Flags().IntVar(&f.sweepRequests, "sweep-requests", 0, "requests per --sweep-batch point (0: the batch size)")
 	c.Flags().IntVar(&f.promptN, "prompt", 128, "prompt tokens")
 	c.Flags().IntVar(&f.genN, "gen", 64, "generated tokens")

@@ -48,6 +48,10 @@ type benchPrediction struct {
 	WeightsDecodeTokS        float64 `json:"weights_decode_tok_s"`
 	WeightsKVBytesDecodeMean float64 `json:"weights_kv_bytes_decode_mean"`
 
+	// FitOK is false when the fit has no meaning: τ ≤ 0 or t0 ≤ 0 (the
+	// full cache no slower after the prompt than after --weights-ctx, as
+	// on a machine whose load changed between the runs).
+	FitOK             bool    `json:"fit_ok"`
 	WeightsMSPerToken float64 `json:"weights_ms_per_token"` // t0
 	KVNSPerByte       float64 `json:"kv_ns_per_byte"`       // τ
 	FullKVShare       float64 `json:"full_kv_share"`        // τ·b of the full cache over its step time
@@ -113,6 +117,7 @@ func (rr *benchRounds) compression(policyName, kvType, fullType string, gen, wei
 	tau := (tf - tw) / (bf - bw) // ms per byte
 	t0 := tw - tau*bw
 	p.KVNSPerByte, p.WeightsMSPerToken = tau*1e6, t0
+	p.FitOK = tau > 0 && t0 > 0
 	p.FullKVShare = tau * bf / tf
 	if bc > 0 {
 		p.BytesRatio = bf / bc
@@ -136,6 +141,9 @@ func printCompression(w io.Writer, c *benchCompression, promptN, gen int) {
 		p.FullKVType, p.FullDecodeTokS, human(int64(p.FullKVBytesDecodeMean)), p.WeightsDecodeTokS, p.WeightsCtx, human(int64(p.WeightsKVBytesDecodeMean)))
 	fmt.Fprintf(w, "step model       %.3f ms + %.3f ns per KV byte (the line through the two full-cache runs; the KV part is %.0f%% of the full cache's step)\n",
 		p.WeightsMSPerToken, p.KVNSPerByte, 100*p.FullKVShare)
+	if !p.FitOK {
+		fmt.Fprintf(w, "step model       unusable: the KV time or the weights' time came out ≤ 0 (the load changed between the runs?): the prediction below means nothing\n")
+	}
 	fmt.Fprintf(w, "speed-up         predicted %.2f× from %.2f× fewer bytes, measured %.2f× (%.0f%% of the predicted gain); %.2f× with the compression step amortised\n",
 		p.PredictedSpeedup, p.BytesRatio, p.MeasuredSpeedup, 100*p.GainFraction, p.SpeedupWithCompress)
 }

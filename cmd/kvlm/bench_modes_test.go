@@ -87,6 +87,13 @@ func TestBenchPolicy(t *testing.T) {
 	if b := benchJSONOf(t, base...); b.Compression != nil || b.Policy != "full" {
 		t.Errorf("without a policy: %q, %+v", b.Policy, b.Compression)
 	}
+	// --compare=false: the policy's runs alone.
+	if b := benchJSONOf(t, append(base, "--kv-policy", "snapkv", "--kv-budget", "48", "--kv-window", "8", "--compare=false")...); b.Compression != nil || b.Policy != "snapkv budget=48 window=8" {
+		t.Errorf("--compare=false: %q, %+v", b.Policy, b.Compression)
+	}
+	if _, errOut, code := kvlm(t, append(base, "--compare=false", "--vs-kv-type", "f16")...); code != 1 || !strings.Contains(errOut, "--compare=false") {
+		t.Errorf("--compare=false --vs-kv-type: exit %d, %s", code, errOut)
+	}
 	// A codec alone, against f16.
 	b = benchJSONOf(t, append(base, "--kv-type", "q8", "--vs-kv-type", "f16")...)
 	if c := b.Compression; c == nil || c.KVType != "q8/q8" || c.Prediction.FullKVType != "f16/f16" || c.KVBytesCompressed != c.KVBytesPrefill || c.CompressMS != 0 || c.Prediction.BytesRatio <= 1 {
@@ -186,7 +193,7 @@ func TestBenchPrediction(t *testing.T) {
 				t.Fatal(err)
 			}
 			p := got.Prediction
-			if !near(p.WeightsMSPerToken, 0.8) || !near(p.KVNSPerByte, 200) || !near(p.FullKVShare, 2.2/3) {
+			if !near(p.WeightsMSPerToken, 0.8) || !near(p.KVNSPerByte, 200) || !near(p.FullKVShare, 2.2/3) || !p.FitOK {
 				t.Errorf("fit: t0 %v, τ %v ns/B, share %v", p.WeightsMSPerToken, p.KVNSPerByte, p.FullKVShare)
 			}
 			if !near(p.PredictedSpeedup, c.pred) || !near(p.MeasuredSpeedup, c.meas) || !near(p.GainFraction, c.gain) || !near(p.SpeedupWithCompress, c.withCmp) {
@@ -200,6 +207,12 @@ func TestBenchPrediction(t *testing.T) {
 	rr := benchRounds{run: []benchOneRun{run(1, 500, 0)}, full: []benchOneRun{run(3, 1000, 0)}, weights: []benchOneRun{run(1, 1000, 0)}}
 	if _, err := rr.compression("x", "a", "b", 10, 16); err == nil {
 		t.Error("no KV time to fit: no error")
+	}
+	// The full cache faster after the prompt than after a few tokens (the
+	// load changed): a negative τ, flagged.
+	rr = benchRounds{run: []benchOneRun{run(1, 500, 0)}, full: []benchOneRun{run(1, 11000, 0)}, weights: []benchOneRun{run(2, 1000, 0)}}
+	if c, err := rr.compression("x", "a", "b", 10, 16); err != nil || c.Prediction.FitOK || c.Prediction.KVNSPerByte >= 0 {
+		t.Errorf("negative τ: %+v, %v", c, err)
 	}
 }
 
@@ -320,9 +333,9 @@ func TestBenchReport(t *testing.T) {
 		}))
 	}
 	files = append(files, write("comp.json", benchJSON{Model: "/x/m.gguf", PromptTokens: 16384, GenTokens: 64, KVType: "f16/f16", Policy: "snapkv budget=1024",
-		DecodeTokS: 9, Compression: &benchCompression{Policy: "snapkv budget=1024", KVType: "f16/f16", DecodeTokS: 9, CompressMS: 120, CompressMSPerToken: 1.875,
-			KVBytesDecodeMean: 1 << 20, Prediction: benchPrediction{FullKVType: "f16/f16", FullKVBytesDecodeMean: 16 << 20, BytesRatio: 16, FullDecodeTokS: 3,
-				PredictedSpeedup: 3.2, MeasuredSpeedup: 3, GainFraction: 2.0 / 2.2, SpeedupWithCompress: 2.4, FullKVShare: 0.7}}}))
+		DecodeTokS: 9, Compression: &benchCompression{Policy: "snapkv budget=1024", KVType: "f16/f16", DecodeTokS: 9, CompressMS: 120, PrefillMS: 5000, CompressMSPerToken: 1.875,
+			KVBytesDecodeMean: 1 << 20, Prediction: benchPrediction{FullKVType: "f16/f16", FullPrefillMS: 6000, FullKVBytesDecodeMean: 16 << 20, BytesRatio: 16, FullDecodeTokS: 3,
+				FitOK: true, PredictedSpeedup: 3.2, MeasuredSpeedup: 3, GainFraction: 2.0 / 2.2, SpeedupWithCompress: 2.4, FullKVShare: 0.7}}}))
 	files = append(files, write("sweep.json", benchJSON{Model: "/x/m.gguf", Policy: "full", KVType: "f32/f32", Sweep: &benchSweep{KVMem: 1 << 30, Policy: "full", KVType: "f32/f32", PromptTokens: 2048, GenTokens: 64,
 		Points: []benchSweepPoint{{Batch: 1, Requests: 1, TokS: 10, DecodeTokS: 12, PeakRunning: 1, MeanRunning: 1}, {Batch: 64, Requests: 64, TokS: 50, DecodeTokS: 80, PeakRunning: 11, MeanRunning: 9.5, PeakWaiting: 53, Preemptions: 2}}}}))
 	llama := []llamaBench{}
@@ -357,7 +370,7 @@ func TestBenchReport(t *testing.T) {
 		"| m.gguf | decode @4096 | q8/q8 | 11.0 | – | – | 1 / 0 |",
 		"| m.gguf | f16/f16 | full | 512 | 64 | 300.0 | 30.0 | 3 |",
 		"| m.gguf | f16/f16 | 4096 |  | 15.0 | 66.67 | 16.67 | 25% | 30% | 3.91 MiB | 3 |",
-		"| m.gguf | snapkv budget=1024 | f16/f16 | f16/f16 | 16384 | 64 | 16.00 MiB | 1.00 MiB | 16.00 | 3.0 | 9.0 | 3.20 | 3.00 | 91% | 120.0 | 1.875 | 2.40 | 70% | 1 |",
+		"| m.gguf | snapkv budget=1024 | f16/f16 | f16/f16 | 16384 | 64 | 16.00 MiB | 1.00 MiB | 16.00 | 3.0 | 9.0 | 3.20 | 3.00 | 91% | 120.0 | 1.875 | 2.40 | 70% | 5000.0 | 6000.0 | 1/1 | 1 |",
 		"![throughput against batch size](img/bench_sweep.png)",
 		"| m.gguf | full | f32/f32 | 1.00 GiB | 2048 | 64 | 64 | 50.0 | 80.0 | 11 (9.5) | 53 | 2 | 64 | 1 |",
 		reportEnd + "\nafter\n",

@@ -210,6 +210,21 @@ func f1(v float64) string  { return fmt.Sprintf("%.1f", v) }
 func f2(v float64) string  { return fmt.Sprintf("%.2f", v) }
 func pct(v float64) string { return fmt.Sprintf("%.0f%%", 100*v) }
 
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func sum(x []float64) float64 {
+	s := 0.0
+	for _, v := range x {
+		s += v
+	}
+	return s
+}
+
 func modelName(p string) string { return filepath.Base(p) }
 
 // llamaKV is a llama.cpp cache type in kvlm's codec names (q8_0 → q8).
@@ -275,7 +290,8 @@ func writeReport(w io.Writer, files []benchFile, dir, plotRef string) (bool, err
 			p := c.Prediction
 			comp.add([]string{m, c.Policy, c.KVType, p.FullKVType, fmt.Sprint(r.PromptTokens), fmt.Sprint(r.GenTokens)},
 				p.FullKVBytesDecodeMean, c.KVBytesDecodeMean, p.BytesRatio, p.FullDecodeTokS, c.DecodeTokS,
-				p.PredictedSpeedup, p.MeasuredSpeedup, p.GainFraction, c.CompressMS, c.CompressMSPerToken, p.SpeedupWithCompress, p.FullKVShare)
+				p.PredictedSpeedup, p.MeasuredSpeedup, p.GainFraction, c.CompressMS, c.CompressMSPerToken, p.SpeedupWithCompress, p.FullKVShare,
+				c.PrefillMS, p.FullPrefillMS, b2f(p.FitOK))
 		}
 		if s := r.Sweep; s != nil {
 			for _, pt := range s.Points {
@@ -330,12 +346,13 @@ func writeReport(w io.Writer, files []benchFile, dir, plotRef string) (bool, err
 	}
 	if len(comp.order) > 0 {
 		fmt.Fprintf(w, "#### The speed-ups compression buys\n\n")
-		fmt.Fprintf(w, "Predicted: a step's time t0 + τ·bytes, t0 and τ fitted on the full cache (decode after --weights-ctx tokens and after the prompt), at the bytes the compressed cache kept; gain: (measured − 1)/(predicted − 1). KV: the mean bytes a decode step read.\n\n")
-		mdHeader(w, "model", "policy", "KV", "full KV", "prompt", "gen", "KV full", "KV kept", "bytes ÷", "full tok/s", "tok/s", "predicted ×", "measured ×", "gain", "compress ms", "ms/token", "× with step", "KV share (full)", "rounds")
+		fmt.Fprintf(w, "Predicted: a step's time t0 + τ·bytes, t0 and τ fitted on the full cache (decode after --weights-ctx tokens and after the prompt), at the bytes the compressed cache kept; gain: (measured − 1)/(predicted − 1). KV: the mean bytes a decode step read. Prefill: the compressed run's prompt (its compression step apart) and the full cache's. Fit ok: the rounds whose fit had τ > 0 and t0 > 0 (others mean a load change between the runs).\n\n")
+		mdHeader(w, "model", "policy", "KV", "full KV", "prompt", "gen", "KV full", "KV kept", "bytes ÷", "full tok/s", "tok/s", "predicted ×", "measured ×", "gain", "compress ms", "ms/token", "× with step", "KV share (full)", "prefill ms", "full prefill ms", "fit ok", "rounds")
 		for _, k := range comp.order {
 			r := comp.rows[k]
 			mdRow(w, append(slices.Clone(r.label), human(int64(r.med(0))), human(int64(r.med(1))), f2(r.med(2)), f1(r.med(3)), f1(r.med(4)),
-				f2(r.med(5)), f2(r.med(6)), pct(r.med(7)), f1(r.med(8)), fmt.Sprintf("%.3f", r.med(9)), f2(r.med(10)), pct(r.med(11)), fmt.Sprint(r.n()))...)
+				f2(r.med(5)), f2(r.med(6)), pct(r.med(7)), f1(r.med(8)), fmt.Sprintf("%.3f", r.med(9)), f2(r.med(10)), pct(r.med(11)),
+				f1(r.med(12)), f1(r.med(13)), fmt.Sprintf("%.0f/%d", sum(r.vals[14]), r.n()), fmt.Sprint(r.n()))...)
 		}
 		fmt.Fprintln(w)
 	}
