@@ -37,8 +37,10 @@ type benchJSON struct {
 	PrefillBestTokS float64 `json:"prefill_best_tok_s"`
 	DecodeBestTokS  float64 `json:"decode_best_tok_s"`
 
-	// Decode at several context lengths (tokens already in the cache).
+	// Decode at several context lengths (tokens already in the cache),
+	// CtxGen steps at each.
 	DecodeAt []benchDecodeAt `json:"decode_at,omitempty"`
+	CtxGen   int             `json:"ctx_gen"`
 	// Batched decode: see benchBatch.
 	Batch []benchBatch `json:"batch,omitempty"`
 
@@ -205,12 +207,21 @@ func newBench() *cobra.Command {
 			if !f.compare && f.vsKV != "" {
 				return errors.New("--vs-kv-type names the full cache of the comparison that --compare=false turns off")
 			}
-			if f.compress && (f.weightsCtx < 1 || f.weightsCtx >= f.promptN) {
+			if f.weightsCtx < 1 || (f.compress && f.weightsCtx >= f.promptN) {
 				return fmt.Errorf("--weights-ctx must be at least 1 and below --prompt %d, got %d", f.promptN, f.weightsCtx)
 			}
 			sweep, err := parseInts("--sweep-batch", f.sweep)
 			if err != nil {
 				return err
+			}
+			// Flags whose measurement is not asked for are refused, not ignored.
+			switch fl := cmd.Flags(); {
+			case fl.Changed("weights-ctx") && !f.compress && len(contexts) == 0:
+				return errors.New("--weights-ctx is the base of a comparison (--kv-policy, --vs-kv-type) or of --contexts' shares: neither runs")
+			case fl.Changed("compare") && mf.pol.Method == "full" && f.vsKV == "":
+				return errors.New("--compare: there is no comparison without --kv-policy or --vs-kv-type")
+			case fl.Changed("sweep-requests") && len(sweep) == 0:
+				return errors.New("--sweep-requests needs --sweep-batch")
 			}
 			if f.maxCtx < 0 {
 				return fmt.Errorf("--max-context must be positive, got %d", f.maxCtx)
@@ -326,7 +337,7 @@ func runBench(mf *modelFlags, f *benchFlags, m *model.Model, contexts, batches [
 		return benchJSON{}, err
 	}
 	res := benchJSON{
-		Model: mf.model, PromptTokens: f.promptN, GenTokens: f.genN, Reps: f.reps, Threads: threads(),
+		Model: mf.model, PromptTokens: f.promptN, GenTokens: f.genN, CtxGen: f.ctxGen, Reps: f.reps, Threads: threads(),
 		WeightsBytes: m.WeightsBytes(), Kernels: tensor.Kernels(),
 		KVType: opt.K.Name() + "/" + opt.V.Name(), KVBytesPerToken: kvBytesPerToken(m, opt),
 	}

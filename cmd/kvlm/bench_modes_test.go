@@ -99,13 +99,20 @@ func TestBenchPolicy(t *testing.T) {
 	if c := b.Compression; c == nil || c.KVType != "q8/q8" || c.Prediction.FullKVType != "f16/f16" || c.KVBytesCompressed != c.KVBytesPrefill || c.CompressMS != 0 || c.Prediction.BytesRatio <= 1 {
 		t.Errorf("q8 against f16: %+v", b.Compression)
 	}
-	for _, bad := range [][]string{
-		{"--kv-policy", "snapkv", "--kv-budget", "48", "--kv-window", "8", "--weights-ctx", "128"},
-		{"--kv-policy", "snapkv", "--kv-budget", "48", "--kv-window", "8", "--weights-ctx", "0"},
-		{"--vs-kv-type", "zz"},
+	snap := []string{"--kv-policy", "snapkv", "--kv-budget", "48", "--kv-window", "8"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{append(snap[:len(snap):len(snap)], "--weights-ctx", "128"), "--weights-ctx must be at least 1 and below --prompt 128"},
+		{append(snap[:len(snap):len(snap)], "--weights-ctx", "0"), "--weights-ctx must be at least 1"},
+		{[]string{"--vs-kv-type", "zz"}, "--vs-kv-type"},
+		{[]string{"--weights-ctx", "8"}, "--weights-ctx is the base of a comparison"},
+		{[]string{"--compare=false"}, "--compare: there is no comparison"},
+		{[]string{"--sweep-requests", "4"}, "--sweep-requests needs --sweep-batch"},
 	} {
-		if _, errOut, code := kvlm(t, append(base, bad...)...); code != 1 || !strings.Contains(errOut, bad[len(bad)-2]) {
-			t.Errorf("%v: exit %d, %s", bad, code, errOut)
+		if _, errOut, code := kvlm(t, append(base, c.args...)...); code != 1 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, %s", c.args, code, errOut)
 		}
 	}
 }
@@ -328,7 +335,7 @@ func TestBenchReport(t *testing.T) {
 	var files []string
 	for i, v := range []float64{20, 40, 30} {
 		files = append(files, write("kvlm"+string(rune('a'+i))+".json", benchJSON{
-			Model: "/x/m.gguf", PromptTokens: 512, GenTokens: 64, PrefillTokS: 10 * v, DecodeTokS: v, KVType: "f16/f16", Policy: "full",
+			Model: "/x/m.gguf", PromptTokens: 512, GenTokens: 64, CtxGen: 32, PrefillTokS: 10 * v, DecodeTokS: v, KVType: "f16/f16", Policy: "full",
 			DecodeAt: []benchDecodeAt{{Context: 4096, TokS: v / 2, benchAttnShare: benchAttnShare{StepMS: 2000 / v, AttnMS: 500 / v, AttnShare: 0.25, ContextShare: 0.3, KVBytes: 4096 * 1000}}},
 		}))
 	}
@@ -343,7 +350,8 @@ func TestBenchReport(t *testing.T) {
 		llama = append(llama, llamaBench{BuildCommit: "81ff7abe", Model: "/y/m.gguf", NPrompt: 512, TypeK: "f16", TypeV: "f16", AvgTS: 10 * v},
 			llamaBench{BuildCommit: "81ff7abe", Model: "/y/m.gguf", NGen: 32, NDepth: 4096, TypeK: "f16", TypeV: "f16", AvgTS: v})
 	}
-	llama = append(llama, llamaBench{BuildCommit: "81ff7abe", Model: "/y/m.gguf", NGen: 32, NDepth: 4096, TypeK: "q8_0", TypeV: "q8_0", AvgTS: 11})
+	llama = append(llama, llamaBench{BuildCommit: "81ff7abe", Model: "/y/m.gguf", NGen: 32, NDepth: 4096, TypeK: "q8_0", TypeV: "q8_0", AvgTS: 11},
+		llamaBench{BuildCommit: "81ff7abe", Model: "/y/m.gguf", NGen: 64, NDepth: 512, TypeK: "f16", TypeV: "f16", AvgTS: 20})
 	files = append(files, write("llama.json", llama))
 
 	doc := filepath.Join(dir, "PERF.md")
@@ -366,8 +374,9 @@ func TestBenchReport(t *testing.T) {
 		"# Perf\n\nbefore\n" + reportBegin + "\n\n",
 		"llama.cpp build 81ff7abe.",
 		"| m.gguf | prefill 512 | f16/f16 | 150.0 | 300.0 | 2.00 | 3 / 3 |",
-		"| m.gguf | decode @4096 | f16/f16 | 15.0 | 15.0 | 1.00 | 3 / 3 |",
-		"| m.gguf | decode @4096 | q8/q8 | 11.0 | – | – | 1 / 0 |",
+		"| m.gguf | decode 32 @4096 | f16/f16 | 15.0 | 15.0 | 1.00 | 3 / 3 |",
+		"| m.gguf | decode 64 @512 | f16/f16 | 20.0 | 30.0 | 1.50 | 1 / 3 |",
+		"| m.gguf | decode 32 @4096 | q8/q8 | 11.0 | – | – | 1 / 0 |",
 		"| m.gguf | f16/f16 | full | 512 | 64 | 300.0 | 30.0 | 3 |",
 		"| m.gguf | f16/f16 | 4096 |  | 15.0 | 66.67 | 16.67 | 25% | 30% | 3.91 MiB | 3 |",
 		"| m.gguf | snapkv budget=1024 | f16/f16 | f16/f16 | 16384 | 64 | 16.00 MiB | 1.00 MiB | 16.00 | 3.0 | 9.0 | 3.20 | 3.00 | 91% | 120.0 | 1.875 | 2.40 | 70% | 5000.0 | 6000.0 | 1/1 | 1 |",

@@ -58,7 +58,8 @@ func newBenchReport() *cobra.Command {
 		Short: "Turn kvlm bench --json files (and llama-bench -o json files) into Markdown tables and the throughput-vs-batch PNG",
 		Long: `Reads kvlm bench --json outputs and llama-bench -o json outputs (told
 apart by their shape) and writes Markdown tables: kvlm beside llama.cpp
-(matched by model file name, test and KV type), prefill and decode, long
+(matched by model file name, test — prefill of N tokens, or N tokens
+decoded after a context of D — and KV type), prefill and decode, long
 contexts with attention's share, compression against the full cache
 (predicted and measured speed-ups), throughput at fixed KV memory. Files
 of the same configuration are rounds: each table cell is their median.
@@ -247,7 +248,7 @@ func writeReport(w io.Writer, files []benchFile, dir, plotRef string) (bool, err
 			case l.NGen == 0 && l.NPrompt > 0 && l.NDepth == 0:
 				side.add([]string{m, fmt.Sprintf("prefill %d", l.NPrompt), kv}, l.AvgTS, -1)
 			case l.NPrompt == 0 && l.NGen > 0:
-				side.add([]string{m, fmt.Sprintf("decode @%d", l.NDepth), kv}, l.AvgTS, -1)
+				side.add([]string{m, fmt.Sprintf("decode %d @%d", l.NGen, l.NDepth), kv}, l.AvgTS, -1)
 			}
 			if l.BuildCommit != "" && !slices.Contains(commits, l.BuildCommit) {
 				commits = append(commits, l.BuildCommit)
@@ -273,9 +274,9 @@ func writeReport(w io.Writer, files []benchFile, dir, plotRef string) (bool, err
 			if depth <= 1 {
 				depth = 0 // one token from BOS: llama-bench's empty context
 			}
-			sideAdd(fmt.Sprintf("decode @%d", depth), r.DecodeTokS)
+			sideAdd(fmt.Sprintf("decode %d @%d", r.GenTokens, depth), r.DecodeTokS)
 			for _, d := range r.DecodeAt {
-				sideAdd(fmt.Sprintf("decode @%d", d.Context), d.TokS)
+				sideAdd(fmt.Sprintf("decode %d @%d", r.CtxGen, d.Context), d.TokS)
 			}
 		}
 		runs.add([]string{m, r.KVType, r.Policy, fmt.Sprint(r.PromptTokens), fmt.Sprint(r.GenTokens)}, r.PrefillTokS, r.DecodeTokS)
