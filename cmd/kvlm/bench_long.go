@@ -31,25 +31,19 @@ type benchAttnShare struct {
 
 // benchAttention is the mean time of one decode step's attention over
 // every layer of seq's cache (see benchAttnShare), over reps passes after
-// one untimed pass.
+// one untimed pass, for a pseudo-random query.
 func benchAttention(m *model.Model, seq *model.Sequence, reps int) time.Duration {
-	c := m.Config
-	qd := c.QDim()
+	qd := m.Config.QDim()
 	rng := rand.New(rand.NewPCG(7, 7))
-	q := make([]float32, qd)   // [Heads·HeadDim] one query token
-	out := make([]float32, qd) // [Heads·HeadDim] its attention output
+	q := make([]float32, qd) // [Heads·HeadDim] one query token
 	for i := range q {
 		q[i] = float32(rng.NormFloat64())
 	}
-	pos := []int32{int32(seq.Pos())} // the next token's position: every slot visible
-	cache := seq.Cache()
-	norm := float32(math.Sqrt(float64(c.HeadDim)))
+	batches := benchAttnBatches(m, seq, q, make([]float32, qd))
 	var sc attention.Scratch
 	pass := func() {
-		for li := 0; li < c.Layers; li++ {
-			att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Window: int32(c.SlidingWindow),
-				Q: q, Out: out, Pos: pos, Segs: func(h int) []kvcache.Segment { return cache.Segments(li, h) }}
-			att.Run(&sc)
+		for i := range batches {
+			batches[i].Run(&sc)
 		}
 	}
 	pass()
@@ -58,6 +52,23 @@ func benchAttention(m *model.Model, seq *model.Sequence, reps int) time.Duration
 		pass()
 	}
 	return time.Since(t0) / time.Duration(reps)
+}
+
+// benchAttnBatches are the attention batches of a decode step at seq's
+// next position, one per layer, as model/layer.go builds them: query q
+// ([Heads·HeadDim]) against the layer's cache, the output into out (the
+// same buffer for every layer).
+func benchAttnBatches(m *model.Model, seq *model.Sequence, q, out []float32) []attention.Batch {
+	c := m.Config
+	pos := []int32{int32(seq.Pos())} // the next token's position: every slot visible
+	cache := seq.Cache()
+	norm := float32(math.Sqrt(float64(c.HeadDim)))
+	b := make([]attention.Batch, c.Layers)
+	for li := range b {
+		b[li] = attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Window: int32(c.SlidingWindow),
+			Q: q, Out: out, Pos: pos, Segs: func(h int) []kvcache.Segment { return cache.Segments(li, h) }}
+	}
+	return b
 }
 
 // benchContexts times decode at each of contexts (ascending), in one

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvlm/kvlm/attention"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/policy"
 )
@@ -415,5 +416,81 @@ func TestBenchReport(t *testing.T) {
 		if _, errOut, code := kvlm(t, append([]string{"bench", "report"}, c.args...)...); code != 1 || !strings.Contains(errOut, c.want) {
 			t.Errorf("%v: exit %d, %s", c.args, code, errOut)
 		}
+	}
+}
+
+// TestBenchAttentionIsTheLayers: the attention bench times computes, for
+// every layer, the attention of its query over that layer's whole cache:
+// the same as a float64 softmax over the keys and values read back from
+// the cache (f32 and q8), query head j of KV head j/G.
+func TestBenchAttentionIsTheLayers(t *testing.T) {
+	s := storiesFiles(t)
+	m, _, err := model.LoadGGUF(s.gguf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.Config
+	for _, kv := range []string{"f32", "q8"} {
+		t.Run(kv, func(t *testing.T) {
+			mf := &modelFlags{chunk: 32, kvBlock: 16, kvType: kv}
+			seq, err := mf.sequence(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seq.Close()
+			if _, err := seq.Forward(benchPrompt(100, m.Vocab, 3), false); err != nil {
+				t.Fatal(err)
+			}
+			q := benchPrompt(c.QDim(), 1000, 9) // any query
+			qf := make([]float32, len(q))
+			for i, v := range q {
+				qf[i] = float32(v)/500 - 1
+			}
+			out := make([]float32, c.QDim())
+			var sc attention.Scratch
+			for li, b := range benchAttnBatches(m, seq, qf, out) {
+				b.Run(&sc)
+				hd, G := c.HeadDim, c.GroupSize()
+				for j := 0; j < c.Heads; j++ {
+					h := j / G
+					var ks, vs [][]float32
+					for _, sg := range seq.Cache().Segments(li, h) {
+						for i := 0; i < sg.N; i++ {
+							k, v := make([]float32, hd), make([]float32, hd)
+							sg.KC.Get(sg.K, sg.Cap, hd, i, k)
+							sg.VC.Get(sg.V, sg.Cap, hd, i, v)
+							ks, vs = append(ks, k), append(vs, v)
+						}
+					}
+					if len(ks) != 100 {
+						t.Fatalf("layer %d head %d: %d slots", li, h, len(ks))
+					}
+					qj := qf[j*hd : (j+1)*hd]
+					sc := make([]float64, len(ks))
+					mx := math.Inf(-1)
+					for i, k := range ks {
+						for d := range k {
+							sc[i] += float64(qj[d]) * float64(k[d])
+						}
+						sc[i] /= math.Sqrt(float64(hd))
+						mx = math.Max(mx, sc[i])
+					}
+					sum := 0.0
+					for i := range sc {
+						sc[i] = math.Exp(sc[i] - mx)
+						sum += sc[i]
+					}
+					for d := 0; d < hd; d++ {
+						want := 0.0
+						for i, v := range vs {
+							want += sc[i] / sum * float64(v[d])
+						}
+						if got := out[j*hd+d]; math.Abs(float64(got)-want) > 1e-5 {
+							t.Fatalf("layer %d query head %d dim %d: %v, want %v", li, j, d, got, want)
+						}
+					}
+				}
+			}
+		})
 	}
 }
