@@ -622,8 +622,12 @@ func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
 		fmt.Fprintf(w, "decode @%-7d   %.1f tok/s  (%.2f ms a step: the base of the context shares below)\n", res.DecodeBaseCtx, 1e3/res.DecodeBaseMS, res.DecodeBaseMS)
 	}
 	for _, d := range res.DecodeAt {
-		fmt.Fprintf(w, "decode @%-7d   %.1f tok/s  (%d tokens; %.2f ms a step, attention kernels alone %.2f ms = %.0f%%, the part above the base step %.0f%%; KV %s)\n",
-			d.Context, d.TokS, f.ctxGen, d.StepMS, d.AttnMS, 100*d.AttnShare, 100*d.ContextShare, human(d.KVBytes))
+		above := ""
+		if res.DecodeBaseMS > 0 {
+			above = fmt.Sprintf(", the part above the base step %.0f%%", 100*d.ContextShare)
+		}
+		fmt.Fprintf(w, "decode @%-7d   %.1f tok/s  (%d tokens; %.2f ms a step, attention kernels alone %.2f ms = %.0f%%%s; KV %s)\n",
+			d.Context, d.TokS, f.ctxGen, d.StepMS, d.AttnMS, 100*d.AttnShare, above, human(d.KVBytes))
 	}
 	if len(res.ContextsSkipped) > 0 {
 		fmt.Fprintf(w, "contexts skipped %v: no room for %d tokens after them in the context of %d (--max-context raises it)\n", res.ContextsSkipped, f.ctxGen, res.Context)

@@ -252,6 +252,11 @@ func TestBenchLongContext(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "past the model's trained 512 (--max-context)") || !strings.Contains(out, "contexts skipped [2000]") || !strings.Contains(out, "attention kernels alone") {
 		t.Errorf("exit %d:\n%s", code, out)
 	}
+	// A first context too short for a base step: no shares above it.
+	b = benchJSONOf(t, "bench", "-m", s.gguf, "--prompt", "8", "--gen", "2", "--reps", "1", "--contexts", "10,64", "--ctx-gen", "4", "--weights-ctx", "8", "--batch", "", "--bandwidth-mib", "0")
+	if b.DecodeBaseMS != 0 || len(b.DecodeAt) != 2 || b.DecodeAt[1].ContextShare != 0 {
+		t.Errorf("no base: %v ms, %+v", b.DecodeBaseMS, b.DecodeAt)
+	}
 	// Without it: the trained context, 960 skipped too.
 	b = benchJSONOf(t, base...)
 	if b.Context != 512 || b.PastTrained || len(b.DecodeAt) != 1 || len(b.ContextsSkipped) != 2 {
@@ -336,7 +341,7 @@ func TestBenchReport(t *testing.T) {
 	var files []string
 	for i, v := range []float64{20, 40, 30} {
 		files = append(files, write("kvlm"+string(rune('a'+i))+".json", benchJSON{
-			Model: "/x/m.gguf", PromptTokens: 512, GenTokens: 64, CtxGen: 32, PrefillTokS: 10 * v, DecodeTokS: v, KVType: "f16/f16", Policy: "full",
+			Model: "/x/m.gguf", PromptTokens: 512, GenTokens: 64, CtxGen: 32, PrefillTokS: 10 * v, DecodeTokS: v, KVType: "f16/f16", Policy: "full", DecodeBaseMS: 1,
 			DecodeAt: []benchDecodeAt{{Context: 4096, TokS: v / 2, benchAttnShare: benchAttnShare{StepMS: 2000 / v, AttnMS: 500 / v, AttnShare: 0.25, ContextShare: 0.3, KVBytes: 4096 * 1000}}},
 		}))
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -207,9 +208,14 @@ func mdHeader(w io.Writer, cols ...string) {
 	mdRow(w, sep...)
 }
 
-func f1(v float64) string  { return fmt.Sprintf("%.1f", v) }
-func f2(v float64) string  { return fmt.Sprintf("%.2f", v) }
-func pct(v float64) string { return fmt.Sprintf("%.0f%%", 100*v) }
+func f1(v float64) string { return fmt.Sprintf("%.1f", v) }
+func f2(v float64) string { return fmt.Sprintf("%.2f", v) }
+func pct(v float64) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f%%", 100*v)
+}
 
 func b2f(b bool) float64 {
 	if b {
@@ -285,7 +291,11 @@ func writeReport(w io.Writer, files []benchFile, dir, plotRef string) (bool, err
 			note = fmt.Sprintf("past trained %d", r.TrainedCtx)
 		}
 		for _, d := range r.DecodeAt {
-			long.add([]string{m, r.KVType, fmt.Sprint(d.Context), note}, d.TokS, d.StepMS, d.AttnMS, d.AttnShare, d.ContextShare, float64(d.KVBytes))
+			above := d.ContextShare
+			if r.DecodeBaseMS == 0 {
+				above = math.NaN() // no base step was measured
+			}
+			long.add([]string{m, r.KVType, fmt.Sprint(d.Context), note}, d.TokS, d.StepMS, d.AttnMS, d.AttnShare, above, float64(d.KVBytes))
 		}
 		if c := r.Compression; c != nil {
 			p := c.Prediction
