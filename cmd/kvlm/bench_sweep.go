@@ -34,8 +34,9 @@ type benchSweep struct {
 // included, as a served batch sees it); DecodeTokS counts only the
 // scheduler steps that ran no prompt tokens (their tokens over their
 // time). The batch actually decoded is what the KV memory let run:
-// PeakRunning and MeanRunning are the most and the mean samples of a
-// decode step; PeakWaiting the most requests and preempted samples
+// PeakRunning and MeanRunning are the most and the mean tokens generated
+// by a scheduler step (engine.Observer.Step: the samples decoded
+// together, plus those whose prompt ended in the step); PeakWaiting the most requests and preempted samples
 // waiting at the end of a step (engine.Stats.Waiting), Preemptions the
 // engine's count (engine.Stats.Preemptions) and RequestsPreempted the
 // requests preempted at least once (engine.Usage.Preemptions).

@@ -370,7 +370,7 @@ func writeReport(w io.Writer, files []benchFile, dir, plotRef string) (bool, err
 	drawn := false
 	if len(sweep.order) > 0 {
 		fmt.Fprintf(w, "#### Throughput at fixed KV memory\n\n")
-		fmt.Fprintf(w, "Through the engine: tok/s is every generated token over the wall time (prefill included); decode-step tok/s counts the steps that ran no prompt tokens; decoded: the most (mean) samples of a decode step; waiting: the most requests and preempted samples waiting after a step.\n\n")
+		fmt.Fprintf(w, "Through the engine: tok/s is every generated token over the wall time (prefill included); decode-step tok/s counts the steps that ran no prompt tokens; decoded: the most (mean) tokens a scheduler step generated, about the samples decoded together; waiting: the most requests and preempted samples waiting after a step.\n\n")
 		if dir != "" {
 			if err := plotSweep(filepath.Join(dir, sweepPlotName), &sweep); err != nil {
 				return false, err
