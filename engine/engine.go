@@ -117,6 +117,7 @@ type Engine struct {
 	nRunning, nWaiting atomic.Int64
 	prefixQueried      atomic.Int64 // prompt tokens looked up in the prefix cache
 	prefixHit          atomic.Int64 // prompt tokens found there
+	prefillComputed    atomic.Int64 // prompt tokens run through the model (prefill)
 	preemptions        atomic.Int64
 	stepGen            int // tokens generated in the current step
 }
@@ -448,6 +449,7 @@ type Stats struct {
 	Pools            []PoolStats
 	PrefixQueried    int64 // prompt tokens looked up in the prefix cache
 	PrefixHit        int64 // prompt tokens served from it
+	PrefillComputed  int64 // prompt tokens run through the model (recomputations included)
 	Preemptions      int64
 }
 
@@ -462,7 +464,7 @@ type PoolStats struct {
 // Stats reports the engine's state; safe from any goroutine.
 func (e *Engine) Stats() Stats {
 	st := Stats{Running: int(e.nRunning.Load()), Waiting: int(e.nWaiting.Load()), BudgetBytes: e.budget,
-		PrefixQueried: e.prefixQueried.Load(), PrefixHit: e.prefixHit.Load(), Preemptions: e.preemptions.Load()}
+		PrefixQueried: e.prefixQueried.Load(), PrefixHit: e.prefixHit.Load(), PrefillComputed: e.prefillComputed.Load(), Preemptions: e.preemptions.Load()}
 	au := e.arena.Usage()
 	st.ArenaBytes, st.HeldBytes = au.Allocated, au.Held
 	e.mu.Lock()

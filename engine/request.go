@@ -57,6 +57,7 @@ type Event struct {
 type Usage struct {
 	PromptTokens     int   // prompt length
 	CachedTokens     int   // prompt tokens served from the prefix cache
+	ComputedTokens   int   // prompt tokens run through the model (after a preemption, the recomputed ones too)
 	CompletionTokens int   // tokens generated over all samples
 	KVBytesPeak      int64 // the most KV memory the request's sequences held together
 	KVBytes          int64 // KV memory held when the last sample ended (before release)

@@ -34,10 +34,18 @@ type request struct {
 	curBytes int64
 }
 
-// prefix says whether the request uses the prefix cache. Compressed
-// sequences neither use nor fill it: kvcache compacts blocks in place,
-// which would corrupt blocks a cache entry still names.
-func (q *request) prefix() bool { return !q.r.NoPrefixCache && q.r.Policy.Method == "full" }
+// prefix says whether the request starts from cached prompt blocks. A
+// request with a policy does too, for as much of its prompt as the method
+// allows (policy.Config.ComputedTail: what it must compute itself to
+// compress as a whole prefill would); the blocks it then compresses are
+// copied first (kvcache copies blocks shared with other sequences or the
+// prefix cache before it changes them), so the cached prefix stays whole.
+func (q *request) prefix() bool { return !q.r.NoPrefixCache }
+
+// registers says whether the request leaves its prompt's blocks in the
+// prefix cache: only uncompressed ones hold tokens 0..n-1 in order (a
+// policy compresses the prompt in the forward pass of its last chunk).
+func (q *request) registers() bool { return q.prefix() && q.r.Policy.Method == "full" }
 
 // seqState is one sample.
 type seqState struct {
@@ -206,7 +214,7 @@ func (e *Engine) finish(s *seqState, why FinishReason, err error) {
 		q.usage.KVBytes += s.cache.Bytes()
 		kept := false
 		if why != FinishError && why != FinishCancelled {
-			if q.prefix() {
+			if q.registers() {
 				s.cache.RegisterPrefix(s.hist[:s.fed], 0)
 			}
 			if q.r.Slot != nil && s.choice == 0 && q.r.Policy.Method == "full" {
@@ -324,7 +332,10 @@ func (e *Engine) start(s *seqState) {
 	cache := q.pool.NewSequence()
 	matched := 0
 	if q.prefix() {
-		matched = cache.MatchPrefix(s.hist, 0)
+		// At least the method's computed tail is left to run (MatchPrefix
+		// always leaves one token).
+		tail := q.r.Policy.ComputedTail(len(s.hist))
+		matched = cache.MatchPrefix(s.hist[:len(s.hist)-tail+1], 0)
 	}
 	if !q.started {
 		q.started = true
@@ -359,7 +370,7 @@ func (e *Engine) start(s *seqState) {
 func (e *Engine) preempt(s *seqState) {
 	q := s.req
 	if s.cache != nil {
-		if q.prefix() && !s.prefilling {
+		if q.registers() && !s.prefilling {
 			s.cache.RegisterPrefix(s.hist[:s.fed], 0)
 		}
 		s.cache.Free()
@@ -542,7 +553,9 @@ func (e *Engine) prefill() int {
 		ran += n
 		e.notePeak(s, s.seq.StepBytes) // before the policy compressed the prompt
 		q := s.req
-		if q.prefix() {
+		q.usage.ComputedTokens += n
+		e.prefillComputed.Add(int64(n))
+		if q.registers() {
 			s.cache.RegisterPrefix(s.hist[:s.fed], 0)
 		}
 		if s.fed < len(s.hist) {

@@ -110,7 +110,7 @@ func (m *Model) NewSequence(cache kvcache.Sequence) (*Sequence, error) {
 		return nil, fmt.Errorf("model: cache layout %+v does not fit the model (%d layers, %d KV heads, head dim %d)",
 			l, m.Config.Layers, m.KVHeads, m.HeadDim)
 	}
-	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len(), MaxPos: m.CtxLen}
+	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len(), hist: cache.Len(), MaxPos: m.CtxLen}
 	return s, nil
 }
 

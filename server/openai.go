@@ -586,14 +586,17 @@ type promptDetails struct {
 }
 
 type kvUsageJSON struct {
-	BytesPeak     int64  `json:"bytes_peak"`     // the most KV memory the request held
-	Bytes         int64  `json:"bytes"`          // KV memory when it ended
-	CachedTokens  int    `json:"cached_tokens"`  // prompt tokens from the prefix cache
-	EvictedTokens int    `json:"evicted_tokens"` // tokens the policy dropped (per table, mean)
-	Preemptions   int    `json:"preemptions"`
-	Policy        string `json:"policy"`
-	TypeK         string `json:"type_k"`
-	TypeV         string `json:"type_v"`
+	BytesPeak    int64 `json:"bytes_peak"`    // the most KV memory the request held
+	Bytes        int64 `json:"bytes"`         // KV memory when it ended
+	CachedTokens int   `json:"cached_tokens"` // prompt tokens from the prefix cache
+	// ComputedTokens is the prompt tokens the model ran (the rest came
+	// from the cache; a preempted request's recomputation counts too).
+	ComputedTokens int    `json:"computed_tokens"`
+	EvictedTokens  int    `json:"evicted_tokens"` // tokens the policy dropped (per table, mean)
+	Preemptions    int    `json:"preemptions"`
+	Policy         string `json:"policy"`
+	TypeK          string `json:"type_k"`
+	TypeV          string `json:"type_v"`
 }
 
 type timingsJSON struct {
@@ -604,7 +607,7 @@ type timingsJSON struct {
 func usageOf(u engine.Usage) *usageJSON {
 	return &usageJSON{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens,
 		PromptTokensDetails: promptDetails{CachedTokens: u.CachedTokens},
-		KV: kvUsageJSON{BytesPeak: u.KVBytesPeak, Bytes: u.KVBytes, CachedTokens: u.CachedTokens, EvictedTokens: u.EvictedTokens,
+		KV: kvUsageJSON{BytesPeak: u.KVBytesPeak, Bytes: u.KVBytes, CachedTokens: u.CachedTokens, ComputedTokens: u.ComputedTokens, EvictedTokens: u.EvictedTokens,
 			Preemptions: u.Preemptions, Policy: u.Policy, TypeK: u.K, TypeV: u.V}}
 }
 
