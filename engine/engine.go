@@ -118,6 +118,8 @@ type Engine struct {
 	prefixQueried      atomic.Int64 // prompt tokens looked up in the prefix cache
 	prefixHit          atomic.Int64 // prompt tokens found there
 	prefillComputed    atomic.Int64 // prompt tokens run through the model (prefill)
+	compHits           atomic.Int64 // requests started from a compressed prefix
+	compMisses         atomic.Int64 // requests with a policy that found none
 	preemptions        atomic.Int64
 	stepGen            int // tokens generated in the current step
 }
@@ -450,7 +452,13 @@ type Stats struct {
 	PrefixQueried    int64 // prompt tokens looked up in the prefix cache
 	PrefixHit        int64 // prompt tokens served from it
 	PrefillComputed  int64 // prompt tokens run through the model (recomputations included)
-	Preemptions      int64
+	// Compressed prefixes (requests with a policy): lookups that found
+	// one, lookups that did not, and what the pools cache (entries, bytes
+	// of their blocks; all pools).
+	CompressedHits, CompressedMisses int64
+	CompressedPrefixes               int
+	CompressedBytes                  int64
+	Preemptions                      int64
 }
 
 // PoolStats is one codec pair's pool.
@@ -464,7 +472,8 @@ type PoolStats struct {
 // Stats reports the engine's state; safe from any goroutine.
 func (e *Engine) Stats() Stats {
 	st := Stats{Running: int(e.nRunning.Load()), Waiting: int(e.nWaiting.Load()), BudgetBytes: e.budget,
-		PrefixQueried: e.prefixQueried.Load(), PrefixHit: e.prefixHit.Load(), PrefillComputed: e.prefillComputed.Load(), Preemptions: e.preemptions.Load()}
+		PrefixQueried: e.prefixQueried.Load(), PrefixHit: e.prefixHit.Load(), PrefillComputed: e.prefillComputed.Load(),
+		CompressedHits: e.compHits.Load(), CompressedMisses: e.compMisses.Load(), Preemptions: e.preemptions.Load()}
 	au := e.arena.Usage()
 	st.ArenaBytes, st.HeldBytes = au.Allocated, au.Held
 	e.mu.Lock()
@@ -476,6 +485,9 @@ func (e *Engine) Stats() Stats {
 	for p, name := range names {
 		u := p.Usage()
 		st.UsedBytes += u.BytesUsed
+		n, b := p.CompressedPrefixes()
+		st.CompressedPrefixes += n
+		st.CompressedBytes += b
 		st.Pools = append(st.Pools, PoolStats{Name: name, Usage: u, BlockTokens: p.BlockTokens(), BlockBytes: p.BlockBytes()})
 	}
 	sortPools(st.Pools)

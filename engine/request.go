@@ -58,6 +58,7 @@ type Usage struct {
 	PromptTokens     int   // prompt length
 	CachedTokens     int   // prompt tokens served from the prefix cache
 	ComputedTokens   int   // prompt tokens run through the model (after a preemption, the recomputed ones too)
+	CompressedTokens int   // prompt tokens that came from a compressed prefix (all of them, or none)
 	CompletionTokens int   // tokens generated over all samples
 	KVBytesPeak      int64 // the most KV memory the request's sequences held together
 	KVBytes          int64 // KV memory held when the last sample ended (before release)

@@ -56,10 +56,11 @@ type seqState struct {
 	pol    *policy.State
 	smp    *sample.Sampler
 
-	hist       []int // prompt, then the tokens generated
-	gen        int   // tokens generated
-	fed        int   // leading tokens of hist in the cache
-	prefilling bool  // the next run is a prefill of hist[fed:]
+	hist       []int     // prompt, then the tokens generated
+	restored   []float32 // [vocab] the last prompt token's logits, when the prompt came from a compressed prefix
+	gen        int       // tokens generated
+	fed        int       // leading tokens of hist in the cache
+	prefilling bool      // the next run is a prefill of hist[fed:]
 	last       time.Time
 	done       bool
 	bytes      int64 // KV bytes after the last step
@@ -326,10 +327,16 @@ func (e *Engine) room(p *kvcache.Pool, need int64) bool {
 }
 
 // start gives a sample a fresh sequence: cached prompt blocks are taken
-// from the prefix cache, the rest is prefilled in later steps.
+// from the prefix cache, the rest is prefilled in later steps. A request
+// with a policy whose whole prompt was compressed before under the same
+// configuration starts from that compressed prefix and computes nothing
+// of it.
 func (e *Engine) start(s *seqState) {
 	q := s.req
 	cache := q.pool.NewSequence()
+	if q.prefix() && q.r.Policy.Method != "full" && e.startCompressed(s, cache) {
+		return
+	}
 	matched := 0
 	if q.prefix() {
 		// At least the method's computed tail is left to run (MatchPrefix
@@ -535,33 +542,44 @@ func (e *Engine) prefill() int {
 		if s.done || !s.prefilling || s.seq == nil {
 			continue
 		}
-		n := min(len(s.hist)-s.fed, left)
-		if !e.makeRoom(s, n) {
-			continue
-		}
-		logits, err := s.seq.Forward(s.hist[s.fed:s.fed+n], false)
-		if err != nil {
-			if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
-				e.preempt(s)
-			} else {
-				e.finish(s, FinishError, err)
-			}
-			continue
-		}
-		s.fed += n
-		left -= n
-		ran += n
-		e.notePeak(s, s.seq.StepBytes) // before the policy compressed the prompt
 		q := s.req
-		q.usage.ComputedTokens += n
-		e.prefillComputed.Add(int64(n))
-		if q.registers() {
-			s.cache.RegisterPrefix(s.hist[:s.fed], 0)
-		}
-		if s.fed < len(s.hist) {
-			continue
+		var logits []float32
+		restored := s.restored != nil
+		if restored {
+			// The prompt came compressed from the cache, with its logits.
+			logits, s.restored = s.restored, nil
+		} else {
+			n := min(len(s.hist)-s.fed, left)
+			if !e.makeRoom(s, n) {
+				continue
+			}
+			var err error
+			logits, err = s.seq.Forward(s.hist[s.fed:s.fed+n], false)
+			if err != nil {
+				if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
+					e.preempt(s)
+				} else {
+					e.finish(s, FinishError, err)
+				}
+				continue
+			}
+			s.fed += n
+			left -= n
+			ran += n
+			e.notePeak(s, s.seq.StepBytes) // before the policy compressed the prompt
+			q.usage.ComputedTokens += n
+			e.prefillComputed.Add(int64(n))
+			if q.registers() {
+				s.cache.RegisterPrefix(s.hist[:s.fed], 0)
+			}
+			if s.fed < len(s.hist) {
+				continue
+			}
 		}
 		s.prefilling = false
+		if s.pol != nil && !restored && q.prefix() && !q.forked {
+			e.storeCompressed(s, logits)
+		}
 		if s.pol != nil {
 			// The forward pass compressed the prompt after its last token.
 			// Every table received the whole prompt, unless the policy

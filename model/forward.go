@@ -287,6 +287,11 @@ func (s *Sequence) Forward(tokens []int, all bool) ([]float32, error) {
 // the cache's positions, the next token continues from the cache length.
 func (s *Sequence) SetPos(n int) { s.pos = n }
 
+// SetHistory sets the count of tokens run so far (what a policy numbers
+// the origins of new tokens from; positions may be re-indexed, this is
+// not), for a sequence whose cache was restored compressed.
+func (s *Sequence) SetHistory(n int) { s.hist = n }
+
 // Truncate drops every token from position n on (n ≤ Pos).
 func (s *Sequence) Truncate(n int) error {
 	if n < 0 || n > s.pos {

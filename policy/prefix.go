@@ -42,3 +42,19 @@ func anyTail(Config, int) int { return 1 }
 
 // observedTail: the observation window (the snapkv family's Window).
 func observedTail(c Config, n int) int { return c.Window }
+
+// Key is the configuration's canonical form: the method and the value of
+// every parameter it takes (Method.Params, its own included), defaults filled in by Normalize (so two
+// configurations compress alike exactly when their keys are equal). It
+// keys the compressed prefix cache; c must be normalized.
+func (c Config) Key() string {
+	m, ok := registry[c.Method]
+	if !ok {
+		return c.Method
+	}
+	s := c.Method
+	for _, name := range m.Params {
+		s += " " + name + "=" + formatValue(params[name].Value(c))
+	}
+	return s
+}

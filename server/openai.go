@@ -591,12 +591,15 @@ type kvUsageJSON struct {
 	CachedTokens int   `json:"cached_tokens"` // prompt tokens from the prefix cache
 	// ComputedTokens is the prompt tokens the model ran (the rest came
 	// from the cache; a preempted request's recomputation counts too).
-	ComputedTokens int    `json:"computed_tokens"`
-	EvictedTokens  int    `json:"evicted_tokens"` // tokens the policy dropped (per table, mean)
-	Preemptions    int    `json:"preemptions"`
-	Policy         string `json:"policy"`
-	TypeK          string `json:"type_k"`
-	TypeV          string `json:"type_v"`
+	ComputedTokens int `json:"computed_tokens"`
+	// CompressedTokens is the prompt tokens that came from a compressed
+	// prefix (docs/PREFIX.md).
+	CompressedTokens int    `json:"compressed_tokens"`
+	EvictedTokens    int    `json:"evicted_tokens"` // tokens the policy dropped (per table, mean)
+	Preemptions      int    `json:"preemptions"`
+	Policy           string `json:"policy"`
+	TypeK            string `json:"type_k"`
+	TypeV            string `json:"type_v"`
 }
 
 type timingsJSON struct {
@@ -607,7 +610,7 @@ type timingsJSON struct {
 func usageOf(u engine.Usage) *usageJSON {
 	return &usageJSON{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens,
 		PromptTokensDetails: promptDetails{CachedTokens: u.CachedTokens},
-		KV: kvUsageJSON{BytesPeak: u.KVBytesPeak, Bytes: u.KVBytes, CachedTokens: u.CachedTokens, ComputedTokens: u.ComputedTokens, EvictedTokens: u.EvictedTokens,
+		KV: kvUsageJSON{BytesPeak: u.KVBytesPeak, Bytes: u.KVBytes, CachedTokens: u.CachedTokens, ComputedTokens: u.ComputedTokens, CompressedTokens: u.CompressedTokens, EvictedTokens: u.EvictedTokens,
 			Preemptions: u.Preemptions, Policy: u.Policy, TypeK: u.K, TypeV: u.V}}
 }
 

@@ -59,3 +59,31 @@ func TestPolicyPrefixReuseVisible(t *testing.T) {
 		t.Errorf("kvlm_prompt_tokens_computed_total = %v, want %v", got, all)
 	}
 }
+
+// TestCompressedPrefixVisible: the second request with the same document
+// and the same kv settings computes none of its prompt
+// (kv.computed_tokens 0, kv.compressed_tokens all of it), and /metrics
+// counts the hit, the miss and the bytes cached.
+func TestCompressedPrefixVisible(t *testing.T) {
+	f := newFixture(t, engine.Config{}, Options{})
+	body := map[string]any{"prompt": storyText(t, 700), "max_tokens": 8, "temperature": 0, "kv": map[string]any{"policy": "snapkv", "ratio": 0.25}}
+	_, a := f.post(t, "/v1/completions", body)
+	m := f.metrics(t)
+	if m["kvlm_compressed_prefix_misses_total"] != 1 || m["kvlm_compressed_prefixes"] != 1 || m["kvlm_compressed_prefix_bytes"] <= 0 {
+		t.Errorf("metrics after the first request: misses %v, prefixes %v, bytes %v", m["kvlm_compressed_prefix_misses_total"], m["kvlm_compressed_prefixes"], m["kvlm_compressed_prefix_bytes"])
+	}
+	code, b := f.post(t, "/v1/completions", body)
+	if code != 200 {
+		t.Fatalf("%d %v", code, b)
+	}
+	pt := num(b, "usage", "prompt_tokens")
+	if c, k := num(b, "usage", "kv", "computed_tokens"), num(b, "usage", "kv", "compressed_tokens"); c != 0 || k != pt || num(b, "usage", "prompt_tokens_details", "cached_tokens") != pt {
+		t.Errorf("second request: computed %v, compressed %v of %v prompt tokens", c, k, pt)
+	}
+	if choiceText(a, 0, false) != choiceText(b, 0, false) {
+		t.Errorf("outputs differ: %q, %q", choiceText(a, 0, false), choiceText(b, 0, false))
+	}
+	if m := f.metrics(t); m["kvlm_compressed_prefix_hits_total"] != 1 {
+		t.Errorf("hits %v", m["kvlm_compressed_prefix_hits_total"])
+	}
+}
