@@ -33,12 +33,13 @@ func compKey(cfg policy.Config, p *kvcache.Pool) uint64 {
 	return h.Sum64()
 }
 
-// startCompressed starts s from the compressed prefix of its whole
-// history, if one is cached; it reports whether it did (else cache is
-// still empty and s starts as usual).
-func (e *Engine) startCompressed(s *seqState, cache *kvcache.Paged) bool {
+// startCompressed starts s from the compressed prefix of the first k
+// tokens of its history (s.compressedLen), if one is cached; it reports
+// whether it did (else cache is still empty and s starts as usual). The
+// rest of the history, if any, is prefilled on top of it.
+func (e *Engine) startCompressed(s *seqState, cache *kvcache.Paged, k int) bool {
 	q := s.req
-	meta, ok := cache.MatchCompressed(s.hist, compKey(q.r.Policy, q.pool))
+	meta, ok := cache.MatchCompressed(s.hist[:k], compKey(q.r.Policy, q.pool))
 	if !q.started {
 		if ok {
 			e.compHits.Add(1)
@@ -65,20 +66,21 @@ func (e *Engine) startCompressed(s *seqState, cache *kvcache.Paged) bool {
 	}
 	if !q.started {
 		q.started = true
-		q.usage.CachedTokens = len(s.hist)
-		q.usage.CompressedTokens = len(s.hist)
+		q.usage.CachedTokens = k
+		q.usage.CompressedTokens = k
 		e.prefixQueried.Add(int64(len(s.hist)))
-		e.prefixHit.Add(int64(len(s.hist)))
+		e.prefixHit.Add(int64(k))
 	}
 	s.seq, s.cache, s.pol = seq, cache, st
-	s.fed, s.prefilling, s.restored = len(s.hist), true, cm.logits
+	s.fed, s.prefilling, s.restored = k, true, cm.logits
 	e.running = append(e.running, s)
 	return true
 }
 
-// storeCompressed caches s's compressed prompt (just compressed, before
-// its first decode step), when the method's state can be kept.
-func (e *Engine) storeCompressed(s *seqState, logits []float32) {
+// storeCompressed caches s's compressed prompt, its first tokens (just
+// compressed, before anything runs on top), when the method's state can
+// be kept.
+func (e *Engine) storeCompressed(s *seqState, tokens []int, logits []float32) {
 	snap, ok := s.pol.Snapshot()
 	if !ok {
 		return
@@ -89,5 +91,5 @@ func (e *Engine) storeCompressed(s *seqState, logits []float32) {
 		return
 	}
 	// Refused for caches not all in blocks (KIVI): nothing is cached.
-	c.RegisterCompressed(s.hist, compKey(q.r.Policy, q.pool), &compMeta{snap: snap, logits: slices.Clone(logits)})
+	c.RegisterCompressed(tokens, compKey(q.r.Policy, q.pool), &compMeta{snap: snap, logits: slices.Clone(logits)})
 }

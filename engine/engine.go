@@ -379,6 +379,9 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 		return nil, invalid("kv: %v", err)
 	}
 	r.Policy = pol
+	if r.PrefixTokens != 0 && pol.Method == "full" {
+		return nil, invalid("kv: a prefix to compress needs a compression policy (without one, the prefix cache reuses it as it is)")
+	}
 	if r.Slot != nil && pol.Method != "full" {
 		return nil, invalid("kv: a slot keeps only uncompressed sequences; drop the policy or the slot")
 	}
@@ -434,6 +437,9 @@ func (e *Engine) validate(r *GenRequest) error {
 	}
 	if err := r.Sampling.Validate(); err != nil {
 		return invalid("%v", err)
+	}
+	if r.PrefixTokens < 0 || r.PrefixTokens > len(r.Prompt) {
+		return invalid("kv: the prefix to compress must be between 1 and the prompt's %d tokens, got %d", len(r.Prompt), r.PrefixTokens)
 	}
 	if r.Slot != nil && (*r.Slot < 0 || *r.Slot >= MaxSlots) {
 		return invalid("kv: slot must be between 0 and %d, got %d", MaxSlots-1, *r.Slot)

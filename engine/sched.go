@@ -334,15 +334,16 @@ func (e *Engine) room(p *kvcache.Pool, need int64) bool {
 func (e *Engine) start(s *seqState) {
 	q := s.req
 	cache := q.pool.NewSequence()
-	if q.prefix() && q.r.Policy.Method != "full" && e.startCompressed(s, cache) {
+	k := s.compressedLen()
+	if q.prefix() && q.r.Policy.Method != "full" && e.startCompressed(s, cache, k) {
 		return
 	}
 	matched := 0
 	if q.prefix() {
-		// At least the method's computed tail is left to run (MatchPrefix
-		// always leaves one token).
-		tail := q.r.Policy.ComputedTail(len(s.hist))
-		matched = cache.MatchPrefix(s.hist[:len(s.hist)-tail+1], 0)
+		// At least the method's computed tail of the part it compresses
+		// is left to run (MatchPrefix always leaves one token).
+		tail := q.r.Policy.ComputedTail(k)
+		matched = cache.MatchPrefix(s.hist[:k-tail+1], 0)
 	}
 	if !q.started {
 		q.started = true
@@ -368,9 +369,19 @@ func (e *Engine) start(s *seqState) {
 		}
 		s.pol = st
 		seq.SetPolicy(st) // the forward pass drives it
-		seq.Prompt(len(s.hist) - matched)
+		seq.Prompt(k - matched)
 	}
 	e.running = append(e.running, s)
+}
+
+// compressedLen is how many leading tokens of s's history the policy
+// compresses as a prompt: the request's PrefixTokens (a prefix compressed
+// on its own, the rest run on top of it), else the whole history.
+func (s *seqState) compressedLen() int {
+	if k := s.req.r.PrefixTokens; k > 0 {
+		return k
+	}
+	return len(s.hist)
 }
 
 // preempt frees a sample's blocks and queues it to be recomputed.
@@ -543,13 +554,17 @@ func (e *Engine) prefill() int {
 			continue
 		}
 		q := s.req
-		var logits []float32
-		restored := s.restored != nil
-		if restored {
-			// The prompt came compressed from the cache, with its logits.
-			logits, s.restored = s.restored, nil
-		} else {
+		// A prompt that came compressed from the cache whole comes with
+		// its logits.
+		restored := s.restored != nil && s.fed == len(s.hist)
+		logits := s.restored
+		s.restored = nil
+		k := s.compressedLen()
+		if !restored {
 			n := min(len(s.hist)-s.fed, left)
+			if s.pol != nil && s.fed < k {
+				n = min(n, k-s.fed) // the compressed part ends a step
+			}
 			if !e.makeRoom(s, n) {
 				continue
 			}
@@ -572,14 +587,15 @@ func (e *Engine) prefill() int {
 			if q.registers() {
 				s.cache.RegisterPrefix(s.hist[:s.fed], 0)
 			}
+			if s.pol != nil && s.fed == k && q.prefix() && !q.forked {
+				// Just compressed, before the rest runs on top of it.
+				e.storeCompressed(s, s.hist[:k], logits)
+			}
 			if s.fed < len(s.hist) {
 				continue
 			}
 		}
 		s.prefilling = false
-		if s.pol != nil && !restored && q.prefix() && !q.forked {
-			e.storeCompressed(s, logits)
-		}
 		if s.pol != nil {
 			// The forward pass compressed the prompt after its last token.
 			// Every table received the whole prompt, unless the policy

@@ -42,6 +42,14 @@ type kvParams struct {
 	Slot   *int   `json:"slot"`   // keep the finished sequence in this slot
 	// CachePrompt: use and fill the prefix cache (default true).
 	CachePrompt *bool `json:"cache_prompt"`
+	// Prefix, or PrefixTokens, is the beginning of the prompt (a
+	// document) that the policy compresses on its own, query-agnostic,
+	// caching it for every request with the same prefix and kv settings
+	// (engine.GenRequest.PrefixTokens; docs/PREFIX.md). Prefix is text the
+	// prompt's tokens must begin with (for chat: the rendered prompt's
+	// text); PrefixTokens a count of the prompt's tokens.
+	Prefix       *string `json:"prefix"`
+	PrefixTokens *int    `json:"prefix_tokens"`
 
 	params map[string]json.RawMessage // the policy parameters present, by JSON name
 }
@@ -57,7 +65,7 @@ func (kv *kvParams) UnmarshalJSON(b []byte) error {
 		}
 		return err
 	}
-	fixed := map[string]bool{"policy": true, "type": true, "type_k": true, "type_v": true, "slot": true, "cache_prompt": true}
+	fixed := map[string]bool{"policy": true, "type": true, "type_k": true, "type_v": true, "slot": true, "cache_prompt": true, "prefix": true, "prefix_tokens": true}
 	type plain kvParams // without this method
 	var f plain
 	rest := map[string]json.RawMessage{}
@@ -400,6 +408,35 @@ func kvRequest(kv *kvParams, gr *engine.GenRequest) *apiError {
 	return nil
 }
 
+// kvPrefix is the prompt tokens kv.prefix or kv.prefix_tokens names (0:
+// neither). encode tokenizes text as the start of a prompt.
+func kvPrefix(kv *kvParams, prompt []int, encode func(string) []int) (int, *apiError) {
+	switch {
+	case kv == nil || (kv.Prefix == nil && kv.PrefixTokens == nil):
+		return 0, nil
+	case kv.Prefix != nil && kv.PrefixTokens != nil:
+		return 0, badRequest("kv.prefix", "give kv.prefix or kv.prefix_tokens, not both")
+	case kv.PrefixTokens != nil:
+		if n := *kv.PrefixTokens; n < 1 || n > len(prompt) {
+			return 0, badRequest("kv.prefix_tokens", "kv.prefix_tokens must be between 1 and the prompt's %d tokens, got %d", len(prompt), n)
+		}
+		return *kv.PrefixTokens, nil
+	}
+	if *kv.Prefix == "" {
+		return 0, badRequest("kv.prefix", "kv.prefix is empty")
+	}
+	p := encode(*kv.Prefix)
+	if len(p) > len(prompt) {
+		return 0, badRequest("kv.prefix", "kv.prefix is %d tokens, longer than the prompt's %d", len(p), len(prompt))
+	}
+	for i := range p {
+		if p[i] != prompt[i] {
+			return 0, badRequest("kv.prefix", "the prompt does not begin with kv.prefix: their tokens differ at token %d of %d (the prompt must start with the prefix's text, and the prefix end where a token of the prompt ends, e.g. before a newline)", i, len(p))
+		}
+	}
+	return len(p), nil
+}
+
 // promptTokens reads a completions prompt: a string, an array of one
 // string, or an array of token ids.
 func (s *Server) promptTokens(raw json.RawMessage) ([]int, *apiError) {
@@ -472,6 +509,10 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	gr.Prompt = prompt
+	if gr.PrefixTokens, aerr = kvPrefix(req.KV, prompt, s.encode); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
 	gr.StopTokens = stopIDs(s.tok)
 	s.generate(w, r, false, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions)
 }
@@ -534,6 +575,11 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	gr.Prompt = prompt
+	gr.PrefixTokens, aerr = kvPrefix(req.KV, prompt, func(text string) []int { return s.opt.Format.EncodeText(s.tok, text, true) })
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
 	gr.StopTokens = s.opt.Format.StopIDs(s.tok)
 	for _, st := range s.opt.Format.Stops() {
 		if _, isToken := tokenizer.TokenID(s.tok, st); !isToken && len(stops) < maxStops {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/kvlm/kvlm/tokenizer"
 )
 
 // storyText is the head of the TinyStories validation text: n bytes.
@@ -85,5 +86,63 @@ func TestCompressedPrefixVisible(t *testing.T) {
 	}
 	if m := f.metrics(t); m["kvlm_compressed_prefix_hits_total"] != 1 {
 		t.Errorf("hits %v", m["kvlm_compressed_prefix_hits_total"])
+	}
+}
+
+// TestDocumentQuestions: kv.prefix (text the prompt begins with) and
+// kv.prefix_tokens compress a document once for many questions, on both
+// endpoints: the first request computes its whole prompt, the next ones
+// only their question; bad prefixes are refused with the field named.
+func TestDocumentQuestions(t *testing.T) {
+	f := newFixture(t, engine.Config{}, Options{})
+	doc := storyText(t, 900)
+	kv := map[string]any{"policy": "snapkv", "ratio": 0.25, "prefix": doc}
+	docTokens := float64(len(f.tok.Encode(doc, tokenizer.AddsBOS(f.tok), false)))
+	for i, q := range []string{"\nWho was in the story?", "\nWhat did Lily want?", "\nWhere did they go?"} {
+		code, b := f.post(t, "/v1/completions", map[string]any{"prompt": doc + q, "max_tokens": 6, "temperature": 0, "kv": kv})
+		if code != 200 {
+			t.Fatalf("question %d: %d %v", i, code, b)
+		}
+		pt, c, k := num(b, "usage", "prompt_tokens"), num(b, "usage", "kv", "computed_tokens"), num(b, "usage", "kv", "compressed_tokens")
+		if i == 0 {
+			if c != pt || k != 0 {
+				t.Errorf("question 0: computed %v, compressed %v of %v", c, k, pt)
+			}
+			continue
+		}
+		if k != docTokens || c != pt-docTokens {
+			t.Errorf("question %d: computed %v, compressed %v of %v; want the %v document tokens compressed", i, c, k, pt, docTokens)
+		}
+	}
+	// kv.prefix_tokens names the same prefix by its length; a chat whose
+	// rendered prompt starts with the document, too.
+	_, b := f.post(t, "/v1/completions", map[string]any{"prompt": doc + "\nWhy?", "max_tokens": 4,
+		"kv": map[string]any{"policy": "snapkv", "ratio": 0.25, "prefix_tokens": docTokens}})
+	if k := num(b, "usage", "kv", "compressed_tokens"); k != docTokens {
+		t.Errorf("kv.prefix_tokens: %v compressed tokens, want %v", k, docTokens)
+	}
+	code, c := f.post(t, "/v1/chat/completions", map[string]any{"max_tokens": 4,
+		"messages": []map[string]any{{"role": "system", "content": doc}, {"role": "user", "content": "Who was there?"}},
+		"kv":       map[string]any{"policy": "snapkv", "ratio": 0.25, "prefix": doc}})
+	if code != 200 || num(c, "usage", "kv", "compressed_tokens") != docTokens {
+		t.Errorf("chat: %d %v", code, c)
+	}
+	for _, bad := range []struct {
+		kv    map[string]any
+		param string
+	}{
+		{map[string]any{"policy": "snapkv", "ratio": 0.25, "prefix": "Not how it starts"}, "kv.prefix"},
+		{map[string]any{"policy": "snapkv", "ratio": 0.25, "prefix": ""}, "kv.prefix"},
+		{map[string]any{"policy": "snapkv", "ratio": 0.25, "prefix": doc, "prefix_tokens": 3}, "kv.prefix"},
+		{map[string]any{"policy": "snapkv", "ratio": 0.25, "prefix_tokens": 100000}, "kv.prefix_tokens"},
+		{map[string]any{"policy": "snapkv", "ratio": 0.25, "prefix": doc + doc}, "kv.prefix"},
+	} {
+		code, body := f.post(t, "/v1/completions", map[string]any{"prompt": doc + "\nWho?", "max_tokens": 2, "kv": bad.kv})
+		if code != 400 || body["error"].(map[string]any)["param"] != bad.param {
+			t.Errorf("kv %v: %d %v, want 400 naming %s", bad.kv["prefix_tokens"], code, body, bad.param)
+		}
+	}
+	if code, body := f.post(t, "/v1/completions", map[string]any{"prompt": doc + "\nWho?", "max_tokens": 2, "kv": map[string]any{"prefix": doc}}); code != 400 {
+		t.Errorf("a prefix without a policy: %d %v, want 400", code, body)
 	}
 }
