@@ -379,6 +379,13 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 		return nil, invalid("kv: %v", err)
 	}
 	r.Policy = pol
+	streamed := false
+	if len(r.Prompt) >= e.m.CtxLen {
+		if _, ok := pol.StreamBound(); !ok || r.PrefixTokens != 0 {
+			return nil, invalid("the prompt is %d tokens; the context length is %d, and at least one token must be generated (a window method that prunes while decoding, kv.policy window, streaming or lminfinite, reads a longer prompt token by token)", len(r.Prompt), e.m.CtxLen)
+		}
+		streamed = true
+	}
 	if r.PrefixTokens != 0 && pol.Method == "full" {
 		return nil, invalid("kv: a prefix to compress needs a compression policy (without one, the prefix cache reuses it as it is)")
 	}
@@ -392,7 +399,12 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 			return nil, invalid("kv: %v", err)
 		}
 	}
-	if need, whole := pool.AdmitBytes(len(r.Prompt), r.N), pool.CapacityBytes(); need > whole {
+	admit := len(r.Prompt)
+	if streamed {
+		b, _ := pol.StreamBound()
+		admit = min(admit, b)
+	}
+	if need, whole := pool.AdmitBytes(admit, r.N), pool.CapacityBytes(); need > whole {
 		return nil, invalid("the prompt needs %d bytes of KV cache, more than the whole pool (%d bytes)", need, whole)
 	}
 	h := newHandle(r.N, e.wake)
@@ -405,7 +417,7 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 		return nil, capacity(ErrQueueFull, "%v (%d requests waiting); retry later", ErrQueueFull, len(e.waiting))
 	}
 	e.nextID++
-	req := &request{id: e.nextID, r: r, h: h, pool: pool, submitted: time.Now(),
+	req := &request{id: e.nextID, r: r, h: h, pool: pool, submitted: time.Now(), streamed: streamed,
 		usage: Usage{PromptTokens: len(r.Prompt), Policy: pol.String()}}
 	kc, vc := pool.Codecs()
 	req.usage.K, req.usage.V = kc.Name(), vc.Name()
@@ -421,8 +433,6 @@ func (e *Engine) validate(r *GenRequest) error {
 	switch {
 	case len(r.Prompt) == 0:
 		return invalid("empty prompt")
-	case len(r.Prompt) >= m.CtxLen:
-		return invalid("the prompt is %d tokens; the context length is %d, and at least one token must be generated", len(r.Prompt), m.CtxLen)
 	case r.MaxTokens <= 0:
 		return invalid("max_tokens must be at least 1, got %d", r.MaxTokens)
 	case r.N < 1 || r.N > e.cfg.MaxN:

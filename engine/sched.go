@@ -31,7 +31,22 @@ type request struct {
 	started  bool // admitted once (prefix-cache statistics counted)
 	usage    Usage
 	evicted  int64 // slots dropped by the policy, summed over tables
+	// streamed: the prompt is longer than the context and the policy a
+	// window method: it is fed token by token, each token a step of the
+	// method's decoding schedule (as kvlm ppl --stream feeds a text), and
+	// the cache never holds more than the policy's StreamBound.
+	streamed bool
 	curBytes int64
+}
+
+// admitTokens is the tokens of a history of n that admission sizes the
+// cache for: n, or the policy's bound for a streamed request.
+func (q *request) admitTokens(n int) int {
+	if q.streamed {
+		b, _ := q.r.Policy.StreamBound()
+		return min(n, b)
+	}
+	return n
 }
 
 // prefix says whether the request starts from cached prompt blocks. A
@@ -40,7 +55,7 @@ type request struct {
 // compress as a whole prefill would); the blocks it then compresses are
 // copied first (kvcache copies blocks shared with other sequences or the
 // prefix cache before it changes them), so the cached prefix stays whole.
-func (q *request) prefix() bool { return !q.r.NoPrefixCache }
+func (q *request) prefix() bool { return !q.r.NoPrefixCache && !q.streamed }
 
 // registers says whether the request leaves its prompt's blocks in the
 // prefix cache: only uncompressed ones hold tokens 0..n-1 in order (a
@@ -261,7 +276,7 @@ func (e *Engine) runningSamples() int {
 func (e *Engine) admit() {
 	for len(e.preempted) > 0 {
 		s := e.preempted[0]
-		if e.runningSamples()+places(s) > e.cfg.MaxRunning || !e.fits(s.req.pool, s.req.pool.AdmitBytes(len(s.hist), places(s))) {
+		if e.runningSamples()+places(s) > e.cfg.MaxRunning || !e.fits(s.req.pool, s.req.pool.AdmitBytes(s.req.admitTokens(len(s.hist)), places(s))) {
 			return
 		}
 		e.preempted = e.preempted[1:]
@@ -275,7 +290,7 @@ func (e *Engine) admit() {
 		}
 		q := e.waiting[0]
 		e.mu.Unlock()
-		if e.runningSamples()+q.r.N > e.cfg.MaxRunning || !e.fits(q.pool, q.pool.AdmitBytes(len(q.r.Prompt), q.r.N)) {
+		if e.runningSamples()+q.r.N > e.cfg.MaxRunning || !e.fits(q.pool, q.pool.AdmitBytes(q.admitTokens(len(q.r.Prompt)), q.r.N)) {
 			return
 		}
 		e.mu.Lock()
@@ -369,7 +384,9 @@ func (e *Engine) start(s *seqState) {
 		}
 		s.pol = st
 		seq.SetPolicy(st) // the forward pass drives it
-		seq.Prompt(k - matched)
+		if !q.streamed {
+			seq.Prompt(k - matched)
+		}
 	}
 	e.running = append(e.running, s)
 }
@@ -560,7 +577,12 @@ func (e *Engine) prefill() int {
 		logits := s.restored
 		s.restored = nil
 		k := s.compressedLen()
-		if !restored {
+		if q.streamed {
+			var ok bool
+			if logits, ok = e.stream(s, &left, &ran); !ok {
+				continue
+			}
+		} else if !restored {
 			n := min(len(s.hist)-s.fed, left)
 			if s.pol != nil && s.fed < k {
 				n = min(n, k-s.fed) // the compressed part ends a step
@@ -596,7 +618,7 @@ func (e *Engine) prefill() int {
 			}
 		}
 		s.prefilling = false
-		if s.pol != nil {
+		if s.pol != nil && !q.streamed { // (a streamed prompt's evictions are counted as they happen)
 			// The forward pass compressed the prompt after its last token.
 			// Every table received the whole prompt, unless the policy
 			// pruned it during the prefill (pyramidinfer): count those too.
@@ -619,6 +641,47 @@ func (e *Engine) prefill() int {
 		}
 	}
 	return ran
+}
+
+// stream feeds a streamed sample's prompt one token at a time, each a
+// step of the policy's decoding schedule (its Before prunes first), up to
+// *left tokens. It returns the last token's logits and true once the
+// prompt has been fed; false while tokens are left (or the sample was
+// preempted or ended).
+func (e *Engine) stream(s *seqState, left, ran *int) ([]float32, bool) {
+	q := s.req
+	var logits []float32
+	for *left > 0 && s.fed < len(s.hist) {
+		before := e.slotsHeld(s)
+		if err := s.seq.Prepare(1); err != nil {
+			if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
+				e.preempt(s)
+			} else {
+				e.finish(s, FinishError, err)
+			}
+			return nil, false
+		}
+		e.noteEvicted(s, before)
+		if !e.makeRoom(s, 1) {
+			return nil, false
+		}
+		var err error
+		if logits, err = s.seq.Forward(s.hist[s.fed:s.fed+1], false); err != nil {
+			if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
+				e.preempt(s)
+			} else {
+				e.finish(s, FinishError, err)
+			}
+			return nil, false
+		}
+		s.fed++
+		*left--
+		*ran++
+		q.usage.ComputedTokens++
+		e.prefillComputed.Add(1)
+		e.notePeak(s, s.cache.Bytes())
+	}
+	return logits, s.fed == len(s.hist)
 }
 
 // fork makes sample i of s's request, sharing s's blocks.

@@ -1,6 +1,7 @@
 // Drives `kvlm serve` with the official openai client library for Node:
 // completions, chat, streaming, n=2, stop sequences, the kv extension, the
 // prefix cache, one document compressed once for many questions (kv.prefix),
+// a conversation past the context (kv.policy streaming),
 // a cancelled stream and malformed requests; the server runs with an API key
 // (through $KVLM_API_KEY), and a wrong or missing key is refused.
 //
@@ -206,6 +207,22 @@ test('one document, many questions: kv.prefix compresses the document once', asy
       // @ts-expect-error kvlm's extension
       kv }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'kv.prefix');
+});
+
+test('a conversation past the context with kv.policy streaming', async () => {
+  const story = 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. ';
+  const content = story.repeat(110); // about 3,000 tokens; the context is 512
+  const r = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content }], max_tokens: 8, temperature: 0,
+    // @ts-expect-error kvlm's extension
+    kv: { policy: 'streaming', window: 60 },
+  });
+  assert.ok(r.usage.prompt_tokens > 2500, `${r.usage.prompt_tokens} prompt tokens`);
+  assert.equal(r.usage.kv.computed_tokens, r.usage.prompt_tokens);
+  assert.ok(r.usage.kv.evicted_tokens > 2000, JSON.stringify(r.usage.kv));
+  await assert.rejects(
+    client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content }], max_tokens: 8 }),
+    (e) => e instanceof OpenAI.BadRequestError);
 });
 
 test('the same prompt twice is served from the prefix cache', async () => {
