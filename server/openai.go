@@ -50,6 +50,9 @@ type kvParams struct {
 	// text); PrefixTokens a count of the prompt's tokens.
 	Prefix       *string `json:"prefix"`
 	PrefixTokens *int    `json:"prefix_tokens"`
+	// Truncate (chat): drop the oldest whole turns, the system message
+	// kept, until the prompt and the reply fit the context (FitTurns).
+	Truncate *bool `json:"truncate"`
 
 	params map[string]json.RawMessage // the policy parameters present, by JSON name
 }
@@ -65,7 +68,7 @@ func (kv *kvParams) UnmarshalJSON(b []byte) error {
 		}
 		return err
 	}
-	fixed := map[string]bool{"policy": true, "type": true, "type_k": true, "type_v": true, "slot": true, "cache_prompt": true, "prefix": true, "prefix_tokens": true}
+	fixed := map[string]bool{"policy": true, "type": true, "type_k": true, "type_v": true, "slot": true, "cache_prompt": true, "prefix": true, "prefix_tokens": true, "truncate": true}
 	type plain kvParams // without this method
 	var f plain
 	rest := map[string]json.RawMessage{}
@@ -514,7 +517,11 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	gr.StopTokens = stopIDs(s.tok)
-	s.generate(w, r, false, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions)
+	if kv := req.KV; kv != nil && kv.Truncate != nil && *kv.Truncate {
+		writeError(w, badRequest("kv.truncate", "kv.truncate drops whole turns of a chat; it applies to /v1/chat/completions"))
+		return
+	}
+	s.generate(w, r, false, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions, 0)
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
@@ -560,8 +567,23 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		}
 		msgs = append(msgs, chat.Message{Role: role, Content: text})
 	}
-	prompt, err := s.opt.Format.Encode(s.tok, msgs)
-	if err != nil {
+	var prompt []int
+	var err error
+	dropped := 0
+	if kv := req.KV; kv != nil && kv.Truncate != nil && *kv.Truncate {
+		// The reply's share of the context, as kvlm chat gives it.
+		ctx := s.m.CtxLen
+		room := ctx / 4
+		for _, v := range []*int{req.MaxTokens, req.MaxCompletionTokens} {
+			if v != nil && *v >= 1 {
+				room = min(*v, ctx/4)
+			}
+		}
+		if prompt, _, dropped, err = FitTurns(s.opt.Format, s.tok, msgs, ctx, room); err != nil {
+			writeError(w, badRequest("messages", "kv.truncate: %s", strings.TrimPrefix(err.Error(), "chat: ")))
+			return
+		}
+	} else if prompt, err = s.opt.Format.Encode(s.tok, msgs); err != nil {
 		writeError(w, badRequest("messages", "%s", strings.TrimPrefix(err.Error(), "chat: ")))
 		return
 	}
@@ -586,7 +608,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 			stops = append(stops, st)
 		}
 	}
-	s.generate(w, r, true, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions)
+	s.generate(w, r, true, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions, dropped)
 }
 
 // messageText is a message's content: a string, null, or an array of text
@@ -640,12 +662,14 @@ type kvUsageJSON struct {
 	ComputedTokens int `json:"computed_tokens"`
 	// CompressedTokens is the prompt tokens that came from a compressed
 	// prefix (docs/PREFIX.md).
-	CompressedTokens int    `json:"compressed_tokens"`
-	EvictedTokens    int    `json:"evicted_tokens"` // tokens the policy dropped (per table, mean)
-	Preemptions      int    `json:"preemptions"`
-	Policy           string `json:"policy"`
-	TypeK            string `json:"type_k"`
-	TypeV            string `json:"type_v"`
+	CompressedTokens int `json:"compressed_tokens"`
+	// DroppedTurns is the old turns kv.truncate dropped (chat).
+	DroppedTurns  int    `json:"dropped_turns"`
+	EvictedTokens int    `json:"evicted_tokens"` // tokens the policy dropped (per table, mean)
+	Preemptions   int    `json:"preemptions"`
+	Policy        string `json:"policy"`
+	TypeK         string `json:"type_k"`
+	TypeV         string `json:"type_v"`
 }
 
 type timingsJSON struct {
@@ -713,7 +737,7 @@ type choiceState struct {
 }
 
 // generate runs an engine request and answers it, whole or streamed.
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, gr engine.GenRequest, stops []string, stream bool, so *streamOptions) {
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, gr engine.GenRequest, stops []string, stream bool, so *streamOptions, dropped int) {
 	start := time.Now()
 	h, err := s.e.Submit(gr)
 	if err != nil {
@@ -821,6 +845,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, g
 	u := h.Usage()
 	s.met.prompt(u.PromptTokens)
 	usage := usageOf(u)
+	usage.KV.DroppedTurns = dropped
 	usage.Timings = &timingsJSON{TTFTMS: float64(firstTok) / 1e6, TotalMS: float64(time.Since(start)) / 1e6}
 	var failed error
 	for _, c := range cs {
