@@ -381,7 +381,11 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 	r.Policy = pol
 	streamed := false
 	if len(r.Prompt) >= e.m.CtxLen {
-		if _, ok := pol.StreamBound(); !ok || r.PrefixTokens != 0 {
+		_, ok := pol.StreamBound()
+		if ok && r.PrefixTokens != 0 {
+			return nil, invalid("kv: a prompt longer than the context (%d tokens; the context is %d) is read token by token, with no prefix compressed on its own: drop kv.prefix", len(r.Prompt), e.m.CtxLen)
+		}
+		if !ok {
 			return nil, invalid("the prompt is %d tokens; the context length is %d, and at least one token must be generated (a window method that prunes while decoding, kv.policy window, streaming or lminfinite, reads a longer prompt token by token)", len(r.Prompt), e.m.CtxLen)
 		}
 		streamed = true

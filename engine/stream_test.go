@@ -101,5 +101,9 @@ func TestEngineStreamsPastTheContext(t *testing.T) {
 			t.Errorf("%s: %v, want an InvalidError", c, err)
 		}
 	}
+	var ie *InvalidError
+	if _, err := e.Submit(GenRequest{Prompt: prompt, MaxTokens: 1, Policy: policy.Config{Method: "streaming", Window: 60}, PrefixTokens: 100}); !errors.As(err, &ie) {
+		t.Errorf("a prefix to compress with a prompt past the context: %v, want an InvalidError", err)
+	}
 	checkFree(t, e)
 }
