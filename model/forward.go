@@ -136,7 +136,7 @@ func (m *Model) NewSequence(cache kvcache.Sequence) (*Sequence, error) {
 		return nil, fmt.Errorf("model: cache layout %+v does not fit the model (%d cache layers, %d KV heads, head dim %d)",
 			l, want.Layers, m.KVHeads, m.HeadDim)
 	}
-	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len(), MaxPos: m.CtxLen}
+	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len(), hist: cache.Len(), MaxPos: m.CtxLen}
 	return s, nil
 }
 
@@ -360,6 +360,11 @@ func (s *Sequence) Forward(tokens []int, all bool) ([]float32, error) {
 // SetPos sets the position the next token takes: after a policy re-indexed
 // the cache's positions, the next token continues from the cache length.
 func (s *Sequence) SetPos(n int) { s.pos = n }
+
+// SetHistory sets the count of tokens run so far (what a policy numbers
+// the origins of new tokens from; positions may be re-indexed, this is
+// not), for a sequence whose cache was restored compressed.
+func (s *Sequence) SetHistory(n int) { s.hist = n }
 
 // Truncate drops every token from position n on (n ≤ Pos).
 func (s *Sequence) Truncate(n int) error {

@@ -55,7 +55,7 @@ func init() {
 			}
 			return nil
 		},
-		Run: func(st *State) (Runner, error) { return &miniCache{st}, nil }})
+		Run: func(st *State) (Runner, error) { return &miniCache{st}, nil }, PrefixTail: anyTail})
 }
 
 // MergedPairs lists the merged layer pairs as their upper layers, for a
