@@ -264,6 +264,7 @@ type tile struct {
 	q0, nq int
 	rows   int
 	ld     int // columns of s: 16 per panel
+	p0, p1 int // the panels [p0, p1) some query of the tile sees (a window's)
 
 	q, qp []float32 // [rows][hd] queries, gathered and packed
 	s     []float32 // [rows][ld] scores, then weights
@@ -312,11 +313,19 @@ func (w *tile) setup(b *Batch, it *item) {
 		copy(w.q[t*G*hd:(t+1)*G*hd], b.Q[off:off+G*hd])
 	}
 	tensor.PackQueries(w.qp, w.q, w.rows, hd)
+	w.p0, w.p1 = np, 0
 	for t := 0; t < w.nq; t++ {
 		p := b.Pos[w.q0+t]
 		for pi := range w.panels {
-			w.vis[t*np+pi] = b.classify(&w.panels[pi], p)
+			v := b.classify(&w.panels[pi], p)
+			w.vis[t*np+pi] = v
+			if v != visNone {
+				w.p0, w.p1 = min(w.p0, pi), max(w.p1, pi+1)
+			}
 		}
+	}
+	if w.p0 >= w.p1 {
+		w.p0, w.p1 = 0, 0
 	}
 }
 
@@ -560,13 +569,20 @@ func (w *tile) weighted(b *Batch, pi int) {
 // zeros with sum 0 (w.l). With Dummy, the dummy's score 0 joins the
 // maximum (w.m) and its exponential the sum, added after the slots'.
 func (w *tile) probs(b *Batch) {
-	for pi := range w.panels {
+	for pi := w.p0; pi < w.p1; pi++ {
 		w.scores(b, pi)
 	}
+	// Only the columns of panels some query sees hold scores; the others
+	// are weights 0 (as their −Inf scores would become), which leave every
+	// maximum and sum as they are.
 	ld := w.ld
+	c0, c1 := w.p0*tensor.AttnLanes, w.p1*tensor.AttnLanes
 	inf := float32(math.Inf(-1))
 	for r := 0; r < w.rows; r++ {
-		row := w.s[r*ld : (r+1)*ld]
+		full := w.s[r*ld : (r+1)*ld]
+		clear(full[:c0])
+		clear(full[c1:])
+		row := full[c0:c1]
 		mx := tensor.AttnMax(row)
 		if b.Dummy {
 			// The dummy's score 0 takes part in the maximum.
@@ -586,7 +602,7 @@ func (w *tile) probs(b *Batch) {
 		}
 		tensor.AttnExp(row, b.Norm, mx/b.Norm)
 	}
-	rowSums(w.s, ld, w.rows, w.l)
+	rowSums(w.s[c0:], ld, c1-c0, w.rows, w.l)
 	if b.Dummy {
 		// The dummy's exponential joins the sum, after the slots'.
 		for r := 0; r < w.rows; r++ {
@@ -595,19 +611,18 @@ func (w *tile) probs(b *Batch) {
 	}
 	for r := 0; r < w.rows; r++ {
 		if w.l[r] != 0 {
-			tensor.AttnDiv(w.s[r*ld:(r+1)*ld], w.l[r])
+			tensor.AttnDiv(w.s[r*ld+c0:r*ld+c1], w.l[r])
 		}
 	}
 }
 
-// rowSums sets l[r] to the sum of row r of s (rows × ld), added in order
-// from zero (four rows in step).
-func rowSums(s []float32, ld, rows int, l []float32) {
+// rowSums sets l[r] to the sum of the first width values of row r of s
+// (rows ld apart), added in order from zero (four rows in step).
+func rowSums(s []float32, ld, width, rows int, l []float32) {
 	r := 0
 	for ; r+4 <= rows; r += 4 {
-		a := s[r*ld : (r+1)*ld]
-		b, c, d := s[(r+1)*ld:(r+2)*ld], s[(r+2)*ld:(r+3)*ld], s[(r+3)*ld:(r+4)*ld]
-		b, c, d = b[:len(a)], c[:len(a)], d[:len(a)]
+		a := s[r*ld : r*ld+width]
+		b, c, d := s[(r+1)*ld:(r+1)*ld+width], s[(r+2)*ld:(r+2)*ld+width], s[(r+3)*ld:(r+3)*ld+width]
 		var s0, s1, s2, s3 float32
 		for i, v := range a {
 			s0 += v
@@ -619,7 +634,7 @@ func rowSums(s []float32, ld, rows int, l []float32) {
 	}
 	for ; r < rows; r++ {
 		var s0 float32
-		for _, v := range s[r*ld : (r+1)*ld] {
+		for _, v := range s[r*ld : r*ld+width] {
 			s0 += v
 		}
 		l[r] = s0
@@ -661,7 +676,7 @@ func (w *tile) online(b *Batch, it *item, sc *Scratch) {
 		}
 	}
 	clear(w.o[:w.rows*hd])
-	for pi := range w.panels {
+	for pi := w.p0; pi < w.p1; pi++ {
 		if !w.scores(b, pi) {
 			continue
 		}

@@ -117,6 +117,9 @@ type Engine struct {
 	nRunning, nWaiting atomic.Int64
 	prefixQueried      atomic.Int64 // prompt tokens looked up in the prefix cache
 	prefixHit          atomic.Int64 // prompt tokens found there
+	prefillComputed    atomic.Int64 // prompt tokens run through the model (prefill)
+	compHits           atomic.Int64 // requests started from a compressed prefix
+	compMisses         atomic.Int64 // requests with a policy that found none
 	preemptions        atomic.Int64
 	stepGen            int // tokens generated in the current step
 }
@@ -376,6 +379,20 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 		return nil, invalid("kv: %v", err)
 	}
 	r.Policy = pol
+	streamed := false
+	if len(r.Prompt) >= e.m.CtxLen {
+		_, ok := pol.StreamBound()
+		if ok && r.PrefixTokens != 0 {
+			return nil, invalid("kv: a prompt longer than the context (%d tokens; the context is %d) is read token by token, with no prefix compressed on its own: drop kv.prefix", len(r.Prompt), e.m.CtxLen)
+		}
+		if !ok {
+			return nil, invalid("the prompt is %d tokens; the context length is %d, and at least one token must be generated (a window method that prunes while decoding, kv.policy window, streaming or lminfinite, reads a longer prompt token by token)", len(r.Prompt), e.m.CtxLen)
+		}
+		streamed = true
+	}
+	if r.PrefixTokens != 0 && pol.Method == "full" {
+		return nil, invalid("kv: a prefix to compress needs a compression policy (without one, the prefix cache reuses it as it is)")
+	}
 	if r.Slot != nil && pol.Method != "full" {
 		return nil, invalid("kv: a slot keeps only uncompressed sequences; drop the policy or the slot")
 	}
@@ -386,7 +403,12 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 			return nil, invalid("kv: %v", err)
 		}
 	}
-	if need, whole := pool.AdmitBytes(len(r.Prompt), r.N), pool.CapacityBytes(); need > whole {
+	admit := len(r.Prompt)
+	if streamed {
+		b, _ := pol.StreamBound()
+		admit = min(admit, b)
+	}
+	if need, whole := pool.AdmitBytes(admit, r.N), pool.CapacityBytes(); need > whole {
 		return nil, invalid("the prompt needs %d bytes of KV cache, more than the whole pool (%d bytes)", need, whole)
 	}
 	h := newHandle(r.N, e.wake)
@@ -399,7 +421,7 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 		return nil, capacity(ErrQueueFull, "%v (%d requests waiting); retry later", ErrQueueFull, len(e.waiting))
 	}
 	e.nextID++
-	req := &request{id: e.nextID, r: r, h: h, pool: pool, submitted: time.Now(),
+	req := &request{id: e.nextID, r: r, h: h, pool: pool, submitted: time.Now(), streamed: streamed,
 		usage: Usage{PromptTokens: len(r.Prompt), Policy: pol.String()}}
 	kc, vc := pool.Codecs()
 	req.usage.K, req.usage.V = kc.Name(), vc.Name()
@@ -415,8 +437,6 @@ func (e *Engine) validate(r *GenRequest) error {
 	switch {
 	case len(r.Prompt) == 0:
 		return invalid("empty prompt")
-	case len(r.Prompt) >= m.CtxLen:
-		return invalid("the prompt is %d tokens; the context length is %d, and at least one token must be generated", len(r.Prompt), m.CtxLen)
 	case r.MaxTokens <= 0:
 		return invalid("max_tokens must be at least 1, got %d", r.MaxTokens)
 	case r.N < 1 || r.N > e.cfg.MaxN:
@@ -431,6 +451,9 @@ func (e *Engine) validate(r *GenRequest) error {
 	}
 	if err := r.Sampling.Validate(); err != nil {
 		return invalid("%v", err)
+	}
+	if r.PrefixTokens < 0 || r.PrefixTokens > len(r.Prompt) {
+		return invalid("kv: the prefix to compress must be between 1 and the prompt's %d tokens, got %d", len(r.Prompt), r.PrefixTokens)
 	}
 	if r.Slot != nil && (*r.Slot < 0 || *r.Slot >= MaxSlots) {
 		return invalid("kv: slot must be between 0 and %d, got %d", MaxSlots-1, *r.Slot)
@@ -448,7 +471,14 @@ type Stats struct {
 	Pools            []PoolStats
 	PrefixQueried    int64 // prompt tokens looked up in the prefix cache
 	PrefixHit        int64 // prompt tokens served from it
-	Preemptions      int64
+	PrefillComputed  int64 // prompt tokens run through the model (recomputations included)
+	// Compressed prefixes (requests with a policy): lookups that found
+	// one, lookups that did not, and what the pools cache (entries, bytes
+	// of their blocks; all pools).
+	CompressedHits, CompressedMisses int64
+	CompressedPrefixes               int
+	CompressedBytes                  int64
+	Preemptions                      int64
 }
 
 // PoolStats is one codec pair's pool.
@@ -462,7 +492,8 @@ type PoolStats struct {
 // Stats reports the engine's state; safe from any goroutine.
 func (e *Engine) Stats() Stats {
 	st := Stats{Running: int(e.nRunning.Load()), Waiting: int(e.nWaiting.Load()), BudgetBytes: e.budget,
-		PrefixQueried: e.prefixQueried.Load(), PrefixHit: e.prefixHit.Load(), Preemptions: e.preemptions.Load()}
+		PrefixQueried: e.prefixQueried.Load(), PrefixHit: e.prefixHit.Load(), PrefillComputed: e.prefillComputed.Load(),
+		CompressedHits: e.compHits.Load(), CompressedMisses: e.compMisses.Load(), Preemptions: e.preemptions.Load()}
 	au := e.arena.Usage()
 	st.ArenaBytes, st.HeldBytes = au.Allocated, au.Held
 	e.mu.Lock()
@@ -474,6 +505,9 @@ func (e *Engine) Stats() Stats {
 	for p, name := range names {
 		u := p.Usage()
 		st.UsedBytes += u.BytesUsed
+		n, b := p.CompressedPrefixes()
+		st.CompressedPrefixes += n
+		st.CompressedBytes += b
 		st.Pools = append(st.Pools, PoolStats{Name: name, Usage: u, BlockTokens: p.BlockTokens(), BlockBytes: p.BlockBytes()})
 	}
 	sortPools(st.Pools)

@@ -26,6 +26,14 @@ type GenRequest struct {
 	// NoPrefixCache neither reuses cached prompt blocks nor leaves this
 	// request's blocks for later ones.
 	NoPrefixCache bool
+	// PrefixTokens, if set (1 ≤ PrefixTokens ≤ len(Prompt), with a
+	// Policy), compresses the prompt's first PrefixTokens tokens on their
+	// own, query-agnostic, as if they were the whole prompt (SnapKV's
+	// observation window is their last tokens), caches the compressed
+	// prefix for later requests with the same prefix and kv settings, and
+	// runs the rest of the prompt on top of it, uncompressed, as steps of
+	// the method's decoding schedule. 0: the whole prompt is compressed.
+	PrefixTokens int
 	// Slot, if set, keeps the first sample's sequence in that slot when it
 	// finishes (replacing what the slot held), for SaveSlot.
 	Slot *int
@@ -57,6 +65,8 @@ type Event struct {
 type Usage struct {
 	PromptTokens     int   // prompt length
 	CachedTokens     int   // prompt tokens served from the prefix cache
+	ComputedTokens   int   // prompt tokens run through the model (after a preemption, the recomputed ones too)
+	CompressedTokens int   // prompt tokens that came from a compressed prefix (all of them, or none)
 	CompletionTokens int   // tokens generated over all samples
 	KVBytesPeak      int64 // the most KV memory the request's sequences held together
 	KVBytes          int64 // KV memory held when the last sample ended (before release)

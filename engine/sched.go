@@ -31,13 +31,36 @@ type request struct {
 	started  bool // admitted once (prefix-cache statistics counted)
 	usage    Usage
 	evicted  int64 // slots dropped by the policy, summed over tables
+	// streamed: the prompt is longer than the context and the policy a
+	// window method: it is fed token by token, each token a step of the
+	// method's decoding schedule (as kvlm ppl --stream feeds a text), and
+	// the cache never holds more than the policy's StreamBound.
+	streamed bool
 	curBytes int64
 }
 
-// prefix says whether the request uses the prefix cache. Compressed
-// sequences neither use nor fill it: kvcache compacts blocks in place,
-// which would corrupt blocks a cache entry still names.
-func (q *request) prefix() bool { return !q.r.NoPrefixCache && q.r.Policy.Method == "full" }
+// admitTokens is the tokens of a history of n that admission sizes the
+// cache for: n, or the policy's bound for a streamed request.
+func (q *request) admitTokens(n int) int {
+	if q.streamed {
+		b, _ := q.r.Policy.StreamBound()
+		return min(n, b)
+	}
+	return n
+}
+
+// prefix says whether the request starts from cached prompt blocks. A
+// request with a policy does too, for as much of its prompt as the method
+// allows (policy.Config.ComputedTail: what it must compute itself to
+// compress as a whole prefill would); the blocks it then compresses are
+// copied first (kvcache copies blocks shared with other sequences or the
+// prefix cache before it changes them), so the cached prefix stays whole.
+func (q *request) prefix() bool { return !q.r.NoPrefixCache && !q.streamed }
+
+// registers says whether the request leaves its prompt's blocks in the
+// prefix cache: only uncompressed ones hold tokens 0..n-1 in order (a
+// policy compresses the prompt in the forward pass of its last chunk).
+func (q *request) registers() bool { return q.prefix() && q.r.Policy.Method == "full" }
 
 // seqState is one sample.
 type seqState struct {
@@ -48,10 +71,11 @@ type seqState struct {
 	pol    *policy.State
 	smp    *sample.Sampler
 
-	hist       []int // prompt, then the tokens generated
-	gen        int   // tokens generated
-	fed        int   // leading tokens of hist in the cache
-	prefilling bool  // the next run is a prefill of hist[fed:]
+	hist       []int     // prompt, then the tokens generated
+	restored   []float32 // [vocab] the last prompt token's logits, when the prompt came from a compressed prefix
+	gen        int       // tokens generated
+	fed        int       // leading tokens of hist in the cache
+	prefilling bool      // the next run is a prefill of hist[fed:]
 	last       time.Time
 	done       bool
 	bytes      int64 // KV bytes after the last step
@@ -206,7 +230,7 @@ func (e *Engine) finish(s *seqState, why FinishReason, err error) {
 		q.usage.KVBytes += s.cache.Bytes()
 		kept := false
 		if why != FinishError && why != FinishCancelled {
-			if q.prefix() {
+			if q.registers() {
 				s.cache.RegisterPrefix(s.hist[:s.fed], 0)
 			}
 			if q.r.Slot != nil && s.choice == 0 && q.r.Policy.Method == "full" {
@@ -252,7 +276,7 @@ func (e *Engine) runningSamples() int {
 func (e *Engine) admit() {
 	for len(e.preempted) > 0 {
 		s := e.preempted[0]
-		if e.runningSamples()+places(s) > e.cfg.MaxRunning || !e.fits(s.req.pool, s.req.pool.AdmitBytes(len(s.hist), places(s))) {
+		if e.runningSamples()+places(s) > e.cfg.MaxRunning || !e.fits(s.req.pool, s.req.pool.AdmitBytes(s.req.admitTokens(len(s.hist)), places(s))) {
 			return
 		}
 		e.preempted = e.preempted[1:]
@@ -266,7 +290,7 @@ func (e *Engine) admit() {
 		}
 		q := e.waiting[0]
 		e.mu.Unlock()
-		if e.runningSamples()+q.r.N > e.cfg.MaxRunning || !e.fits(q.pool, q.pool.AdmitBytes(len(q.r.Prompt), q.r.N)) {
+		if e.runningSamples()+q.r.N > e.cfg.MaxRunning || !e.fits(q.pool, q.pool.AdmitBytes(q.admitTokens(len(q.r.Prompt)), q.r.N)) {
 			return
 		}
 		e.mu.Lock()
@@ -318,13 +342,23 @@ func (e *Engine) room(p *kvcache.Pool, need int64) bool {
 }
 
 // start gives a sample a fresh sequence: cached prompt blocks are taken
-// from the prefix cache, the rest is prefilled in later steps.
+// from the prefix cache, the rest is prefilled in later steps. A request
+// with a policy whose whole prompt was compressed before under the same
+// configuration starts from that compressed prefix and computes nothing
+// of it.
 func (e *Engine) start(s *seqState) {
 	q := s.req
 	cache := q.pool.NewSequence()
+	k := s.compressedLen()
+	if q.prefix() && q.r.Policy.Method != "full" && e.startCompressed(s, cache, k) {
+		return
+	}
 	matched := 0
 	if q.prefix() {
-		matched = cache.MatchPrefix(s.hist, 0)
+		// At least the method's computed tail of the part it compresses
+		// is left to run (MatchPrefix always leaves one token).
+		tail := q.r.Policy.ComputedTail(k)
+		matched = cache.MatchPrefix(s.hist[:k-tail+1], 0)
 	}
 	if !q.started {
 		q.started = true
@@ -350,16 +384,28 @@ func (e *Engine) start(s *seqState) {
 		}
 		s.pol = st
 		seq.SetPolicy(st) // the forward pass drives it
-		seq.Prompt(len(s.hist) - matched)
+		if !q.streamed {
+			seq.Prompt(k - matched)
+		}
 	}
 	e.running = append(e.running, s)
+}
+
+// compressedLen is how many leading tokens of s's history the policy
+// compresses as a prompt: the request's PrefixTokens (a prefix compressed
+// on its own, the rest run on top of it), else the whole history.
+func (s *seqState) compressedLen() int {
+	if k := s.req.r.PrefixTokens; k > 0 {
+		return k
+	}
+	return len(s.hist)
 }
 
 // preempt frees a sample's blocks and queues it to be recomputed.
 func (e *Engine) preempt(s *seqState) {
 	q := s.req
 	if s.cache != nil {
-		if q.prefix() && !s.prefilling {
+		if q.registers() && !s.prefilling {
 			s.cache.RegisterPrefix(s.hist[:s.fed], 0)
 		}
 		s.cache.Free()
@@ -524,32 +570,55 @@ func (e *Engine) prefill() int {
 		if s.done || !s.prefilling || s.seq == nil {
 			continue
 		}
-		n := min(len(s.hist)-s.fed, left)
-		if !e.makeRoom(s, n) {
-			continue
-		}
-		logits, err := s.seq.Forward(s.hist[s.fed:s.fed+n], false)
-		if err != nil {
-			if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
-				e.preempt(s)
-			} else {
-				e.finish(s, FinishError, err)
-			}
-			continue
-		}
-		s.fed += n
-		left -= n
-		ran += n
-		e.notePeak(s, s.seq.StepBytes) // before the policy compressed the prompt
 		q := s.req
-		if q.prefix() {
-			s.cache.RegisterPrefix(s.hist[:s.fed], 0)
-		}
-		if s.fed < len(s.hist) {
-			continue
+		// A prompt that came compressed from the cache whole comes with
+		// its logits.
+		restored := s.restored != nil && s.fed == len(s.hist)
+		logits := s.restored
+		s.restored = nil
+		k := s.compressedLen()
+		if q.streamed {
+			var ok bool
+			if logits, ok = e.stream(s, &left, &ran); !ok {
+				continue
+			}
+		} else if !restored {
+			n := min(len(s.hist)-s.fed, left)
+			if s.pol != nil && s.fed < k {
+				n = min(n, k-s.fed) // the compressed part ends a step
+			}
+			if !e.makeRoom(s, n) {
+				continue
+			}
+			var err error
+			logits, err = s.seq.Forward(s.hist[s.fed:s.fed+n], false)
+			if err != nil {
+				if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
+					e.preempt(s)
+				} else {
+					e.finish(s, FinishError, err)
+				}
+				continue
+			}
+			s.fed += n
+			left -= n
+			ran += n
+			e.notePeak(s, s.seq.StepBytes) // before the policy compressed the prompt
+			q.usage.ComputedTokens += n
+			e.prefillComputed.Add(int64(n))
+			if q.registers() {
+				s.cache.RegisterPrefix(s.hist[:s.fed], 0)
+			}
+			if s.pol != nil && s.fed == k && q.prefix() && !q.forked {
+				// Just compressed, before the rest runs on top of it.
+				e.storeCompressed(s, s.hist[:k], logits)
+			}
+			if s.fed < len(s.hist) {
+				continue
+			}
 		}
 		s.prefilling = false
-		if s.pol != nil {
+		if s.pol != nil && !q.streamed { // (a streamed prompt's evictions are counted as they happen)
 			// The forward pass compressed the prompt after its last token.
 			// Every table received the whole prompt, unless the policy
 			// pruned it during the prefill (pyramidinfer): count those too.
@@ -572,6 +641,47 @@ func (e *Engine) prefill() int {
 		}
 	}
 	return ran
+}
+
+// stream feeds a streamed sample's prompt one token at a time, each a
+// step of the policy's decoding schedule (its Before prunes first), up to
+// *left tokens. It returns the last token's logits and true once the
+// prompt has been fed; false while tokens are left (or the sample was
+// preempted or ended).
+func (e *Engine) stream(s *seqState, left, ran *int) ([]float32, bool) {
+	q := s.req
+	var logits []float32
+	for *left > 0 && s.fed < len(s.hist) {
+		before := e.slotsHeld(s)
+		if err := s.seq.Prepare(1); err != nil {
+			if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
+				e.preempt(s)
+			} else {
+				e.finish(s, FinishError, err)
+			}
+			return nil, false
+		}
+		e.noteEvicted(s, before)
+		if !e.makeRoom(s, 1) {
+			return nil, false
+		}
+		var err error
+		if logits, err = s.seq.Forward(s.hist[s.fed:s.fed+1], false); err != nil {
+			if errors.Is(err, kvcache.ErrNoBlocks) && len(e.running) > 1 {
+				e.preempt(s)
+			} else {
+				e.finish(s, FinishError, err)
+			}
+			return nil, false
+		}
+		s.fed++
+		*left--
+		*ran++
+		q.usage.ComputedTokens++
+		e.prefillComputed.Add(1)
+		e.notePeak(s, s.cache.Bytes())
+	}
+	return logits, s.fed == len(s.hist)
 }
 
 // fork makes sample i of s's request, sharing s's blocks.

@@ -109,27 +109,16 @@ func (s *Paged) keep(t *table, keep []int) error {
 // compactInPlace moves the kept slots of blocks first.. down over the
 // dropped ones, in order, inside the table's own blocks (a slot only ever
 // moves to an earlier place, so nothing is overwritten before it is read),
-// then releases the blocks left empty. Shared blocks are copied first; no
-// other block is allocated, so a full pool can still be pruned. The caller
-// holds p.mu.
+// then releases the blocks left empty. Blocks shared with other sequences
+// or the prefix cache are copied first (own); no other block is allocated,
+// so a full pool can still be pruned. The caller holds p.mu.
 func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
 	p := s.pool
 	B, d := p.B, p.layout.HeadDim
 	used := (len(fromBlocks) + B - 1) / B // blocks that will hold the kept slots
 	for j := first; j < first+used; j++ {
-		if b := t.blocks[j]; p.meta[b].entry != nil {
-			// The block's contents change: it no longer holds the cached prefix.
-			p.dropEntry(p.meta[b].entry)
-		}
-		if b := t.blocks[j]; p.meta[b].ref > 1 {
-			nb, err := p.alloc()
-			if err != nil {
-				return fmt.Errorf("%w: copying a shared block before compaction", err)
-			}
-			p.copyBlock(nb, b, B)
-			p.decref(b)
-			t.blocks[j] = nb
-			p.stats.CopyOnWrite++
+		if err := s.own(t, j); err != nil {
+			return fmt.Errorf("%w: copying a shared block before compaction", err)
 		}
 	}
 	for k, slot := range fromBlocks {
@@ -175,8 +164,8 @@ func (s *Paged) Positions(layer, head int) []int32 {
 // RewriteKeys lets fn change the position and the key of the given slots
 // of (layer, head) (ascending indexes): each key is decoded, handed to fn
 // with its position, and encoded back with the position fn returns. It is
-// how positions are re-indexed (the model re-rotates the key). Shared
-// blocks are copied first; keys in KIVI groups cannot be rewritten, and
+// how positions are re-indexed (the model re-rotates the key). Blocks
+// shared with other sequences or the prefix cache are copied first (own); keys in KIVI groups cannot be rewritten, and
 // quantized keys are re-quantized (lossy).
 func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key []float32) int32) error {
 	p := s.pool
@@ -200,21 +189,10 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 			return fmt.Errorf("kvcache: %s keys are sealed in groups and cannot be rewritten", p.kc.Name())
 		}
 		bi := i / p.B
+		if err := s.own(t, bi); err != nil {
+			return err
+		}
 		b := t.blocks[bi]
-		if p.meta[b].ref > 1 {
-			nb, err := p.alloc()
-			if err != nil {
-				return err
-			}
-			p.copyBlock(nb, b, min(p.B, t.n-bi*p.B))
-			p.decref(b)
-			t.blocks[bi] = nb
-			p.stats.CopyOnWrite++
-			b = nb
-		}
-		if e := p.meta[b].entry; e != nil {
-			p.dropEntry(e) // the block's contents change
-		}
 		t.kc.Get(p.kbuf(b), p.B, d, i%p.B, key)
 		pos := &p.posbuf(b)[i%p.B]
 		*pos = fn(*pos, key)
@@ -222,5 +200,32 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 	}
 	t.dirty = true
 	s.pristine = false
+	return nil
+}
+
+// own makes block j of table t the table's alone before its contents
+// change in place: a block other sequences hold, or one the prefix cache
+// names (the plain prefix stays a hit for later sequences), is replaced by
+// a copy. When the pool has no block for the copy, a block only the cache
+// shares drops its entry instead (the cached prefix gives way); a block
+// other sequences hold cannot. The caller holds p.mu.
+func (s *Paged) own(t *table, j int) error {
+	p := s.pool
+	b := t.blocks[j]
+	if p.meta[b].ref == 1 && p.meta[b].entry == nil {
+		return nil
+	}
+	nb, err := p.alloc()
+	if err != nil {
+		if p.meta[b].ref > 1 {
+			return err
+		}
+		p.dropEntry(p.meta[b].entry)
+		return nil
+	}
+	p.copyBlock(nb, b, min(p.B, t.n-j*p.B))
+	p.decref(b)
+	t.blocks[j] = nb
+	p.stats.CopyOnWrite++
 	return nil
 }

@@ -544,35 +544,47 @@ func checkSnapshot(t *testing.T, s *Paged, ref []map[int32][]float32, want []int
 	}
 }
 
-// TestPruneDropsPrefixEntry: compacting or rewriting a registered block
-// drops its prefix-cache entry, so no later sequence gets changed contents.
-func TestPruneDropsPrefixEntry(t *testing.T) {
-	p := newTestPool(t, 1, 1, 4, 4, 64)
-	prompt := seqRange(0, 13)
-	a := p.NewSequence()
-	if err := appendTokens(t, a, 0, 13); err != nil {
-		t.Fatal(err)
-	}
-	a.RegisterPrefix(prompt, 0)
-	if err := a.Keep(0, 0, append([]int{1}, seqRange(3, 13)...)); err != nil {
-		t.Fatal(err)
-	}
-	b := p.NewSequence()
-	if n := b.MatchPrefix(prompt, 0); n != 0 {
-		t.Fatalf("matched %d tokens of blocks whose contents changed", n)
-	}
-	b.Free()
-	c := p.NewSequence()
-	if err := appendTokens(t, c, 0, 13); err != nil {
-		t.Fatal(err)
-	}
-	c.RegisterPrefix(prompt, 0)
-	if err := c.RewriteKeys(0, 0, []int{0}, func(pos int32, k []float32) int32 { return pos }); err != nil {
-		t.Fatal(err)
-	}
-	d := p.NewSequence()
-	if n := d.MatchPrefix(prompt, 0); n != 0 {
-		t.Fatalf("after rewriting block 0 matched %d tokens, want none", n)
+// TestPruneKeepsPrefixEntry: compacting or rewriting a registered block
+// changes a copy: the block keeps the cached prefix's contents and its
+// entry, so a later sequence gets the prefix as it was registered. When the
+// pool has no block for the copy, the entry is dropped instead, so no later
+// sequence gets changed contents.
+func TestPruneKeepsPrefixEntry(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		tokens int // pool size
+		change func(s *Paged) error
+		want   int // tokens matched afterwards
+	}{
+		{"Keep", 64, func(s *Paged) error { return s.Keep(0, 0, append([]int{1}, seqRange(3, 13)...)) }, 12},
+		{"RewriteKeys", 64, func(s *Paged) error {
+			return s.RewriteKeys(0, 0, []int{0}, func(pos int32, k []float32) int32 { k[0] = -5; return pos + 7 })
+		}, 12},
+		{"Keep in a full pool", 16, func(s *Paged) error { return s.Keep(0, 0, append([]int{1}, seqRange(3, 16)...)) }, 0},
+		{"RewriteKeys in a full pool", 16, func(s *Paged) error {
+			return s.RewriteKeys(0, 0, []int{0}, func(pos int32, k []float32) int32 { k[0] = -5; return pos + 7 })
+		}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := newTestPool(t, 1, 1, 4, 4, c.tokens)
+			n := min(c.tokens, 16)
+			prompt := seqRange(0, n)
+			a := p.NewSequence()
+			if err := appendTokens(t, a, 0, n); err != nil {
+				t.Fatal(err)
+			}
+			a.RegisterPrefix(prompt, 0)
+			if err := c.change(a); err != nil {
+				t.Fatal(err)
+			}
+			b := p.NewSequence()
+			got := b.MatchPrefix(prompt[:13], 0)
+			if got != c.want {
+				t.Fatalf("matched %d tokens, want %d", got, c.want)
+			}
+			checkContents(t, b, seqRange(0, got))
+			checkInvariants(t, p, []*Paged{a, b})
+		})
 	}
 }
 

@@ -1,5 +1,7 @@
 package kvcache
 
+import "slices"
+
 // The prefix cache: a full block of a sequence whose tables still hold
 // tokens 0..n-1 in order is indexed by
 //
@@ -12,12 +14,18 @@ package kvcache
 // their sequences: unreferenced blocks wait in the pool's LRU free list, and
 // an entry is dropped only when one of its blocks is reused.
 
-// prefixEntry is one cached token block.
+// prefixEntry is one cached token block, or a compressed prefix
+// (compressed.go).
 type prefixEntry struct {
 	hash   uint64
-	tokens []int32 // the block's token ids, compared on lookup (no collisions)
+	tokens []int32 // the block's token ids, compared on lookup (no collisions); a compressed prefix's whole prompt
 	extra  uint64
-	blocks []int32 // [layers·kvHeads] physical blocks, in table order
+	blocks []int32 // [layers·kvHeads] physical blocks, in table order; a compressed prefix's: every table's, concatenated
+	comp   *compressed
+	// dependents are the compressed prefixes that also read blocks this
+	// entry owns: they go when it goes.
+	dependents []*prefixEntry
+	dropped    bool
 }
 
 const (
@@ -58,6 +66,10 @@ func sameTokens(a []int32, b []int) bool {
 // dropEntry forgets an entry; its blocks stay where they are. The caller
 // holds p.mu.
 func (p *Pool) dropEntry(e *prefixEntry) {
+	if e.dropped {
+		return
+	}
+	e.dropped = true
 	if p.index[e.hash] == e {
 		delete(p.index, e.hash)
 	}
@@ -66,6 +78,17 @@ func (p *Pool) dropEntry(e *prefixEntry) {
 			p.meta[b].entry = nil
 			p.uncache(b)
 		}
+	}
+	deps := e.dependents
+	e.dependents = nil
+	for _, d := range deps {
+		p.dropEntry(d)
+	}
+	if e.comp != nil {
+		for _, o := range e.comp.owners {
+			o.dependents = slices.DeleteFunc(o.dependents, func(d *prefixEntry) bool { return d == e })
+		}
+		e.comp.owners = nil
 	}
 }
 
@@ -91,7 +114,7 @@ func (s *Paged) MatchPrefix(tokens []int, extra uint64) int {
 		h := blockHash(parent, toks, extra)
 		p.stats.PrefixQueries++
 		e := p.index[h]
-		if e == nil || e.extra != extra || !sameTokens(e.tokens, blk) {
+		if e == nil || e.comp != nil || e.extra != extra || !sameTokens(e.tokens, blk) {
 			break
 		}
 		p.stats.PrefixHits++

@@ -108,7 +108,7 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 
 // Fork returns a sequence over a fork of s's cache (every block shared,
 // copied on first write): the same position, history count, chunk and
-// position limit and LCKVPasses, no hooks and no policy. The cache must be one the
+// position limit, LCKVPasses and NoEarlyExit, no hooks and no policy. The cache must be one the
 // scheduler can fork (kvcache.Scheduled). n > 1 samples of one prompt fork
 // after its prefill.
 func (s *Sequence) Fork() (*Sequence, error) {
@@ -120,6 +120,6 @@ func (s *Sequence) Fork() (*Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.pos, f.hist, f.Chunk, f.MaxPos, f.LCKVPasses = s.pos, s.hist, s.Chunk, s.MaxPos, s.LCKVPasses
+	f.pos, f.hist, f.Chunk, f.MaxPos, f.LCKVPasses, f.NoEarlyExit = s.pos, s.hist, s.Chunk, s.MaxPos, s.LCKVPasses, s.NoEarlyExit
 	return f, nil
 }

@@ -110,6 +110,13 @@ type Sequence struct {
 	// evaluation measures what compression does to attention.
 	AttnTap func(layer int, out []float32)
 
+	// NoEarlyExit turns the prefill early exit off (see step): every layer
+	// runs every row of a prompt chunk, so that a mass hook sees every
+	// prompt query of the layers above the last KV owner. The early exit
+	// is off as well while a Prune hook is set (a row pruner follows the
+	// rows layer by layer).
+	NoEarlyExit bool
+
 	// LCKVPasses chooses how a prompt runs on a Layer-Condensed KV model
 	// (Config.Condensed): 0, exact sequential encoding, token by token; m >
 	// 0, the iterative parallel encoding of Wu & Tu (arXiv 2405.10637,
@@ -128,8 +135,6 @@ type Sequence struct {
 	// ran its layers, before a policy compressed it: a prompt's peak.
 	StepBytes int64
 
-	noEarlyExit bool // tests: every layer runs every row (the early exit's baseline)
-
 	pol      Compressor // nil: none
 	prompt   int        // tokens of the announced prompt still to run
 	prepared int        // tokens the next step's Before already ran for (Prepare)
@@ -146,7 +151,7 @@ func (m *Model) NewSequence(cache kvcache.Sequence) (*Sequence, error) {
 		return nil, fmt.Errorf("model: cache layout %+v does not fit the model (%d cache layers, %d KV heads, head dim %d)",
 			l, want.Layers, m.KVHeads, m.HeadDim)
 	}
-	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len(), MaxPos: m.CtxLen}
+	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len(), hist: cache.Len(), MaxPos: m.CtxLen}
 	return s, nil
 }
 
@@ -371,6 +376,11 @@ func (s *Sequence) Forward(tokens []int, all bool) ([]float32, error) {
 // the cache's positions, the next token continues from the cache length.
 func (s *Sequence) SetPos(n int) { s.pos = n }
 
+// SetHistory sets the count of tokens run so far (what a policy numbers
+// the origins of new tokens from; positions may be re-indexed, this is
+// not), for a sequence whose cache was restored compressed.
+func (s *Sequence) SetHistory(n int) { s.hist = n }
+
 // Truncate drops every token from position n on (n ≤ Pos).
 func (s *Sequence) Truncate(n int) error {
 	if n < 0 || n > s.pos {
@@ -398,8 +408,9 @@ func grow(b []float32, n int) []float32 {
 // not at all when no logits are wanted: no later token reads anything they
 // produce, so this is exact. A mass hook's scored rows run there too
 // (PromptRows): a policy scoring every prompt query's attention (H2O) keeps
-// them all, one that scores none (a window) none. With LCKVPasses > 1 on a Layer-Condensed KV
-// model, the chunk runs that many passes (see LCKVPasses).
+// them all, one that scores none (a window) none. NoEarlyExit or a Prune
+// hook turns it off. With LCKVPasses > 1 on a Layer-Condensed KV model,
+// the chunk runs that many passes (see LCKVPasses).
 func (s *Sequence) step(tokens []int, dst []float32) error {
 	m, c := s.m, s.m.Config
 	n := len(tokens)
@@ -418,6 +429,15 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 	}
 	all := len(dst) == n*c.Vocab
 	last := c.LastOwner()
+	// A pass before the last only computes the keys and values the next
+	// pass's readers of a later layer see: the layers up to the highest
+	// such source.
+	lastRead := 0
+	for i := 0; i < c.Layers; i++ {
+		if c.ReadsLater(i) {
+			lastRead = max(lastRead, c.Source(i))
+		}
+	}
 	for k := 0; k < passes; k++ {
 		p.grow(c, n, 1)
 		p.batch = false
@@ -430,7 +450,10 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		}
 		prune := s.Prune != nil && !all
 		for li := range m.Layers {
-			if li > last && !all && !s.noEarlyExit {
+			if p.dry && li > lastRead {
+				break
+			}
+			if li > last && !all && !s.NoEarlyExit && s.Prune == nil {
 				// The rows still needed above the last owner: the last one
 				// for its logits, and those whose attention a mass hook
 				// scores (PromptRows); a dry pass needs none.

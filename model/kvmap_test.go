@@ -593,6 +593,43 @@ func TestPrefillEarlyExit(t *testing.T) {
 			if seq.RowLayers != T*L {
 				t.Errorf("every logit: %d rows computed, want %d", seq.RowLayers, T*L)
 			}
+			// NoEarlyExit, and a row pruner (which follows the rows layer by
+			// layer: it is consulted after every layer but the last, and
+			// here keeps every row), turn the early exit off: the same
+			// logits, every row in every layer.
+			for _, c := range []struct {
+				name   string
+				noExit bool
+				prune  *rulePruner
+			}{{"NoEarlyExit", true, nil}, {"pruner", false, &rulePruner{keep: func(int, int32) bool { return true }}}} {
+				seq, err := m.NewStandaloneSequence(KVOptions{K: fk, V: fv, BlockTokens: 16})
+				if err != nil {
+					t.Fatal(err)
+				}
+				seq.Chunk, seq.NoEarlyExit = 17, c.noExit
+				if c.prune != nil {
+					seq.Prune = c.prune
+				}
+				logits, err := seq.Forward(prompt, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				compareLogits(t, c.name, logits, ref[T-1], 1e-4)
+				if seq.RowLayers != T*L {
+					t.Errorf("%s: %d rows computed, want %d", c.name, seq.RowLayers, T*L)
+				}
+				// Once after every layer but the last of each chunk that
+				// does not want every logit (token by token on LCKV: the
+				// last token's step wants its only logits).
+				steps := (T + 16) / 17
+				if m.Condensed() {
+					steps = T - 1
+				}
+				if c.prune != nil && len(c.prune.calls) != steps*(L-1) {
+					t.Errorf("pruner consulted %d times, want %d", len(c.prune.calls), steps*(L-1))
+				}
+				seq.Close()
+			}
 		})
 	}
 }

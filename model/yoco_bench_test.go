@@ -60,7 +60,7 @@ func BenchmarkYOCOPrefill(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					seq.noEarlyExit = c.noExit
+					seq.NoEarlyExit = c.noExit
 					if _, err := seq.Forward(prompt, false); err != nil {
 						b.Fatal(err)
 					}

@@ -28,7 +28,7 @@ var pAlpha = &Param{Name: "alpha", Kind: FloatParam, Doc: "share of the budget s
 func init() {
 	Register(Method{Name: "adakv", Order: 7, Doc: "Ada-KV: snapkv with head-adaptive budgets",
 		Params: []string{"budget", "ratio", "window", "sinks", "agg", "pool", "kernel", "every", "alpha"}, Own: []*Param{pAlpha},
-		Normalize: normalizeSnap, Unused: map[string]string{"positions": "%s keeps different numbers of tokens per head or layer, so its positions cannot be re-indexed ({{positions}})"}, Scorer: adakv{}, Describe: func(Config) string { return "" }})
+		Normalize: normalizeSnap, Unused: map[string]string{"positions": "%s keeps different numbers of tokens per head or layer, so its positions cannot be re-indexed ({{positions}})"}, Scorer: adakv{}, PrefixTail: observedTail, Describe: func(Config) string { return "" }})
 }
 
 // adaBudgets is Ada-KV's head-adaptive split of a layer's budget: of the

@@ -53,5 +53,5 @@ func (keydiff) Scores(st *State, l, _ int) [][]float32 {
 
 func init() {
 	Register(Method{Name: "keydiff", Order: 12, Doc: "KeyDiff: the keys least like their head's mean direction",
-		Params: []string{"budget", "ratio", "window", "sinks", "every", "positions"}, Scorer: keydiff{}})
+		Params: []string{"budget", "ratio", "window", "sinks", "every", "positions"}, Scorer: keydiff{}, PrefixTail: anyTail})
 }

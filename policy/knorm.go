@@ -23,5 +23,5 @@ func (knorm) Scores(st *State, l, _ int) [][]float32 {
 
 func init() {
 	Register(Method{Name: "knorm", Order: 9, Doc: "keys of small norm",
-		Params: []string{"budget", "ratio", "window", "sinks", "every", "positions"}, Scorer: knorm{}})
+		Params: []string{"budget", "ratio", "window", "sinks", "every", "positions"}, Scorer: knorm{}, PrefixTail: anyTail})
 }

@@ -42,7 +42,7 @@ func (lmInfinite) Step(st *State, incoming int) error {
 func init() {
 	Register(Method{Name: "lminfinite", Order: 3, Doc: "LM-Infinite: sinks + window with the distance cap",
 		Params:       []string{"budget", "window", "sinks", "every", "positions"},
-		DefaultEvery: 1, WindowBudget: true, Unused: map[string]string{"ratio": "%s takes a window, not a ratio"}, Normalize: normalizeWindow, Scorer: lmInfinite{},
+		DefaultEvery: 1, WindowBudget: true, Unused: map[string]string{"ratio": "%s takes a window, not a ratio"}, Normalize: normalizeWindow, Scorer: lmInfinite{}, PrefixTail: anyTail,
 		Check: func(c Config, _ kvcache.Layout, keys codec.Codec) error {
 			if keys != nil && !keys.PerToken() {
 				return fmt.Errorf("policy: lminfinite moves its global tokens at every step, which needs per-token keys; %s keys are sealed in groups", keys.Name())

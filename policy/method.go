@@ -42,6 +42,14 @@ type Method struct {
 	// Check, if set, refuses a normalized configuration the model's KV
 	// layout cannot run (keys sealed in groups, no layer pair to merge).
 	Check func(c Config, l kvcache.Layout, keys codec.Codec) error
+	// PrefixTail, if set, is the fewest last tokens of a prompt of n
+	// tokens the method must see computed (their queries run) to reach what
+	// a prefill of the whole prompt gives it, so that the prompt's other
+	// tokens may come from the prefix cache. Nil: the method reads the
+	// queries of every prompt token (h2o, expected) or changes the prefill
+	// itself (pyramidinfer), and the whole prompt is computed. See
+	// Config.ComputedTail.
+	PrefixTail func(c Config, n int) int
 	// Describe, if set, is String's text of the method's own parameters
 	// (default: " name=value" for each of Own).
 	Describe func(c Config) string

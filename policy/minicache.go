@@ -55,8 +55,9 @@ func init() {
 		Describe: func(c Config) string {
 			return fmt.Sprintf(" t=%g gamma=%g from=%d", pInterp.Float(c), pGamma.Float(c), pMergeFrom.Int(c))
 		},
-		Check: checkMiniCache,
-		Run:   func(st *State) (Runner, error) { return &miniCache{st}, nil }})
+		Check:      checkMiniCache,
+		Run:        func(st *State) (Runner, error) { return &miniCache{st}, nil },
+		PrefixTail: anyTail})
 }
 
 // checkMiniCache refuses a layout with no pair to merge, or a pair with a

@@ -19,7 +19,7 @@ var pBeta = &Param{Name: "beta", Kind: FloatParam, Doc: "ratio of the largest to
 func init() {
 	Register(Method{Name: "pyramidkv", Order: 8, Doc: "PyramidKV: snapkv with budgets shrinking with depth",
 		Params: []string{"budget", "ratio", "window", "sinks", "agg", "pool", "kernel", "every", "beta"}, Own: []*Param{pBeta},
-		Normalize: normalizeSnap, Unused: map[string]string{"positions": "%s keeps different numbers of tokens per head or layer, so its positions cannot be re-indexed ({{positions}})"}, Scorer: pyramidkv{}, Describe: func(Config) string { return "" }})
+		Normalize: normalizeSnap, Unused: map[string]string{"positions": "%s keeps different numbers of tokens per head or layer, so its positions cannot be re-indexed ({{positions}})"}, Scorer: pyramidkv{}, PrefixTail: observedTail, Describe: func(Config) string { return "" }})
 }
 
 // pyramidBudgets is PyramidKV's per-layer allocation: with average budget

@@ -89,7 +89,7 @@ func normalizeSnap(c Config) (Config, error) {
 func init() {
 	Register(Method{Name: "snapkv", Order: 6, Doc: "SnapKV: an observation window's pooled attention",
 		Params:    []string{"budget", "ratio", "window", "sinks", "agg", "pool", "kernel", "every", "positions"},
-		Normalize: normalizeSnap, Scorer: snap{}})
+		Normalize: normalizeSnap, Scorer: snap{}, PrefixTail: observedTail})
 }
 
 // pool1d smooths x with a 1-D pooling of the given odd kernel, stride 1,

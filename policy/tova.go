@@ -63,5 +63,5 @@ func (tova) Scores(st *State, l, _ int) [][]float32 {
 func init() {
 	Register(Method{Name: "tova", Order: 5, Doc: "TOVA: the last query's attention, one token set per layer",
 		Params:       []string{"budget", "ratio", "window", "sinks", "agg", "every", "positions"},
-		DefaultEvery: 1, Scorer: tova{}})
+		DefaultEvery: 1, Scorer: tova{}, PrefixTail: anyTail})
 }

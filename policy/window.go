@@ -31,5 +31,5 @@ func normalizeWindow(c Config) (Config, error) {
 func init() {
 	Register(Method{Name: "window", Order: 1, Doc: "sliding window: the last window tokens",
 		Params:       []string{"budget", "window", "every", "positions"},
-		DefaultEvery: 1, WindowBudget: true, Unused: map[string]string{"ratio": "%s takes a window, not a ratio", "sinks": "window keeps no sinks; use streaming"}, Normalize: normalizeWindow, Scorer: windowScorer{}})
+		DefaultEvery: 1, WindowBudget: true, Unused: map[string]string{"ratio": "%s takes a window, not a ratio", "sinks": "window keeps no sinks; use streaming"}, Normalize: normalizeWindow, Scorer: windowScorer{}, PrefixTail: anyTail})
 }

@@ -23,8 +23,9 @@ import (
 // TestLoad drives the server on loopback with 32 concurrent clients and a
 // few hundred mixed requests: completions and chat, whole and streamed,
 // prompts of mixed lengths (some sharing prefixes), n = 1 or 2, stop
-// strings, KV policies and codecs per request, and some streams cancelled
-// mid-way. Every answer must be a well-formed 200, and the KV pool must
+// strings, KV policies and codecs per request (compressed prefixes reused:
+// the same prompt under the same policy, and one document compressed once
+// for several prompts with kv.prefix), and some streams cancelled mid-way. Every answer must be a well-formed 200, and the KV pool must
 // be fully free at the end. The pool is small enough that sequences get
 // preempted. Throughput and latency percentiles are logged (-v).
 //
@@ -47,6 +48,7 @@ func TestLoad(t *testing.T) {
 		strings.Repeat(story, 3),
 		"The sun was hot and the children wanted to swim in the lake, so they",
 	}
+	docPrefix := "Once upon a time, there was a little girl named Lily."
 	kvs := []map[string]any{
 		nil, nil,
 		{"policy": "snapkv", "ratio": 0.5},
@@ -96,6 +98,10 @@ func TestLoad(t *testing.T) {
 				}
 				if kv := kvs[rng.IntN(len(kvs))]; kv != nil {
 					body["kv"] = kv
+				}
+				if strings.HasPrefix(p, docPrefix) && rng.IntN(3) == 0 {
+					// One document, many questions: compressed once.
+					body["kv"] = map[string]any{"policy": "snapkv", "ratio": 0.25, "window": 8, "prefix": docPrefix}
 				}
 				if rng.IntN(4) == 0 {
 					body["stop"] = []string{".", "!"}
@@ -149,6 +155,11 @@ func TestLoad(t *testing.T) {
 	t.Logf("server: %v preemptions, prefix-cache hit rate %.2f, inter-token latency mean %.1f ms, KV blocks used at the end %v",
 		st.Preemptions, m["kvlm_prefix_cache_hit_rate"],
 		1000*m["kvlm_inter_token_latency_seconds_sum"]/max(1, m["kvlm_inter_token_latency_seconds_count"]), m[`kvlm_kv_blocks_used{pool="f32/f32"}`])
+	t.Logf("compressed prefixes: %v hits, %v misses, %v cached (%v bytes)", m["kvlm_compressed_prefix_hits_total"], m["kvlm_compressed_prefix_misses_total"],
+		m["kvlm_compressed_prefixes"], m["kvlm_compressed_prefix_bytes"])
+	if m["kvlm_compressed_prefix_hits_total"] == 0 {
+		t.Errorf("no request started from a compressed prefix")
+	}
 	for k, v := range m {
 		if strings.HasPrefix(k, `kvlm_http_requests_total`) && strings.Contains(k, `code="5`) && v > 0 {
 			t.Errorf("%s = %v", k, v)

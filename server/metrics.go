@@ -158,6 +158,11 @@ var (
 	dPQueries     = prometheus.NewDesc("kvlm_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", nil, nil)
 	dPHits        = prometheus.NewDesc("kvlm_prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", nil, nil)
 	dPHitRate     = prometheus.NewDesc("kvlm_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache over those looked up (0–1).", nil, nil)
+	dPComputed    = prometheus.NewDesc("kvlm_prompt_tokens_computed_total", "Prompt tokens run through the model (the others came from the prefix cache; recomputations after a preemption included).", nil, nil)
+	dCHits        = prometheus.NewDesc("kvlm_compressed_prefix_hits_total", "Requests with a policy that started from a compressed prefix (their whole prompt compressed before under the same kv settings).", nil, nil)
+	dCMisses      = prometheus.NewDesc("kvlm_compressed_prefix_misses_total", "Requests with a policy that found no compressed prefix of their prompt.", nil, nil)
+	dCEntries     = prometheus.NewDesc("kvlm_compressed_prefixes", "Compressed prefixes cached (all pools).", nil, nil)
+	dCBytes       = prometheus.NewDesc("kvlm_compressed_prefix_bytes", "Bytes of the KV blocks of the cached compressed prefixes (a block two share counts in each).", nil, nil)
 	dTPS          = prometheus.NewDesc("kvlm_generation_tokens_per_second", "Tokens generated per second over the last 10 seconds.", nil, nil)
 	vLabels       = []string{"model_name"}
 	dVRunning     = prometheus.NewDesc("vllm:num_requests_running", "Requests running (vLLM name).", vLabels, nil)
@@ -171,7 +176,7 @@ var (
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dBlocksTotal, dBlocksUsed, dBlocksCached, dBlocksBudget, dBlockEvict, dBlockQueries, dBlockHits, dCOW,
-		dBytesBudget, dBytesUsed, dUsage, dRunning, dWaiting, dPQueries, dPHits, dPHitRate, dTPS,
+		dBytesBudget, dBytesUsed, dUsage, dRunning, dWaiting, dPQueries, dPHits, dPHitRate, dPComputed, dCHits, dCMisses, dCEntries, dCBytes, dTPS,
 		dVRunning, dVWaiting, dVKV, dVGPU, dVPQ, dVPH, dVCfg} {
 		ch <- d
 	}
@@ -221,6 +226,11 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		rate = float64(st.PrefixHit) / float64(st.PrefixQueried)
 	}
 	g(dPHitRate, rate)
+	ctr(dPComputed, float64(st.PrefillComputed))
+	ctr(dCHits, float64(st.CompressedHits))
+	ctr(dCMisses, float64(st.CompressedMisses))
+	g(dCEntries, float64(st.CompressedPrefixes))
+	g(dCBytes, float64(st.CompressedBytes))
 	g(dTPS, c.m.tokensPerSecond())
 	name := c.m.model
 	g(dVRunning, float64(st.Running), name)

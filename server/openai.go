@@ -42,6 +42,17 @@ type kvParams struct {
 	Slot   *int   `json:"slot"`   // keep the finished sequence in this slot
 	// CachePrompt: use and fill the prefix cache (default true).
 	CachePrompt *bool `json:"cache_prompt"`
+	// Prefix, or PrefixTokens, is the beginning of the prompt (a
+	// document) that the policy compresses on its own, query-agnostic,
+	// caching it for every request with the same prefix and kv settings
+	// (engine.GenRequest.PrefixTokens; docs/PREFIX.md). Prefix is text the
+	// prompt's tokens must begin with (for chat: the rendered prompt's
+	// text); PrefixTokens a count of the prompt's tokens.
+	Prefix       *string `json:"prefix"`
+	PrefixTokens *int    `json:"prefix_tokens"`
+	// Truncate (chat): drop the oldest whole turns, the system message
+	// kept, until the prompt and the reply fit the context (FitTurns).
+	Truncate *bool `json:"truncate"`
 
 	params map[string]json.RawMessage // the policy parameters present, by JSON name
 }
@@ -57,7 +68,7 @@ func (kv *kvParams) UnmarshalJSON(b []byte) error {
 		}
 		return err
 	}
-	fixed := map[string]bool{"policy": true, "type": true, "type_k": true, "type_v": true, "slot": true, "cache_prompt": true}
+	fixed := map[string]bool{"policy": true, "type": true, "type_k": true, "type_v": true, "slot": true, "cache_prompt": true, "prefix": true, "prefix_tokens": true, "truncate": true}
 	type plain kvParams // without this method
 	var f plain
 	rest := map[string]json.RawMessage{}
@@ -400,6 +411,35 @@ func kvRequest(kv *kvParams, gr *engine.GenRequest) *apiError {
 	return nil
 }
 
+// kvPrefix is the prompt tokens kv.prefix or kv.prefix_tokens names (0:
+// neither). encode tokenizes text as the start of a prompt.
+func kvPrefix(kv *kvParams, prompt []int, encode func(string) []int) (int, *apiError) {
+	switch {
+	case kv == nil || (kv.Prefix == nil && kv.PrefixTokens == nil):
+		return 0, nil
+	case kv.Prefix != nil && kv.PrefixTokens != nil:
+		return 0, badRequest("kv.prefix", "give kv.prefix or kv.prefix_tokens, not both")
+	case kv.PrefixTokens != nil:
+		if n := *kv.PrefixTokens; n < 1 || n > len(prompt) {
+			return 0, badRequest("kv.prefix_tokens", "kv.prefix_tokens must be between 1 and the prompt's %d tokens, got %d", len(prompt), n)
+		}
+		return *kv.PrefixTokens, nil
+	}
+	if *kv.Prefix == "" {
+		return 0, badRequest("kv.prefix", "kv.prefix is empty")
+	}
+	p := encode(*kv.Prefix)
+	if len(p) > len(prompt) {
+		return 0, badRequest("kv.prefix", "kv.prefix is %d tokens, longer than the prompt's %d", len(p), len(prompt))
+	}
+	for i := range p {
+		if p[i] != prompt[i] {
+			return 0, badRequest("kv.prefix", "the prompt does not begin with kv.prefix: their tokens differ at token %d of %d (the prompt must start with the prefix's text, and the prefix end where a token of the prompt ends, e.g. before a newline)", i, len(p))
+		}
+	}
+	return len(p), nil
+}
+
 // promptTokens reads a completions prompt: a string, an array of one
 // string, or an array of token ids.
 func (s *Server) promptTokens(raw json.RawMessage) ([]int, *apiError) {
@@ -472,8 +512,16 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	gr.Prompt = prompt
+	if gr.PrefixTokens, aerr = kvPrefix(req.KV, prompt, s.encode); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
 	gr.StopTokens = stopIDs(s.tok)
-	s.generate(w, r, false, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions)
+	if kv := req.KV; kv != nil && kv.Truncate != nil && *kv.Truncate {
+		writeError(w, badRequest("kv.truncate", "kv.truncate drops whole turns of a chat; it applies to /v1/chat/completions"))
+		return
+	}
+	s.generate(w, r, false, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions, 0)
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
@@ -519,8 +567,23 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		}
 		msgs = append(msgs, chat.Message{Role: role, Content: text})
 	}
-	prompt, err := s.opt.Format.Encode(s.tok, msgs)
-	if err != nil {
+	var prompt []int
+	var err error
+	dropped := 0
+	if kv := req.KV; kv != nil && kv.Truncate != nil && *kv.Truncate {
+		// The reply's share of the context, as kvlm chat gives it.
+		ctx := s.m.CtxLen
+		room := ctx / 4
+		for _, v := range []*int{req.MaxTokens, req.MaxCompletionTokens} {
+			if v != nil && *v >= 1 {
+				room = min(*v, ctx/4)
+			}
+		}
+		if prompt, _, dropped, err = FitTurns(s.opt.Format, s.tok, msgs, ctx, room); err != nil {
+			writeError(w, badRequest("messages", "kv.truncate: %s", strings.TrimPrefix(err.Error(), "chat: ")))
+			return
+		}
+	} else if prompt, err = s.opt.Format.Encode(s.tok, msgs); err != nil {
 		writeError(w, badRequest("messages", "%s", strings.TrimPrefix(err.Error(), "chat: ")))
 		return
 	}
@@ -534,13 +597,18 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	gr.Prompt = prompt
+	gr.PrefixTokens, aerr = kvPrefix(req.KV, prompt, func(text string) []int { return s.opt.Format.EncodeText(s.tok, text, true) })
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
 	gr.StopTokens = s.opt.Format.StopIDs(s.tok)
 	for _, st := range s.opt.Format.Stops() {
 		if _, isToken := tokenizer.TokenID(s.tok, st); !isToken && len(stops) < maxStops {
 			stops = append(stops, st)
 		}
 	}
-	s.generate(w, r, true, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions)
+	s.generate(w, r, true, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions, dropped)
 }
 
 // messageText is a message's content: a string, null, or an array of text
@@ -586,9 +654,17 @@ type promptDetails struct {
 }
 
 type kvUsageJSON struct {
-	BytesPeak     int64  `json:"bytes_peak"`     // the most KV memory the request held
-	Bytes         int64  `json:"bytes"`          // KV memory when it ended
-	CachedTokens  int    `json:"cached_tokens"`  // prompt tokens from the prefix cache
+	BytesPeak    int64 `json:"bytes_peak"`    // the most KV memory the request held
+	Bytes        int64 `json:"bytes"`         // KV memory when it ended
+	CachedTokens int   `json:"cached_tokens"` // prompt tokens from the prefix cache
+	// ComputedTokens is the prompt tokens the model ran (the rest came
+	// from the cache; a preempted request's recomputation counts too).
+	ComputedTokens int `json:"computed_tokens"`
+	// CompressedTokens is the prompt tokens that came from a compressed
+	// prefix (docs/PREFIX.md).
+	CompressedTokens int `json:"compressed_tokens"`
+	// DroppedTurns is the old turns kv.truncate dropped (chat).
+	DroppedTurns  int    `json:"dropped_turns"`
 	EvictedTokens int    `json:"evicted_tokens"` // tokens the policy dropped (per table, mean)
 	Preemptions   int    `json:"preemptions"`
 	Policy        string `json:"policy"`
@@ -604,7 +680,7 @@ type timingsJSON struct {
 func usageOf(u engine.Usage) *usageJSON {
 	return &usageJSON{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens,
 		PromptTokensDetails: promptDetails{CachedTokens: u.CachedTokens},
-		KV: kvUsageJSON{BytesPeak: u.KVBytesPeak, Bytes: u.KVBytes, CachedTokens: u.CachedTokens, EvictedTokens: u.EvictedTokens,
+		KV: kvUsageJSON{BytesPeak: u.KVBytesPeak, Bytes: u.KVBytes, CachedTokens: u.CachedTokens, ComputedTokens: u.ComputedTokens, CompressedTokens: u.CompressedTokens, EvictedTokens: u.EvictedTokens,
 			Preemptions: u.Preemptions, Policy: u.Policy, TypeK: u.K, TypeV: u.V}}
 }
 
@@ -661,7 +737,7 @@ type choiceState struct {
 }
 
 // generate runs an engine request and answers it, whole or streamed.
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, gr engine.GenRequest, stops []string, stream bool, so *streamOptions) {
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, gr engine.GenRequest, stops []string, stream bool, so *streamOptions, dropped int) {
 	start := time.Now()
 	h, err := s.e.Submit(gr)
 	if err != nil {
@@ -769,6 +845,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, g
 	u := h.Usage()
 	s.met.prompt(u.PromptTokens)
 	usage := usageOf(u)
+	usage.KV.DroppedTurns = dropped
 	usage.Timings = &timingsJSON{TTFTMS: float64(firstTok) / 1e6, TotalMS: float64(time.Since(start)) / 1e6}
 	var failed error
 	for _, c := range cs {

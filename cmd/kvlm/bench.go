@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -36,8 +37,10 @@ type benchJSON struct {
 	PrefillBestTokS float64 `json:"prefill_best_tok_s"`
 	DecodeBestTokS  float64 `json:"decode_best_tok_s"`
 
-	// Decode at several context lengths (tokens already in the cache).
+	// Decode at several context lengths (tokens already in the cache),
+	// CtxGen steps at each.
 	DecodeAt []benchDecodeAt `json:"decode_at,omitempty"`
+	CtxGen   int             `json:"ctx_gen"`
 	// Batched decode: see benchBatch.
 	Batch []benchBatch `json:"batch,omitempty"`
 
@@ -63,6 +66,34 @@ type benchJSON struct {
 
 	// CompareKV: decode under two KV codecs in one process (--compare-kv).
 	CompareKV *benchCompareKV `json:"compare_kv,omitempty"`
+
+	// Policy is the KV policy of the prefill and decode runs (--kv-policy,
+	// normalized; "full": none). The --contexts, --batch, ceiling and
+	// --compare-kv runs use the cache without it.
+	Policy string `json:"kv_policy"`
+	// Compression: the prefill and decode runs against the full cache
+	// (--kv-policy other than full, or --vs-kv-type given).
+	Compression *benchCompression `json:"compression,omitempty"`
+
+	// Context: the positions the sequences may run to, and the model's
+	// trained context length; PastTrained when --max-context raised the
+	// first past the second (positions beyond it are extrapolated by RoPE:
+	// speed only, the text means nothing).
+	Context     int  `json:"context"`
+	TrainedCtx  int  `json:"trained_context"`
+	PastTrained bool `json:"past_trained_context,omitempty"`
+	// DecodeBaseMS is a decode step's time after DecodeBaseCtx
+	// (--weights-ctx) tokens, in the --contexts sequence before it grows:
+	// the base of each context's ContextShare (0: not measured, when the
+	// first context is too short).
+	DecodeBaseCtx int     `json:"decode_base_context,omitempty"`
+	DecodeBaseMS  float64 `json:"decode_base_ms,omitempty"`
+	// ContextsSkipped are the --contexts that do not fit Context.
+	ContextsSkipped []int `json:"contexts_skipped,omitempty"`
+
+	// Sweep: throughput through the engine at fixed KV memory
+	// (--sweep-batch).
+	Sweep *benchSweep `json:"sweep,omitempty"`
 }
 
 // benchCompareKV compares decode speed under two KV codecs, A and B (each
@@ -101,9 +132,12 @@ type benchCeiling struct {
 // model's context has no room for max(3, reps) of them after a token).
 const ceilingTokens = 32
 
+// benchDecodeAt is decode at one of --contexts: its speed, and where a
+// step's time goes (see benchAttnShare).
 type benchDecodeAt struct {
 	Context int     `json:"context"`
 	TokS    float64 `json:"tok_s"`
+	benchAttnShare
 }
 
 // benchBatch is decode throughput with Batch sequences decoding together,
@@ -128,6 +162,13 @@ type benchFlags struct {
 	bandwidthMiB        int
 	kernels             string
 	compareKV           string
+	compress            bool   // measure compression: a policy, or --vs-kv-type given
+	vsKV                string // --vs-kv-type
+	weightsCtx          int
+	maxCtx              int
+	sweep               string
+	sweepRequests       int
+	compare             bool // --compare
 }
 
 func newBench() *cobra.Command {
@@ -162,6 +203,29 @@ func newBench() *cobra.Command {
 					}
 				}
 			}
+			f.compress = f.compare && (mf.pol.Method != "full" || f.vsKV != "")
+			if !f.compare && f.vsKV != "" {
+				return errors.New("--vs-kv-type names the full cache of the comparison that --compare=false turns off")
+			}
+			if f.weightsCtx < 1 || (f.compress && f.weightsCtx >= f.promptN) {
+				return fmt.Errorf("--weights-ctx must be at least 1 and below --prompt %d, got %d", f.promptN, f.weightsCtx)
+			}
+			sweep, err := parseInts("--sweep-batch", f.sweep)
+			if err != nil {
+				return err
+			}
+			// Flags whose measurement is not asked for are refused, not ignored.
+			switch fl := cmd.Flags(); {
+			case fl.Changed("weights-ctx") && !f.compress && len(contexts) == 0:
+				return errors.New("--weights-ctx is the base of a comparison (--kv-policy, --vs-kv-type) or of --contexts' shares: neither runs")
+			case fl.Changed("compare") && mf.pol.Method == "full" && f.vsKV == "":
+				return errors.New("--compare: there is no comparison without --kv-policy or --vs-kv-type")
+			case fl.Changed("sweep-requests") && len(sweep) == 0:
+				return errors.New("--sweep-requests needs --sweep-batch")
+			}
+			if f.maxCtx < 0 {
+				return fmt.Errorf("--max-context must be positive, got %d", f.maxCtx)
+			}
 			if err := tensor.SetKernels(f.kernels); err != nil {
 				return err
 			}
@@ -171,8 +235,17 @@ func newBench() *cobra.Command {
 				return err
 			}
 			defer m.Close()
+			trained := m.CtxLen
+			if f.maxCtx > 0 {
+				if f.maxCtx < m.CtxLen {
+					return fmt.Errorf("--max-context %d is below the model's context length %d: it only raises it", f.maxCtx, m.CtxLen)
+				}
+				// Only this process's copy of the model: sequences and
+				// pools are sized by it.
+				m.CtxLen = f.maxCtx
+			}
 			if f.promptN+f.genN > m.CtxLen {
-				return fmt.Errorf("--prompt %d + --gen %d exceed the context length %d", f.promptN, f.genN, m.CtxLen)
+				return fmt.Errorf("--prompt %d + --gen %d exceed the context length %d (--max-context runs past a model's trained length, for speed only)", f.promptN, f.genN, m.CtxLen)
 			}
 			if cmp != nil && f.promptN+f.genN+compareWarmup > m.CtxLen {
 				return fmt.Errorf("--compare-kv: --prompt %d + --gen %d + %d warm-up tokens exceed the context length %d", f.promptN, f.genN, compareWarmup, m.CtxLen)
@@ -180,6 +253,12 @@ func newBench() *cobra.Command {
 			res, err := runBench(&mf, &f, m, contexts, batches)
 			if err != nil {
 				return err
+			}
+			res.Context, res.TrainedCtx, res.PastTrained = m.CtxLen, trained, m.CtxLen > trained
+			if len(sweep) > 0 {
+				if res.Sweep, err = benchSweepBatch(&mf, &f, m, sweep); err != nil {
+					return err
+				}
 			}
 			if cmp != nil {
 				if res.CompareKV, err = benchCompare(&mf, &f, m, cmp[0], cmp[1]); err != nil {
@@ -193,7 +272,15 @@ func newBench() *cobra.Command {
 			return nil
 		},
 	}
+	c.AddCommand(newBenchReport())
 	mf.register(c)
+	mf.registerPolicy(c)
+	c.Flags().StringVar(&f.vsKV, "vs-kv-type", "", "codec (keys and values) of the full cache a compressed run is compared with (default: the run's --kv-type); given, a run without --kv-policy is compared too (a codec alone, e.g. --kv-type q4 --vs-kv-type f16)")
+	c.Flags().IntVar(&f.weightsCtx, "weights-ctx", 16, "prompt tokens of the full-cache run that measures a decode step's weights-only time (compression runs)")
+	c.Flags().IntVar(&f.maxCtx, "max-context", 0, "let sequences run to this many positions, past the model's trained context length if it is larger (random-weight speed measurements; the output says so)")
+	c.Flags().StringVar(&f.sweep, "sweep-batch", "", "batch sizes, e.g. 1,2,4,8,16,32,64: generated tokens/s through the engine (continuous batching in --kv-mem, --kv-policy and --kv-type) with that many --prompt-token requests of --gen tokens each, at most that many running")
+	c.Flags().BoolVar(&f.compare, "compare", true, "with --kv-policy (or --vs-kv-type), also run the full cache and predict the speed-up; --compare=false times the policy's runs alone (e.g. for kvlm --cpuprofile FILE bench …)")
+	c.Flags().IntVar(&f.sweepRequests, "sweep-requests", 0, "requests per --sweep-batch point (0: the batch size)")
 	c.Flags().IntVar(&f.promptN, "prompt", 128, "prompt tokens")
 	c.Flags().IntVar(&f.genN, "gen", 64, "generated tokens")
 	c.Flags().IntVar(&f.reps, "reps", 3, "repetitions of prefill and decode, and rounds of batched decode (medians are reported)")
@@ -250,32 +337,58 @@ func runBench(mf *modelFlags, f *benchFlags, m *model.Model, contexts, batches [
 		return benchJSON{}, err
 	}
 	res := benchJSON{
-		Model: mf.model, PromptTokens: f.promptN, GenTokens: f.genN, Reps: f.reps, Threads: threads(),
+		Model: mf.model, PromptTokens: f.promptN, GenTokens: f.genN, CtxGen: f.ctxGen, Reps: f.reps, Threads: threads(),
 		WeightsBytes: m.WeightsBytes(), Kernels: tensor.Kernels(),
 		KVType: opt.K.Name() + "/" + opt.V.Name(), KVBytesPerToken: kvBytesPerToken(m, opt),
 	}
 	prompt := benchPrompt(f.promptN, m.Vocab, 1)
-	var pre, dec []float64
-	for r := 0; r < f.reps; r++ {
-		seq, err := mf.sequence(m)
-		if err != nil {
-			return res, err
-		}
-		t0 := time.Now()
-		logits, err := seq.Forward(prompt, false)
-		if err != nil {
-			return res, err
-		}
-		t1 := time.Now()
-		for i := 0; i < f.genN; i++ {
-			if logits, err = seq.Forward([]int{argmaxF(logits)}, false); err != nil {
-				return res, err
+	pc, err := mf.policyConfig()
+	if err != nil {
+		return res, err
+	}
+	res.Policy = pc.String()
+	var vsOpt model.KVOptions
+	if f.compress {
+		vsOpt = opt // the full cache in the run's codecs, unless --vs-kv-type
+		if f.vsKV != "" {
+			if vsOpt.K, err = codec.Parse(f.vsKV, codec.Keys); err != nil {
+				return res, fmt.Errorf("--vs-kv-type: %w", err)
+			}
+			if vsOpt.V, err = codec.Parse(f.vsKV, codec.Values); err != nil {
+				return res, fmt.Errorf("--vs-kv-type: %w", err)
 			}
 		}
-		t2 := time.Now()
-		seq.Close()
-		pre = append(pre, float64(f.promptN)/t1.Sub(t0).Seconds())
-		dec = append(dec, float64(f.genN)/t2.Sub(t1).Seconds())
+	}
+	// --reps rounds, each running in turn the run of the flags and, when
+	// compression is measured, the full cache after the same prompt and
+	// after --weights-ctx tokens (see benchCompression).
+	var rr benchRounds
+	var pre, dec []float64
+	for r := 0; r < f.reps; r++ {
+		run, err := benchRunSeq(mf, m, opt, &pc, prompt, f.genN)
+		if err != nil {
+			return res, err
+		}
+		rr.run = append(rr.run, run)
+		pre = append(pre, float64(f.promptN)/run.prefill.Seconds())
+		dec = append(dec, float64(f.genN)/run.decode.Seconds())
+		if !f.compress {
+			continue
+		}
+		full, err := benchRunSeq(mf, m, vsOpt, nil, prompt, f.genN)
+		if err != nil {
+			return res, err
+		}
+		w, err := benchRunSeq(mf, m, vsOpt, nil, prompt[:f.weightsCtx], f.genN)
+		if err != nil {
+			return res, err
+		}
+		rr.full, rr.weights = append(rr.full, full), append(rr.weights, w)
+	}
+	if f.compress {
+		if res.Compression, err = rr.compression(pc.String(), res.KVType, vsOpt.K.Name()+"/"+vsOpt.V.Name(), f.genN, f.weightsCtx); err != nil {
+			return res, err
+		}
 	}
 	res.PrefillTokS, res.DecodeTokS = median(pre), median(dec)
 	res.PrefillBestTokS, res.DecodeBestTokS = slices.Max(pre), slices.Max(dec)
@@ -284,35 +397,16 @@ func runBench(mf *modelFlags, f *benchFlags, m *model.Model, contexts, batches [
 	res.PeakRSSBytes = peakRSS()
 
 	// Decode at growing contexts, in one sequence: fill (untimed) up to each
-	// context, then time ctxGen decode steps.
+	// context, then time ctxGen decode steps, and attention alone.
 	if len(contexts) > 0 {
-		seq, err := mf.sequence(m)
-		if err != nil {
+		slices.Sort(contexts)
+		var err error
+		if res.DecodeAt, res.DecodeBaseMS, res.ContextsSkipped, err = benchContexts(mf, m, contexts, f.ctxGen, f.weightsCtx); err != nil {
 			return res, err
 		}
-		fill := benchPrompt(m.CtxLen, m.Vocab, 3)
-		slices.Sort(contexts)
-		for _, c := range contexts {
-			if c+f.ctxGen > m.CtxLen {
-				break
-			}
-			if c > seq.Pos() {
-				if _, err := seq.Forward(fill[seq.Pos():c], false); err != nil {
-					return res, err
-				}
-			}
-			if c < seq.Pos() {
-				continue
-			}
-			t0 := time.Now()
-			for i := 0; i < f.ctxGen; i++ {
-				if _, err := seq.Forward([]int{fill[c+i]}, false); err != nil {
-					return res, err
-				}
-			}
-			res.DecodeAt = append(res.DecodeAt, benchDecodeAt{Context: c, TokS: float64(f.ctxGen) / time.Since(t0).Seconds()})
+		if res.DecodeBaseMS > 0 {
+			res.DecodeBaseCtx = f.weightsCtx
 		}
-		seq.Close()
 	}
 
 	// Batched decode in --reps rounds, every batch size once per round, so
@@ -515,8 +609,28 @@ func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
 	fmt.Fprintf(w, "threads          %d (kernels %s)\n", res.Threads, res.Kernels)
 	fmt.Fprintf(w, "prefill          %.1f tok/s  (%d tokens, median of %d; best %.1f)\n", res.PrefillTokS, f.promptN, f.reps, res.PrefillBestTokS)
 	fmt.Fprintf(w, "decode           %.1f tok/s  (%d tokens after the %d-token prompt, median of %d; best %.1f)\n", res.DecodeTokS, f.genN, f.promptN, f.reps, res.DecodeBestTokS)
+	if res.PastTrained {
+		fmt.Fprintf(w, "context          %d positions, past the model's trained %d (--max-context): positions beyond it are extrapolated; speed only\n", res.Context, res.TrainedCtx)
+	}
+	if res.Policy != "full" {
+		fmt.Fprintf(w, "KV policy        %s (prefill and decode runs; the other measurements use the cache without it)\n", res.Policy)
+	}
+	if c := res.Compression; c != nil {
+		printCompression(w, c, f.promptN, f.genN)
+	}
+	if res.DecodeBaseMS > 0 {
+		fmt.Fprintf(w, "decode @%-7d   %.1f tok/s  (%.2f ms a step: the base of the context shares below)\n", res.DecodeBaseCtx, 1e3/res.DecodeBaseMS, res.DecodeBaseMS)
+	}
 	for _, d := range res.DecodeAt {
-		fmt.Fprintf(w, "decode @%-7d   %.1f tok/s  (%d tokens)\n", d.Context, d.TokS, f.ctxGen)
+		above := ""
+		if res.DecodeBaseMS > 0 {
+			above = fmt.Sprintf(", the part above the base step %.0f%%", 100*d.ContextShare)
+		}
+		fmt.Fprintf(w, "decode @%-7d   %.1f tok/s  (%d tokens; %.2f ms a step, attention kernels alone %.2f ms = %.0f%%%s; KV %s)\n",
+			d.Context, d.TokS, f.ctxGen, d.StepMS, d.AttnMS, 100*d.AttnShare, above, human(d.KVBytes))
+	}
+	if len(res.ContextsSkipped) > 0 {
+		fmt.Fprintf(w, "contexts skipped %v: no room for %d tokens after them in the context of %d (--max-context raises it)\n", res.ContextsSkipped, f.ctxGen, res.Context)
 	}
 	for _, b := range res.Batch {
 		ratio := ""
@@ -539,6 +653,9 @@ func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
 			fmt.Fprintf(w, " %.1f tok/s at %.1f GB/s,", c.DecodeTokS, c.BandwidthGBs)
 		}
 		fmt.Fprintf(w, " each decode then its bandwidth)\n")
+	}
+	if res.Sweep != nil {
+		printSweep(w, res.Sweep)
 	}
 	if c := res.CompareKV; c != nil {
 		fmt.Fprintf(w, "compare KV       %s %.1f tok/s, %s %.1f tok/s: %s/%s token time %.3f (quartiles %.3f–%.3f; %d rounds from %d tokens of context, in turns; KV per token %d B, %d B)\n",

@@ -241,30 +241,12 @@ func (c *truncChat) reset() error {
 func (c *truncChat) turn(user string, out io.Writer) (string, error) {
 	msgs := append(c.msgs, chat.Message{Role: "user", Content: user})
 	room := min(c.n, c.ctx/4) // the reply's share of the context
-	var ids []int
-	for {
-		var err error
-		if ids, err = c.format.Encode(c.tok, msgs); err != nil {
-			return "", err
-		}
-		if len(ids)+room <= c.ctx {
-			break
-		}
-		// Drop the oldest whole turn after the system message.
-		first := 0
-		if len(msgs) > 0 && msgs[0].Role == "system" {
-			first = 1
-		}
-		if len(msgs)-first <= 1 {
-			return "", fmt.Errorf("this message is %d tokens; with room for a reply it does not fit the context of %d", len(ids), c.ctx)
-		}
-		k := 1
-		if first+1 < len(msgs)-1 && msgs[first+1].Role == "assistant" {
-			k = 2
-		}
-		msgs = append(msgs[:first:first], msgs[first+k:]...)
-		c.dropped++
+	// Drop the oldest whole turns after the system message until it fits.
+	ids, msgs, dropped, err := server.FitTurns(c.format, c.tok, msgs, c.ctx, room)
+	if err != nil {
+		return "", err
 	}
+	c.dropped += dropped
 	p := c.params
 	p.Seed += uint64(c.draws)
 	c.draws++

@@ -68,6 +68,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(newPull(), newList(), newTokenize())
 	root.AddCommand(newEval())
 	root.AddCommand(newServe(), newChat())
+	root.AddCommand(newQuestions())
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

@@ -35,7 +35,8 @@ func TestPolicyFlagsRefused(t *testing.T) {
 		{"compress-after without a policy", append(ppl[:len(ppl):len(ppl)], "--compress-after", "32"), "--compress-after"},
 		{"report-every without streaming", append(ppl[:len(ppl):len(ppl)], "--report-every", "10"), "--report-every"},
 		{"report-every with compress-after", append(ppl[:len(ppl):len(ppl)], "--kv-policy", "snapkv", "--kv-ratio", "0.5", "--compress-after", "32", "--report-every", "10"), "--report-every"},
-		{"bench takes no policy", []string{"bench", "-m", s.gguf, "--kv-policy", "snapkv"}, "unknown flag: --kv-policy"},
+		{"bench h2o kernel", []string{"bench", "-m", s.gguf, "--kv-policy", "h2o", "--kv-budget", "8", "--kv-kernel", "3"}, "h2o takes no --kv-kernel"},
+		{"bench snapkv without a budget", []string{"bench", "-m", s.gguf, "--kv-policy", "snapkv"}, "snapkv"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, errOut, code := kvlm(t, c.args...)

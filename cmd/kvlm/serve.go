@@ -105,9 +105,14 @@ func newServe() *cobra.Command {
 A request may choose its KV cache with a "kv" object, e.g.
   {"kv": {"policy": "snapkv", "ratio": 0.25, "type_k": "q8", "type_v": "q8"}}
 (policy, budget, ratio, window, sinks, every, positions, agg, pool, kernel,
-type, type_k, type_v, slot, cache_prompt). A field the policy does not use
-is refused with 400, as is a policy that could not run; every: 0 prunes
-only after the prompt.
+type, type_k, type_v, slot, cache_prompt, prefix, prefix_tokens, truncate).
+A field the policy does not use is refused with 400, as is a policy that
+could not run; every: 0 prunes only after the prompt. kv.prefix (text the prompt
+begins with) or kv.prefix_tokens compresses that document on its own, once
+for every question that follows it; a window method (window, streaming,
+lminfinite) reads a prompt longer than the context token by token; a chat
+with kv.truncate drops its oldest whole turns, the system message kept,
+to fit (docs/PREFIX.md).
 
 With --api-key (or $KVLM_API_KEY) every endpoint but /health needs
 "Authorization: Bearer KEY". Requests that are not GET must be

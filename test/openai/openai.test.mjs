@@ -1,8 +1,9 @@
 // Drives `kvlm serve` with the official openai client library for Node:
 // completions, chat, streaming, n=2, stop sequences, the kv extension, the
-// prefix cache, a cancelled stream and malformed requests; the server runs
-// with an API key (through $KVLM_API_KEY), and a wrong or missing key is
-// refused.
+// prefix cache, one document compressed once for many questions (kv.prefix),
+// a conversation past the context (kv.policy streaming),
+// a cancelled stream and malformed requests; the server runs with an API key
+// (through $KVLM_API_KEY), and a wrong or missing key is refused.
 //
 //   cd test/openai && npm ci && node --test
 //
@@ -172,6 +173,56 @@ test('kv extension: a policy and codecs per request', async () => {
   assert.ok(kv.evicted_tokens > 0 && kv.bytes_peak > 0, JSON.stringify(kv));
   const m = await metrics();
   assert.ok(m['kvlm_kv_evicted_tokens_total{policy="snapkv"}'] > 0);
+});
+
+test('one document, many questions: kv.prefix compresses the document once', async () => {
+  const doc = 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. '
+    + 'She wanted to play with it, but it was too high. Lily asked her mom for help. Her mom lifted her up and Lily got the ball. They played all day.';
+  const kv = { policy: 'snapkv', ratio: 0.25, window: 8, prefix: doc };
+  const before = await metrics();
+  const usages = [];
+  for (const q of ['\nWho was in the story?', '\nWhat did Lily want?', '\nWho helped her?']) {
+    const r = await client.completions.create({
+      model: MODEL, prompt: doc + q, max_tokens: 8, temperature: 0,
+      // @ts-expect-error kvlm's extension (the Python client's extra_body={"kv": ...})
+      kv,
+    });
+    usages.push(r.usage);
+  }
+  const after = await metrics();
+  // (The first may find raw blocks of earlier tests' prompts in the prefix cache.)
+  assert.equal(usages[0].kv.computed_tokens + usages[0].prompt_tokens_details.cached_tokens, usages[0].prompt_tokens);
+  assert.equal(usages[0].kv.compressed_tokens, 0);
+  const docTokens = usages[1].kv.compressed_tokens;
+  assert.ok(docTokens > 40, JSON.stringify(usages[1]));
+  for (const u of usages.slice(1)) {
+    assert.equal(u.kv.compressed_tokens, docTokens);
+    assert.equal(u.kv.computed_tokens, u.prompt_tokens - docTokens);
+    assert.equal(u.prompt_tokens_details.cached_tokens, docTokens);
+  }
+  assert.equal(after.kvlm_compressed_prefix_hits_total - before.kvlm_compressed_prefix_hits_total, 2);
+  assert.ok(after.kvlm_compressed_prefix_bytes > 0);
+  await assert.rejects(
+    client.completions.create({ model: MODEL, prompt: 'Something else', max_tokens: 2,
+      // @ts-expect-error kvlm's extension
+      kv }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'kv.prefix');
+});
+
+test('a conversation past the context with kv.policy streaming', async () => {
+  const story = 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. ';
+  const content = story.repeat(110); // about 3,000 tokens; the context is 512
+  const r = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content }], max_tokens: 8, temperature: 0,
+    // @ts-expect-error kvlm's extension
+    kv: { policy: 'streaming', window: 60 },
+  });
+  assert.ok(r.usage.prompt_tokens > 2500, `${r.usage.prompt_tokens} prompt tokens`);
+  assert.equal(r.usage.kv.computed_tokens, r.usage.prompt_tokens);
+  assert.ok(r.usage.kv.evicted_tokens > 2000, JSON.stringify(r.usage.kv));
+  await assert.rejects(
+    client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content }], max_tokens: 8 }),
+    (e) => e instanceof OpenAI.BadRequestError);
 });
 
 test('the same prompt twice is served from the prefix cache', async () => {
