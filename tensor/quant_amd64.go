@@ -19,13 +19,17 @@ var quantKernV = map[DType]*quantKernels{
 // quantKern returns the integer kernels for weights of type t at the level
 // in use (the Go twins at levelGo, and for AVX-512 without VNNI).
 func quantKern(t DType) *quantKernels {
+	var k *quantKernels
 	switch {
 	case level == levelAVX512 && cpuVNNI:
-		return quantKernV[t]
+		k = quantKernV[t]
 	case level >= levelAVX2:
-		return quantKernA[t]
+		k = quantKernA[t]
 	}
-	return quantKernGo[t]
+	if k == nil { // the types without assembly (qdot_more.go)
+		k = quantKernGo[t]
+	}
+	return k
 }
 
 // qpanelV are the AVX-512 VNNI one-token kernels over 16-row panels.
