@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kvlm/kvlm/chat"
+	"github.com/kvlm/kvlm/convert"
 
 	"github.com/kvlm/kvlm/gguf"
 	"github.com/kvlm/kvlm/internal/shared"
@@ -60,7 +61,11 @@ func TestGenModel(t *testing.T) {
 				if !ok {
 					t.Fatalf("no %s", c.name)
 				}
-				want := genTensorType(typ, c.name, c.layer, sh.Layers)
+				mix, err := convert.ParseMix(typ)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, want := genTensorType(mix, sh, c.name, c.layer, int(ti.Shape[0]))
 				if ti.Type != want {
 					t.Errorf("%s is %s, want %s", c.name, ti.Type, want)
 				}
@@ -155,21 +160,6 @@ func genTiny(t *testing.T, dir, shape, typ string) (string, string) {
 	return out, e
 }
 
-func TestGenFallback(t *testing.T) {
-	for _, c := range []struct {
-		typ  tensor.DType
-		cols int
-		want tensor.DType
-	}{
-		{tensor.Q4_K, 256, tensor.Q4_K}, {tensor.Q4_K, 64, tensor.Q8_0}, {tensor.Q6_K, 128, tensor.Q8_0},
-		{tensor.Q4_0, 64, tensor.Q4_0}, {tensor.Q4_0, 48, tensor.F16}, {tensor.Q6_K, 48, tensor.F16}, {tensor.F32, 5, tensor.F32},
-	} {
-		if got := genFallback(c.typ, c.cols); got != c.want {
-			t.Errorf("genFallback(%s, %d) = %s, want %s", c.typ, c.cols, got, c.want)
-		}
-	}
-}
-
 // TestGenModelTinyArchs writes llama3-tiny and qwen2-tiny in every type and
 // checks that each loads with its architecture and vocabulary, stores each
 // matrix in the type asked for or llama.cpp's fallback (said on stderr),
@@ -231,8 +221,11 @@ func TestGenModelTinyArchs(t *testing.T) {
 					if ti.Name == "token_embd.weight" {
 						layer = 0
 					}
-					mixType := genTensorType(typ, ti.Name, layer, sh.Layers)
-					want := genFallback(mixType, int(ti.Shape[0]))
+					mix, err := convert.ParseMix(typ)
+					if err != nil {
+						t.Fatal(err)
+					}
+					mixType, want := genTensorType(mix, sh, ti.Name, layer, int(ti.Shape[0]))
 					fellBack = fellBack || want != mixType
 					if ti.Type != want {
 						t.Errorf("%s is %s, want %s", ti.Name, ti.Type, want)
@@ -687,20 +680,18 @@ func checkLogits(t *testing.T, logits []float32) {
 	}
 }
 
-// TestGenModelHelpFallback: the help names the fallback gen-model writes
-// (Q8_0, else F16), and does not pass it off as llama.cpp's for Q4_K.
+// TestGenModelHelpFallback: the help names the fallbacks gen-model
+// writes (llama.cpp's, else F16) and the llama.cpp mixes.
 func TestGenModelHelpFallback(t *testing.T) {
 	out, errOut, code := kvlm(t, "gen-model", "--help")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	help := strings.Join(strings.Fields(out), " ")
-	for _, want := range []string{"written as Q8_0 where 32-value blocks divide them, else as F16", "from Q4_K to Q5_0"} {
+	for _, want := range []string{"takes llama.cpp's fallback (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K and Q3_K → Q4_0, IQ4_XS → IQ4_NL), or F16",
+		"Q4_K_M, Q5_K_M, Q3_K_M, Q2_K and IQ4_XS are llama.cpp's mixes"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("gen-model --help does not say %q:\n%s", want, out)
 		}
-	}
-	if strings.Contains(help, "as llama.cpp falls back") {
-		t.Errorf("gen-model --help calls its fallback llama.cpp's:\n%s", out)
 	}
 }
