@@ -51,6 +51,7 @@ var mixes = []Mix{
 var plainFileType = map[tensor.DType]uint32{
 	tensor.F32: 0, tensor.F16: 1, tensor.Q4_0: 2, tensor.Q4_1: 3, tensor.Q8_0: 7, tensor.Q5_0: 8, tensor.Q5_1: 9,
 	tensor.Q3_K: 11, tensor.Q4_K: 14, tensor.Q5_K: 16, tensor.Q6_K: 18, tensor.IQ4_NL: 25, tensor.BF16: 32,
+	tensor.Q2_K: 10, tensor.IQ4_XS: 30, // by ParseMix's names, the mixes
 }
 
 // MixNames lists the names ParseMix accepts: the plain types, then the

@@ -71,6 +71,10 @@ func TestMixRules(t *testing.T) {
 	if got := m.TensorType("output.weight", 2, 64, MixModel{Layers: 2, GQA: 2}); got != tensor.Q8_0 {
 		t.Errorf("64-column classifier %s", got)
 	}
+	// Rows of 64 values take the fallback of the rule's type.
+	if got := m.TensorType("blk.0.attn_q.weight", 0, 64, MixModel{Layers: 2, GQA: 2}); got != tensor.Q5_0 {
+		t.Errorf("64-column Q4_K matrix %s", got)
+	}
 }
 
 func TestFallback(t *testing.T) {

@@ -102,12 +102,16 @@ func bsumsK(x []byte, l int) (int32, int32) {
 	return int32(int16(le16(x[xbKBs+4*l:]))), int32(int16(le16(x[xbKBs+4*l+2:])))
 }
 
-// lanePartial is Σ_{e=4l..4l+3} q(32g+e)·qx[32g+e].
-func lanePartial(q func(i int) int32, x []byte, g, l int) int32 {
-	var p int32
-	for e := 4 * l; e < 4*l+4; e++ {
-		i := 32*g + e
-		p += q(i) * int32(int8(x[i]))
+// lanePartials returns p[g][l] = Σ_{e=4l..4l+3} q[32g+e]·qx[32g+e] for the
+// 256 levels q of a super-block.
+func lanePartials(q *[QK_K]int8, x []byte) (p [8][8]int32) {
+	x = x[:QK_K]
+	for g := 0; g < 8; g++ {
+		for l := 0; l < 8; l++ {
+			i := 32*g + 4*l
+			p[g][l] = int32(q[i])*int32(int8(x[i])) + int32(q[i+1])*int32(int8(x[i+1])) +
+				int32(q[i+2])*int32(int8(x[i+2])) + int32(q[i+3])*int32(int8(x[i+3]))
+		}
 	}
 	return p
 }
@@ -122,11 +126,20 @@ func dotQ5_K(w, x []byte, acc *[8]float32) {
 		s, m := scaleMinK4(j, scales)
 		sc[j], mn[j] = int32(s), int32(m)
 	}
-	q := func(i int) int32 { return q5KValue(w, i) }
+	var q [QK_K]int8
+	qh, qs := w[16:48], w[48:176]
+	for c := 0; c < 4; c++ {
+		for e := 0; e < 32; e++ {
+			b, h := qs[32*c+e], qh[e]>>(2*c)
+			q[64*c+e] = int8(b&0x0f | (h&1)<<4)
+			q[64*c+32+e] = int8(b>>4 | (h>>1&1)<<4)
+		}
+	}
+	p := lanePartials(&q, x)
 	for l := 0; l < 8; l++ {
 		var I int32
 		for j := 0; j < 8; j++ {
-			I += sc[j] * lanePartial(q, x, j, l)
+			I += sc[j] * p[j][l]
 		}
 		bs0, bs1 := bsumsK(x, l)
 		M := mn[l] * (bs0 + bs1)
@@ -134,16 +147,28 @@ func dotQ5_K(w, x []byte, acc *[8]float32) {
 	}
 }
 
+// unpackQ2 sets q[i] to the two low bits of value i of a Q2_K or Q3_K
+// super-block (q2Low).
+func unpackQ2(qs []byte, q *[QK_K]int8) {
+	for g := 0; g < 8; g++ {
+		src, sh := qs[32*(g/4):32*(g/4)+32], 2*(g%4)
+		for e := 0; e < 32; e++ {
+			q[32*g+e] = int8(src[e] >> sh & 3)
+		}
+	}
+}
+
 func dotQ2_K(w, x []byte, acc *[8]float32) {
 	dx := f32at(x[xbKD:])
 	a := F16ToF32(le16(w[80:])) * dx
 	bm := F16ToF32(le16(w[82:])) * dx
-	qs := w[16:80]
-	q := func(i int) int32 { return q2Low(qs, i) }
+	var q [QK_K]int8
+	unpackQ2(w[16:80], &q)
+	p := lanePartials(&q, x)
 	for l := 0; l < 8; l++ {
 		var I int32
 		for g := 0; g < 8; g++ {
-			I += int32(w[2*g+l/4]&0x0f) * lanePartial(q, x, g, l)
+			I += int32(w[2*g+l/4]&0x0f) * p[g][l]
 		}
 		bs0, bs1 := bsumsK(x, l)
 		M := int32(w[2*l]>>4)*bs0 + int32(w[2*l+1]>>4)*bs1
@@ -154,11 +179,16 @@ func dotQ2_K(w, x []byte, acc *[8]float32) {
 func dotQ3_K(w, x []byte, acc *[8]float32) {
 	s := F16ToF32(le16(w[108:])) * f32at(x[xbKD:])
 	sc := scalesQ3K(w[96:108])
-	q := func(i int) int32 { return q3Value(w, i) + 4 }
+	var q [QK_K]int8
+	unpackQ2(w[32:96], &q)
+	for i := range q {
+		q[i] |= int8(w[i%32]>>(i/32)&1) << 2 // q3 = q+4 in 0..7
+	}
+	p := lanePartials(&q, x)
 	for l := 0; l < 8; l++ {
 		var I int32
 		for g := 0; g < 8; g++ {
-			I += (sc[2*g+l/4] - 32) * lanePartial(q, x, g, l)
+			I += (sc[2*g+l/4] - 32) * p[g][l]
 		}
 		bs0, bs1 := bsumsK(x, l)
 		M := (sc[2*l]-32)*bs0 + (sc[2*l+1]-32)*bs1
@@ -168,17 +198,19 @@ func dotQ3_K(w, x []byte, acc *[8]float32) {
 
 func dotIQ4_XS(w, x []byte, acc *[8]float32) {
 	s := F16ToF32(le16(w)) * f32at(x[xbKD:])
-	q := func(i int) int32 {
-		n := w[8+16*(i/32)+i%16]
-		if i%32 >= 16 {
-			n >>= 4
+	var q [QK_K]int8
+	for j := 0; j < 8; j++ {
+		qs := w[8+16*j:]
+		for e := 0; e < 16; e++ {
+			q[32*j+e] = kvaluesIQ4[qs[e]&0x0f]
+			q[32*j+16+e] = kvaluesIQ4[qs[e]>>4]
 		}
-		return int32(kvaluesIQ4[n&0x0f])
 	}
+	p := lanePartials(&q, x)
 	for l := 0; l < 8; l++ {
 		var I int32
 		for j := 0; j < 8; j++ {
-			I += (scaleIQ4XS(w, j) - 32) * lanePartial(q, x, j, l)
+			I += (scaleIQ4XS(w, j) - 32) * p[j][l]
 		}
 		acc[l] += float32(float32(I) * s)
 	}

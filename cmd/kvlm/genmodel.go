@@ -61,6 +61,11 @@ func (sh genShape) arch() string {
 var genShapes = map[string]genShape{
 	// For tests: small, every dimension a multiple of 256 (K-quants).
 	"tiny": {Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 512, RopeTheta: 10000},
+	// For tests against llama.cpp: the smallest llama whose matrices are
+	// whole K-quant blocks, with 4 query heads per KV head (the threshold of
+	// llama.cpp's GQA rules); with stories260K's 512-token vocabulary its
+	// quantized files are about half a megabyte.
+	"quant-tiny": {Dim: 256, Layers: 2, Heads: 4, KVHeads: 1, Hidden: 256, Ctx: 256, RopeTheta: 10000},
 	// For tests: Llama 3.2's format at width 64 (head dim 16): tied
 	// classifier, theta 500000, Llama 3.2's rope_scaling as rope_freqs, the
 	// 128K vocabulary, EOS <|eot_id|>, the Llama 3.1 chat template.
