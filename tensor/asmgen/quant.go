@@ -42,6 +42,7 @@ func genQuantKernels(e *emitter) {
 	e.data("qconst80", 32, 0x80)
 	e.data16("qones16", 16, 1)
 	e.data("qmask03", 32, 0x03)
+	e.data("qmask01", 32, 0x01)
 	e.data("qmask0C", 32, 0x0C)
 	e.data("qmask30", 32, 0x30)
 	e.data("qmaskC0", 32, 0xC0)
@@ -59,7 +60,8 @@ func genQuantKernels(e *emitter) {
 	for _, isa := range []string{"A", "V"} {
 		genQ32Rows(e, "Q8_0", isa)
 		genQ32Rows(e, "Q4_0", isa)
-		genQ4K(e, isa, 1, 1)
+		genQ4K(e, "Q4_K", isa, 1, 1)
+		genQ4K(e, "Q5_K", isa, 1, 1)
 		genQ6K(e, isa, 1, 1)
 	}
 	rowsMode = false
@@ -68,13 +70,15 @@ func genQuantKernels(e *emitter) {
 		genQ32(e, "Q4_0", "A", s.r, s.t)
 	}
 	for _, s := range qshapesAK {
-		genQ4K(e, "A", s.r, s.t)
+		genQ4K(e, "Q4_K", "A", s.r, s.t)
+		genQ4K(e, "Q5_K", "A", s.r, s.t)
 		genQ6K(e, "A", s.r, s.t)
 	}
 	for _, s := range qshapesV {
 		genQ32(e, "Q8_0", "V", s.r, s.t)
 		genQ32(e, "Q4_0", "V", s.r, s.t)
-		genQ4K(e, "V", s.r, s.t)
+		genQ4K(e, "Q4_K", "V", s.r, s.t)
+		genQ4K(e, "Q5_K", "V", s.r, s.t)
 		genQ6K(e, "V", s.r, s.t)
 	}
 	for _, typ := range []string{"Q8_0", "Q4_0"} {
@@ -351,20 +355,35 @@ func genQ32(e *emitter, typ, isa string, R, T int) {
 //	I = Σ_j sc_j Σ_{e=4l..4l+3} q[32j+e]·qx[32j+e]   (j = 0..7 sub-blocks)
 //	M = m_l · (bs[2l] + bs[2l+1])
 //	acc[l] += float32(I)*(d*dx) - float32(M)*(dmin*dx)
-func genQ4K(e *emitter, isa string, R, T int) {
+//
+// typ "Q5_K": the same with 176-byte super-blocks (qh[32] at 16, qs at 48)
+// and q in 0..31: bit j of qh[e] is the fifth bit of value 32j+e.
+func genQ4K(e *emitter, typ, isa string, R, T int) {
 	vr := 16
 	if isa == "V" {
 		vr = 32
 	}
 	rg := &regs{max: vr}
 	op := opsFor(isa)
-	name := qname("Q4_K", isa, R, T)
+	name := qname(typ, isa, R, T)
+	q5 := typ == "Q5_K"
+	qsOff, bb, por := 16, 144, "VPOR"
+	if q5 {
+		qsOff, bb = 48, 176
+	}
+	if isa == "V" {
+		por = "VPORD"
+	}
 	e.frame = 64 // scales as int16 [8] at 0(SP)
 	A := qprologue(e, name, R, T, rg)
 	mask := rg.get()
 	e.in("%s qmask0F<>(SB), Y%d", op.movdqu, mask)
 	ysc, ymin, yq, ylo, yhi, yp, yi, yd := rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
 	ydm := rg.get()
+	yqh := -1
+	if q5 {
+		yqh = rg.get()
+	}
 	ym := yq    // free once the integer sums are done
 	var I []int // integer accumulators per token for the current row
 	if isa == "V" && T > 1 && rg.max-rg.next >= T {
@@ -429,11 +448,27 @@ func genQ4K(e *emitter, isa string, R, T int) {
 			for _, ia := range append(append([]int{}, accs...), accs2...) {
 				e.in("%s Y%d, Y%d, Y%d", op.pxor, ia, ia, ia)
 			}
+			if q5 {
+				e.in("%s %s, Y%d", op.movdqu, rowAddr(r, 16), yqh)
+			}
 			for c := 0; c < 4; c++ {
-				e.in("%s %s, Y%d", op.movdqu, rowAddr(r, 16+32*c), yq)
+				e.in("%s %s, Y%d", op.movdqu, rowAddr(r, qsOff+32*c), yq)
 				e.in("%s Y%d, Y%d, Y%d", op.pand, mask, yq, ylo)
 				e.in("VPSRLW $4, Y%d, Y%d", yq, yhi)
 				e.in("%s Y%d, Y%d, Y%d", op.pand, mask, yhi, yhi)
+				if q5 {
+					// fifth bits: bit 2c (low nibbles) and 2c+1 (high) of qh
+					for h, yn := range []int{ylo, yhi} {
+						if k := 2*c + h; k > 0 {
+							e.in("VPSRLW $%d, Y%d, Y%d", k, yqh, yp)
+						} else {
+							e.in("%s Y%d, Y%d", op.movdqu, yqh, yp)
+						}
+						e.in("%s qmask01<>(SB), Y%d, Y%d", op.pand, yp, yp)
+						e.in("VPSLLW $4, Y%d, Y%d", yp, yp)
+						e.in("%s Y%d, Y%d, Y%d", por, yp, yn, yn)
+					}
+				}
 				for h, yn := range []int{ylo, yhi} {
 					j := 2*c + h
 					e.in("VPBROADCASTW %d(SP), Y%d", 2*j, ysc)
@@ -474,7 +509,7 @@ func genQ4K(e *emitter, isa string, R, T int) {
 		}
 		kTokenSums(T, I, yi, yi2, tokenSums)
 	}
-	qepilogue(e, R, T, A, 144, T*xbK)
+	qepilogue(e, R, T, A, bb, T*xbK)
 	e.frame = 0
 }
 
