@@ -717,6 +717,9 @@ func qQ4_KArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float3
 func qQ5_KArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
+func qIQ4_XSArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
 func qQ6_KArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
@@ -759,6 +762,9 @@ func qQ4_KAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float3
 func qQ5_KAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
+func qIQ4_XSAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
 func qQ6_KAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
@@ -766,6 +772,9 @@ func qQ4_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float3
 
 //go:noescape
 func qQ5_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qIQ4_XSAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
 func qQ6_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)

@@ -8,6 +8,8 @@ var quantKernA = map[DType]*quantKernels{
 	Q4_K: {rd: 1, rp: 1, tp: 4, dec: qQ4_KAr1t1, dec1: qQ4_KAr1t1, pre: qQ4_KAr1t4, pre1: qQ4_KAr1t4, rows: qQ4_KArows},
 	Q6_K: {rd: 1, rp: 1, tp: 4, dec: qQ6_KAr1t1, dec1: qQ6_KAr1t1, pre: qQ6_KAr1t4, pre1: qQ6_KAr1t4, rows: qQ6_KArows},
 	Q5_K: {rd: 1, rp: 1, tp: 4, dec: qQ5_KAr1t1, dec1: qQ5_KAr1t1, pre: qQ5_KAr1t4, pre1: qQ5_KAr1t4, rows: qQ5_KArows},
+	// IQ4_XS: AVX2 only, also run at the AVX-512 level (quantKern).
+	IQ4_XS: {rd: 1, rp: 1, tp: 4, dec: qIQ4_XSAr1t1, dec1: qIQ4_XSAr1t1, pre: qIQ4_XSAr1t4, pre1: qIQ4_XSAr1t4, rows: qIQ4_XSArows},
 }
 
 var quantKernV = map[DType]*quantKernels{
@@ -24,7 +26,9 @@ func quantKern(t DType) *quantKernels {
 	var k *quantKernels
 	switch {
 	case level == levelAVX512 && cpuVNNI:
-		k = quantKernV[t]
+		if k = quantKernV[t]; k == nil {
+			k = quantKernA[t] // a type with AVX2 kernels only
+		}
 	case level >= levelAVX2:
 		k = quantKernA[t]
 	}
