@@ -66,7 +66,7 @@ func fromConfig(path string, c model.Config) Model {
 	return Model{
 		Name: filepath.Base(path), Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads,
 		HeadDim: c.HeadDim, Context: c.CtxLen, Dim: c.Dim, HiddenDim: c.HiddenDim, Vocab: c.Vocab,
-		Source: path,
+		Source: path, KVSource: c.KVSource, LayerWindows: c.LayerWindows, SlidingWindow: c.SlidingWindow,
 	}
 }
 
