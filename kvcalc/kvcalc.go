@@ -13,6 +13,10 @@
 //	total     = batch · layers · kv_heads · (⌈kept / block_tokens⌉ · block_bytes)
 //
 // with KIVI's sealing instead of the ceiling (see kvcache.Footprint.Table).
+// layers are the KV owners of the model's KV source map (kvmap.go: CLA,
+// YOCO, LCKV, …); a window-bounded one holds what its window sees (blocks
+// freed as they slide out, kvcache.Footprint.WindowTable) and adds nothing
+// per token once full.
 // The formula is the textbook count, without positions or blocks:
 //
 //	formula_per_token = 2 · layers · kv_heads · head_dim · b/8 bytes
