@@ -29,7 +29,8 @@ func (s *Paged) Keep(layer, head int, keep []int) error {
 }
 
 // RemoveRange drops tokens [from, to) of every table, keeping the others in
-// order with their original positions.
+// order with their original positions. Indexes count from the sequence's
+// start: a window-bounded table's freed tokens count (table.drop).
 func (s *Paged) RemoveRange(from, to int) error {
 	p := s.pool
 	if from < 0 || to < from {
@@ -45,6 +46,7 @@ func (s *Paged) RemoveRange(from, to int) error {
 	for i := range s.tables {
 		t := &s.tables[i]
 		n := t.len()
+		from, to := max(0, from-t.drop), max(0, to-t.drop)
 		if from >= n {
 			continue
 		}

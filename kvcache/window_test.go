@@ -576,6 +576,28 @@ func TestWindowKeep(t *testing.T) {
 	}
 }
 
+// TestWindowRemoveRange: RemoveRange counts tokens from the sequence's
+// start in a window-bounded layer too.
+func TestWindowRemoveRange(t *testing.T) {
+	p, err := NewPool(PoolConfig{Layout: Layout{Layers: 2, KVHeads: 1, HeadDim: 4, Windows: []int{8, 0}}, BlockTokens: 4, Tokens: 400})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := p.NewSequence()
+	for i := range 30 {
+		if err := appendTokens(t, s, i, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The windowed layer holds 20…29 (its first 20 freed).
+	if err := s.RemoveRange(10, 24); err != nil {
+		t.Fatal(err)
+	}
+	checkLayer(t, s, 0, seqRange(24, 30))
+	checkLayer(t, s, 1, append(seqRange(0, 10), seqRange(24, 30)...))
+	s.Free()
+}
+
 // TestLayoutWindowsValidate: windows and reader counts must fit the
 // layers.
 func TestLayoutWindowsValidate(t *testing.T) {

@@ -105,7 +105,7 @@ func newInspect() *cobra.Command {
 // definition (kvcache.Footprint).
 func (info *inspectJSON) kvSizes() error {
 	c := info.Config
-	m := kvcalc.Model{Name: c.Arch, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Context: c.CtxLen}
+	m := kvcalc.FromConfig(c.Arch, c) // the map's owners and windows included
 	info.KVBlockTokens = kvcache.DefaultBlockTokens
 	info.KVBytesPerToken, info.KVFormulaBytesPerToken, info.KVContextBytes = map[string]float64{}, map[string]float64{}, map[string]int64{}
 	for _, cd := range kvcalc.Codecs() {
