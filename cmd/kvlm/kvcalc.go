@@ -368,7 +368,7 @@ func printKVCalc(w io.Writer, c *kvcalc.Calc, opt kvcalc.Options, rows []kvcalc.
 	f := c.Pool
 	tables := int64(c.Layout.Layers) * int64(m.KVHeads)
 	if m.Shared() {
-		printKVMap(w, c)
+		printKVCalcMap(w, c)
 	}
 	bpt := c.BytesPerToken()
 	grow := c.GrowingLayers()
@@ -434,8 +434,8 @@ func printKVCalc(w io.Writer, c *kvcalc.Calc, opt kvcalc.Options, rows []kvcalc.
 	}
 }
 
-// printKVMap says which layers keep KV and which of them a window bounds.
-func printKVMap(w io.Writer, c *kvcalc.Calc) {
+// printKVCalcMap says which layers keep KV and which of them a window bounds.
+func printKVCalcMap(w io.Writer, c *kvcalc.Calc) {
 	m, l := c.Model, c.Layout
 	fmt.Fprintf(w, "KV map     %d of %d layers keep KV", l.Layers, m.Layers)
 	if l.Layers < m.Layers {
