@@ -662,7 +662,8 @@ func (e *Engine) slotsHeld(s *seqState) int64 {
 	var n int64
 	for layer := range l.Layers {
 		for h := range l.KVHeads {
-			n += int64(s.cache.Slots(layer, h))
+			// Tokens a window freed were not evicted by the policy.
+			n += int64(s.cache.Slots(layer, h) + s.cache.WindowDropped(layer, h))
 		}
 	}
 	return n

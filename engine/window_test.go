@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvlm/kvlm/policy"
 	"github.com/kvlm/kvlm/sample"
 )
 
@@ -124,4 +125,28 @@ func TestEngineWindowSlots(t *testing.T) {
 	if want := reference(t, m, next, 5, sample.Params{}); !slices.Equal(b.tokens[0], want) {
 		t.Errorf("after restore: %v, want %v", b.tokens[0], want)
 	}
+}
+
+// TestEngineWindowNotEvicted: tokens a window frees are not counted as
+// tokens a compression policy evicted: a policy whose budget holds every
+// token reports no eviction on a window-bounded model.
+func TestEngineWindowNotEvicted(t *testing.T) {
+	m, tok := loadStories(t)
+	m.Config.SlidingWindow = 16
+	if m.KVLayout().Windows == nil {
+		t.Skip("the model's KVLayout reports no windows (issue 21's forward pass)")
+	}
+	e := newEngine(t, m, Config{PrefillChunk: 16})
+	var prompt []int
+	for len(prompt) < 100 {
+		prompt = append(prompt, prompts(tok)[len(prompt)%6]...)
+	}
+	o := collect(t, must(e.Submit(GenRequest{Prompt: prompt[:100], MaxTokens: 20, Policy: policy.Config{Method: "h2o", Budget: 1000}})))
+	if o.errs[0] != nil {
+		t.Fatal(o.errs[0])
+	}
+	if o.usage.EvictedTokens != 0 {
+		t.Errorf("%d tokens reported evicted by a policy that keeps 1000", o.usage.EvictedTokens)
+	}
+	checkFree(t, e)
 }

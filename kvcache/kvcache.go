@@ -104,8 +104,10 @@ type Scheduled interface {
 	MatchPrefix(tokens []int, extra uint64) int
 	RegisterPrefix(tokens []int, extra uint64)
 	// Slots is the tokens one (layer, KV head) holds (a policy may have
-	// pruned some).
+	// pruned some); WindowDropped those a window-bounded layer freed from
+	// its head (Layout.Windows).
 	Slots(layer, head int) int
+	WindowDropped(layer, head int) int
 }
 
 // Compacted is a sequence as a compression policy sees it: the slots of
