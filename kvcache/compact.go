@@ -224,5 +224,21 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 	}
 	t.dirty = true
 	s.pristine = false
+	if t.freedTo > 0 && len(slots) > 0 {
+		// Re-indexed positions: what the window freed, older than every
+		// held slot, would sit below the lowest position held now.
+		low := t.freedTo
+		for j, b := range t.blocks {
+			for _, x := range p.posbuf(b)[:min(p.B, t.n-j*p.B)] {
+				low = min(low, x)
+			}
+		}
+		if r := t.res; r != nil {
+			for _, x := range r.pos[:r.n] {
+				low = min(low, x)
+			}
+		}
+		t.freedTo = low
+	}
 	return nil
 }

@@ -598,6 +598,35 @@ func TestWindowRemoveRange(t *testing.T) {
 	s.Free()
 }
 
+// TestWindowReindex: after a policy re-indexes positions (RewriteKeys),
+// appends continue from the new positions: what the window freed counts
+// below the lowest position held, not at its old positions.
+func TestWindowReindex(t *testing.T) {
+	p, err := NewPool(PoolConfig{Layout: Layout{Layers: 1, KVHeads: 1, HeadDim: 4, Windows: []int{8}}, BlockTokens: 4, Tokens: 400})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := p.NewSequence()
+	for i := range 40 {
+		if err := appendTokens(t, s, i, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Holds 32…39; re-indexed to 0…7.
+	slots := seqRange(0, s.Slots(0, 0))
+	i := int32(0)
+	if err := s.RewriteKeys(0, 0, slots, func(pos int32, key []float32) int32 { i++; return i - 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if err := appendTokens(t, s, 8, 1); err != nil {
+		t.Fatalf("append at the re-indexed position 8: %v", err)
+	}
+	if pos := s.Positions(0, 0); fmt.Sprint(pos) != fmt.Sprint([]int32{0, 1, 2, 3, 4, 5, 6, 7, 8}) {
+		t.Fatalf("positions %v", pos)
+	}
+	s.Free()
+}
+
 // TestLayoutWindowsValidate: windows and reader counts must fit the
 // layers.
 func TestLayoutWindowsValidate(t *testing.T) {
