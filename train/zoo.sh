@@ -11,6 +11,10 @@ THREADS="${THREADS:-2}"
 archs=("$@")
 [ ${#archs[@]} -gt 0 ] || archs=(mha gqa mqa cla2 cla3 cla2-mqa yoco lckv local-global)
 for a in "${archs[@]}"; do
+	if [ -f "train/zoo/$a/model.gguf" ]; then
+		echo "$a: train/zoo/$a/model.gguf exists; skipped"
+		continue
+	fi
 	resume=()
 	[ -f "train/zoo/$a/ckpt.pt" ] && resume=(--resume)
 	nice -n 10 /usr/bin/python3 train/train.py --arch "$a" --out "train/zoo/$a" \
