@@ -27,7 +27,10 @@
 // policies need. A segment may carry per-slot magnitudes (MiniCache's
 // merged layers store unit directions shared by two layers and each layer's
 // norms): scores are then multiplied by KMag[i] and value weights by
-// VMag[i]; segments without them take the plain path.
+// VMag[i]; segments without them take the plain path. For a layer that
+// reads a later layer's KV (Layer-Condensed KV), Batch.Strict masks the
+// diagonal and Batch.Dummy adds a zero key and value to every softmax, on
+// every path (exact, online, split, mass).
 package attention
 
 import (
@@ -83,6 +86,16 @@ type Batch struct {
 	// Window, if positive, also hides slots at positions ≤ the query's − Window
 	// (sliding-window attention, as Mistral's).
 	Window int32
+	// Strict also hides the slots at the query's own position: a query at
+	// p sees slots at positions < p only (Layer-Condensed KV's masked
+	// diagonal, for a layer reading a later layer's KV).
+	Strict bool
+	// Dummy adds one more key and value to every query's softmax, both
+	// zeros: a score of 0 whose value adds nothing (Layer-Condensed KV's
+	// dummy token, so that a query that sees no slot still attends
+	// something). It is not a slot: the attention mass of the slots sums
+	// to less than 1 by the dummy's share.
+	Dummy bool
 
 	Segs func(head int) []kvcache.Segment // the stored tokens of each KV head
 	Mass *MassRequest                     // nil: no mass wanted
@@ -381,13 +394,23 @@ func (w *tile) walk(p *panel, f func(j int, s *kvcache.Segment, i int)) {
 
 // classify says how much of panel p a query at position q sees.
 func (b *Batch) classify(p *panel, q int32) uint8 {
-	if p.lo > q || (b.Window > 0 && p.hi <= q-b.Window) {
+	last := b.last(q)
+	if p.lo > last || (b.Window > 0 && p.hi <= q-b.Window) {
 		return visNone
 	}
-	if p.hi <= q && (b.Window <= 0 || p.lo > q-b.Window) {
+	if p.hi <= last && (b.Window <= 0 || p.lo > q-b.Window) {
 		return visAll
 	}
 	return visSome
+}
+
+// last is the latest position a query at position q sees: q, or q − 1
+// with Strict.
+func (b *Batch) last(q int32) int32 {
+	if b.Strict {
+		return q - 1
+	}
+	return q
 }
 
 // keys returns panel p's keys as a [hd][16] score panel and the type of its
@@ -534,7 +557,8 @@ func (w *tile) weighted(b *Batch, pi int) {
 // probs turns the rows of w.s into attention weights, in run.c's order:
 // every score divided by Norm, their maximum, the exponentials and their sum
 // (in slot order), each divided by the sum. A row that sees no slot becomes
-// zeros with sum 0 (w.l).
+// zeros with sum 0 (w.l). With Dummy, the dummy's score 0 joins the
+// maximum (w.m) and its exponential the sum, added after the slots'.
 func (w *tile) probs(b *Batch) {
 	for pi := range w.panels {
 		w.scores(b, pi)
@@ -544,6 +568,18 @@ func (w *tile) probs(b *Batch) {
 	for r := 0; r < w.rows; r++ {
 		row := w.s[r*ld : (r+1)*ld]
 		mx := tensor.AttnMax(row)
+		if b.Dummy {
+			// The dummy's score 0 takes part in the maximum.
+			m := float32(0)
+			if mx != inf {
+				m = max(mx/b.Norm, 0)
+				tensor.AttnExp(row, b.Norm, m)
+			} else {
+				clear(row)
+			}
+			w.m[r] = m
+			continue
+		}
 		if mx == inf {
 			clear(row)
 			continue
@@ -551,6 +587,12 @@ func (w *tile) probs(b *Batch) {
 		tensor.AttnExp(row, b.Norm, mx/b.Norm)
 	}
 	rowSums(w.s, ld, w.rows, w.l)
+	if b.Dummy {
+		// The dummy's exponential joins the sum, after the slots'.
+		for r := 0; r < w.rows; r++ {
+			w.l[r] += float32(math.Exp(float64(-w.m[r])))
+		}
+	}
 	for r := 0; r < w.rows; r++ {
 		if w.l[r] != 0 {
 			tensor.AttnDiv(w.s[r*ld:(r+1)*ld], w.l[r])
@@ -611,6 +653,13 @@ func (w *tile) online(b *Batch, it *item, sc *Scratch) {
 	for r := 0; r < w.rows; r++ {
 		w.m[r], w.l[r] = inf, 0
 	}
+	if b.Dummy && it.splitIndex == 0 {
+		// The dummy (score 0, value 0) as a first panel of its own: in the
+		// first chunk of a split head only.
+		for r := 0; r < w.rows; r++ {
+			w.m[r], w.l[r] = 0, 1
+		}
+	}
 	clear(w.o[:w.rows*hd])
 	for pi := range w.panels {
 		if !w.scores(b, pi) {
@@ -667,9 +716,10 @@ func (w *tile) online(b *Batch, it *item, sc *Scratch) {
 }
 
 // hide reports whether a query at position p must not see a slot at
-// position q: q is later, or outside the sliding window.
+// position q: q is later (or the same, with Strict), or outside the
+// sliding window.
 func (b *Batch) hide(q, p int32) bool {
-	return q > p || (b.Window > 0 && q <= p-b.Window)
+	return q > b.last(p) || (b.Window > 0 && q <= p-b.Window)
 }
 
 // merge combines the partial states of split heads by log-sum-exp.

@@ -567,11 +567,13 @@ func TestKernelLevelsAgree(t *testing.T) {
 				n        int
 				online   bool
 				splitMin int
-			}{{len(pos), false, 0}, {len(pos), true, 0}, {1, false, 1}} {
+				lc       bool // Strict and Dummy (Layer-Condensed KV)
+			}{{len(pos), false, 0, false}, {len(pos), true, 0, false}, {1, false, 1, false},
+				{len(pos), false, 0, true}, {len(pos), true, 0, true}, {1, false, 1, true}} {
 				out := make([]float32, mode.n*stride)
 				mass := &MassRequest{From: mode.n / 2, Agg: AggMean, Out: [][]float32{make([]float32, tokens), make([]float32, tokens)}}
 				b := Batch{Heads: heads, G: G, HeadDim: hd, Norm: float32(math.Sqrt(hd)), Q: q[:mode.n*stride], Out: out, Pos: pos[len(pos)-mode.n:],
-					Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, Online: mode.online, SplitMin: mode.splitMin, SplitChunk: 100, Mass: mass}
+					Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, Online: mode.online, SplitMin: mode.splitMin, SplitChunk: 100, Mass: mass, Strict: mode.lc, Dummy: mode.lc}
 				var sc Scratch
 				b.Run(&sc)
 				got = append(got, out, mass.Out[0], mass.Out[1])
@@ -625,5 +627,136 @@ func TestDefaultSplit(t *testing.T) {
 			t.Errorf("%d heads on %d threads, SplitMin %d: split %v, want %v", c.heads, tensor.Threads, c.splitMin, got, c.split)
 		}
 		f.check(t, rng, []int32{tokens - 1}, c.splitMin, nil, 1e-5)
+	}
+}
+
+// naiveLC is naive attention with Layer-Condensed KV's options written out:
+// a query at qpos sees the keys at positions ≤ qpos (< qpos when strict)
+// and, with window > 0, > qpos − window; with dummy, one more key and value
+// of zeros joins the softmax. It returns the output and each key's
+// probability.
+func naiveLC(q []float64, keys, vals [][]float64, pos []int32, qpos, window int32, strict, dummy bool, norm float64) (out, prob []float64) {
+	prob = make([]float64, len(keys))
+	out = make([]float64, len(q))
+	var logits []float64 // the visible keys', then the dummy's
+	var idx []int
+	for i, k := range keys {
+		if pos[i] > qpos || (strict && pos[i] == qpos) || (window > 0 && pos[i] <= qpos-window) {
+			continue
+		}
+		d := 0.0
+		for j := range q {
+			d += q[j] * k[j]
+		}
+		logits, idx = append(logits, d/norm), append(idx, i)
+	}
+	if dummy {
+		logits = append(logits, 0)
+	}
+	if len(logits) == 0 {
+		return out, prob
+	}
+	mx := math.Inf(-1)
+	for _, l := range logits {
+		mx = math.Max(mx, l)
+	}
+	sum := 0.0
+	for _, l := range logits {
+		sum += math.Exp(l - mx)
+	}
+	for j, i := range idx {
+		prob[i] = math.Exp(logits[j]-mx) / sum
+		for c := range out {
+			out[c] += prob[i] * vals[i][c]
+		}
+	}
+	return out, prob
+}
+
+// TestStrictDummy: the strict-causal mask and the dummy zero key/value
+// (Layer-Condensed KV), alone and together, with and without a sliding
+// window, match naiveLC on every path: the exact two-pass batch, the online
+// batch, a decode query unsplit and split (FlashDecoding), and the
+// attention mass; including queries that see no slot at all (position 0
+// strict: only the dummy, output zeros).
+func TestStrictDummy(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 32))
+	for _, c := range []struct {
+		heads, G, hd, tokens, B int
+		kc                      codec.Codec
+	}{{2, 2, 16, 200, 16, codec.F32}, {1, 4, 32, 700, 24, codec.F32Keys}, {2, 1, 8, 40, 1, codec.Q8Keys}} {
+		f := build(t, rng, c.heads, c.G, c.hd, c.tokens, c.B, c.kc, codec.F32)
+		for _, o := range []struct {
+			strict, dummy bool
+			window        int32
+		}{{true, false, 0}, {false, true, 0}, {true, true, 0}, {true, true, 23}, {false, true, 23}} {
+			last := int32(c.tokens - 1)
+			batches := [][]int32{{last}, {0}, {int32(c.tokens / 2)}}
+			var prefill []int32
+			for p := max(0, c.tokens-40); p < c.tokens; p++ {
+				prefill = append(prefill, int32(p))
+			}
+			batches = append(batches, prefill, []int32{0, 1, 2, 3})
+			for _, pos := range batches {
+				for _, mode := range []struct {
+					online   bool
+					splitMin int
+				}{{false, -1}, {true, -1}, {false, 1}} {
+					if mode.splitMin > 0 && len(pos) > 1 {
+						continue
+					}
+					name := fmt.Sprintf("%s_b%d_strict%v_dummy%v_w%d_n%d_online%v_split%d", c.kc.Name(), c.B, o.strict, o.dummy, o.window, len(pos), mode.online, mode.splitMin)
+					t.Run(name, func(t *testing.T) {
+						n := len(pos)
+						stride := f.heads * f.G * f.hd
+						q := make([]float32, n*stride)
+						for i := range q {
+							q[i] = float32(rng.NormFloat64())
+						}
+						out := make([]float32, n*stride)
+						var mass *MassRequest
+						if !mode.online {
+							mass = &MassRequest{Agg: AggSum, Out: make([][]float32, f.heads)}
+							for h := range mass.Out {
+								mass.Out[h] = make([]float32, len(f.pos))
+							}
+						}
+						b := Batch{Heads: f.heads, G: f.G, HeadDim: f.hd, Norm: float32(math.Sqrt(float64(f.hd))), Q: q, Out: out, Pos: pos,
+							Window: o.window, Strict: o.strict, Dummy: o.dummy, Online: mode.online, SplitMin: mode.splitMin, SplitChunk: 50,
+							Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, Mass: mass}
+						var sc Scratch
+						b.Run(&sc)
+						if mode.splitMin > 0 && c.tokens > 50 && len(sc.states) == 0 {
+							t.Fatal("the decode query was not split")
+						}
+						worst, mworst := 0.0, 0.0
+						for h := 0; h < f.heads; h++ {
+							want := make([]float64, len(f.pos))
+							for ti, p := range pos {
+								for j := 0; j < f.G; j++ {
+									off := ti*stride + (h*f.G+j)*f.hd
+									o2, prob := naiveLC(f64(q[off:off+f.hd]), f.keys[h], f.vals[h], f.pos, p, o.window, o.strict, o.dummy, math.Sqrt(float64(f.hd)))
+									for k := range o2 {
+										worst = math.Max(worst, math.Abs(o2[k]-float64(out[off+k])))
+									}
+									for i, pr := range prob {
+										want[i] += pr
+									}
+								}
+							}
+							if mass != nil {
+								for i, w := range want {
+									mworst = math.Max(mworst, math.Abs(w-float64(mass.Out[h][i])))
+								}
+							}
+						}
+						if worst > 1e-5 || mworst > 1e-5 {
+							t.Errorf("max |Δ| output %.3g, mass %.3g", worst, mworst)
+						}
+					})
+				}
+			}
+		}
+		f.seq.Free()
 	}
 }

@@ -84,7 +84,7 @@ func Build(m *model.Model, tok *tokenizer.SentencePiece, opt Options) (*gguf.Wri
 		{"llama.attention.layer_norm_rms_epsilon", c.NormEps},
 		{"llama.rope.freq_base", c.RopeTheta},
 	}
-	for _, m := range VocabMetadata(tok) {
+	for _, m := range append(KVMapMetadata("llama", c), VocabMetadata(tok)...) {
 		kv = append(kv, struct {
 			key string
 			val any
@@ -130,11 +130,17 @@ func Build(m *model.Model, tok *tokenizer.SentencePiece, opt Options) (*gguf.Wri
 	}
 	for i, L := range m.Layers {
 		p := fmt.Sprintf("blk.%d.", i)
+		kvMat := func(name string, t *tensor.Matrix) error {
+			if !c.Owns(i) {
+				return nil // a layer that reads another's KV has no K/V projection
+			}
+			return addMat(name, t)
+		}
 		steps := []error{
 			addVec(p+"attn_norm.weight", L.AttnNorm),
 			addMat(p+"attn_q.weight", L.Wq),
-			addMat(p+"attn_k.weight", L.Wk),
-			addMat(p+"attn_v.weight", L.Wv),
+			kvMat(p+"attn_k.weight", L.Wk),
+			kvMat(p+"attn_v.weight", L.Wv),
 			addMat(p+"attn_output.weight", L.Wo),
 			addVec(p+"ffn_norm.weight", L.FFNNorm),
 			addMat(p+"ffn_gate.weight", L.WGate),
@@ -215,6 +221,30 @@ func fileType(t tensor.DType) int {
 type Meta struct {
 	Key string
 	Val any
+}
+
+// KVMapMetadata is the KV source map and per-layer windows of c as GGUF
+// metadata under architecture arch (docs/ARCHITECTURES.md):
+// {arch}.attention.kv_source (int32 [layers]) when some layer reads another
+// layer's KV, {arch}.attention.layer_window (uint32 [layers]) when the
+// windows differ per layer. None for an ordinary model.
+func KVMapMetadata(arch string, c model.Config) []Meta {
+	var out []Meta
+	if c.KVSource != nil && c.Shared() {
+		src := make([]int32, c.Layers)
+		for i := range src {
+			src[i] = int32(c.Source(i))
+		}
+		out = append(out, Meta{arch + "." + model.KeyKVSource, src})
+	}
+	if c.LayerWindows != nil {
+		win := make([]uint32, c.Layers)
+		for i := range win {
+			win[i] = uint32(c.Window(i))
+		}
+		out = append(out, Meta{arch + "." + model.KeyLayerWindow, win})
+	}
+	return out
 }
 
 // VocabMetadata is the tokenizer.ggml.* metadata of a SentencePiece

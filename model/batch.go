@@ -84,7 +84,7 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 	b.logits = grow(b.logits, n*c.Vocab)
 	for i, s := range seqs {
 		m.row(p, i, tokens[i], s.pos)
-		p.spans = append(p.spans, span{s: s, lo: i, hi: i + 1})
+		p.spans = append(p.spans, span{s: s, lo: i, hi: i + 1, start: s.hist})
 	}
 	for li := range m.Layers {
 		if err := m.layer(li, p); err != nil {
@@ -108,7 +108,7 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 
 // Fork returns a sequence over a fork of s's cache (every block shared,
 // copied on first write): the same position, history count, chunk and
-// position limit, no hooks and no policy. The cache must be one the
+// position limit and LCKVPasses, no hooks and no policy. The cache must be one the
 // scheduler can fork (kvcache.Scheduled). n > 1 samples of one prompt fork
 // after its prefill.
 func (s *Sequence) Fork() (*Sequence, error) {
@@ -120,6 +120,6 @@ func (s *Sequence) Fork() (*Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.pos, f.hist, f.Chunk, f.MaxPos = s.pos, s.hist, s.Chunk, s.MaxPos
+	f.pos, f.hist, f.Chunk, f.MaxPos, f.LCKVPasses = s.pos, s.hist, s.Chunk, s.MaxPos, s.LCKVPasses
 	return f, nil
 }

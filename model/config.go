@@ -68,11 +68,6 @@ type Config struct {
 	LayerWindows []int `json:",omitempty"`
 }
 
-// window is the attention.Batch window of SlidingWindow (0: none), whose
-// mask is the one SlidingWindow documents: a slot at position j is hidden
-// from a query at p when j ≤ p − Window.
-func (c Config) window() int32 { return int32(c.SlidingWindow) }
-
 // GroupSize is the number of query heads that share one KV head.
 func (c Config) GroupSize() int { return c.Heads / c.KVHeads }
 

@@ -51,6 +51,10 @@ type Compressor interface {
 // length: kvlm never wraps positions around silently.
 var ErrContextFull = errors.New("context length reached")
 
+// DefaultLCKVPasses is the number of passes of Layer-Condensed KV's
+// iterative prompt encoding the paper uses (Sequence.LCKVPasses).
+const DefaultLCKVPasses = 7
+
 // DefaultChunk is the number of prompt tokens a prefill step runs as one
 // matrix.
 const DefaultChunk = 128
@@ -81,8 +85,9 @@ type Sequence struct {
 	Prune RowPruner
 
 	// RowLayers counts the rows computed, summed over layers: Computed ×
-	// layers without a Prune hook, less with one (the prefill compute a
-	// pruner saves).
+	// layers without a Prune hook and without prefill early exit (see
+	// step), less with them (the prefill compute they save); more with
+	// iterative LCKVPasses.
 	RowLayers int
 
 	// AttnTap, if set, sees each layer's attention output ([n][QDim],
@@ -90,9 +95,25 @@ type Sequence struct {
 	// evaluation measures what compression does to attention.
 	AttnTap func(layer int, out []float32)
 
+	// LCKVPasses chooses how a prompt runs on a Layer-Condensed KV model
+	// (Config.Condensed): 0, exact sequential encoding, token by token; m >
+	// 0, the iterative parallel encoding of Wu & Tu (arXiv 2405.10637,
+	// default DefaultLCKVPasses) over each chunk of Chunk tokens: m passes
+	// of the chunk as one matrix, the first with the chunk's own entries
+	// of every layer that others read from below left out (those readers
+	// see the earlier chunks' entries and the dummy), each later pass
+	// reading the entries the pass before computed; only the last pass
+	// writes the cache. Token t of a chunk is exact once m > t, so m ≥
+	// Chunk equals sequential encoding. Decoding is always exact. Set on a
+	// model that is not condensed it is an error; so is a Prune hook with
+	// m > 1.
+	LCKVPasses int
+
 	// StepBytes is the bytes the cache held after the last forward step
 	// ran its layers, before a policy compressed it: a prompt's peak.
 	StepBytes int64
+
+	noEarlyExit bool // tests: every layer runs every row (the early exit's baseline)
 
 	pol      Compressor // nil: none
 	prompt   int        // tokens of the announced prompt still to run
@@ -105,13 +126,26 @@ type Sequence struct {
 // NewSequence starts an empty sequence over cache, which must fit the
 // model's KV layout.
 func (m *Model) NewSequence(cache kvcache.Sequence) (*Sequence, error) {
-	l := cache.Layout()
-	if l.Layers != m.Config.Layers || l.KVHeads != m.KVHeads || l.HeadDim != m.HeadDim {
-		return nil, fmt.Errorf("model: cache layout %+v does not fit the model (%d layers, %d KV heads, head dim %d)",
-			l, m.Config.Layers, m.KVHeads, m.HeadDim)
+	l, want := cache.Layout(), m.KVLayout()
+	if l.Layers != want.Layers || l.KVHeads != m.KVHeads || l.HeadDim != m.HeadDim {
+		return nil, fmt.Errorf("model: cache layout %+v does not fit the model (%d cache layers, %d KV heads, head dim %d)",
+			l, want.Layers, m.KVHeads, m.HeadDim)
 	}
 	s := &Sequence{m: m, cache: cache, Chunk: DefaultChunk, pos: cache.Len(), MaxPos: m.CtxLen}
 	return s, nil
+}
+
+// checkLCKV refuses LCKVPasses where it cannot apply.
+func (s *Sequence) checkLCKV() error {
+	switch {
+	case s.LCKVPasses < 0:
+		return fmt.Errorf("model: %d Layer-Condensed KV prompt passes: want 0 (sequential) or more", s.LCKVPasses)
+	case s.LCKVPasses > 0 && !s.m.Condensed():
+		return fmt.Errorf("model: Layer-Condensed KV prompt passes (%d) asked of a model without layers that read a later layer's KV", s.LCKVPasses)
+	case s.LCKVPasses > 1 && s.Prune != nil:
+		return errors.New("model: a row pruner (PyramidInfer) cannot run with Layer-Condensed KV's iterative prompt passes")
+	}
+	return nil
 }
 
 // KVOptions chooses the cache of a standalone sequence.
@@ -121,9 +155,12 @@ type KVOptions struct {
 	MemBytes    int64       // pool size in bytes; or
 	Tokens      int         // room for this many tokens; both 0: the model's context
 	// KeyShift, if set, stores q8/q4 keys around these means (from
-	// KeyMeans; indexed layer·KVHeads + head, each [HeadDim]); see
+	// KeyMeans; indexed cache layer·KVHeads + head, each [HeadDim]); see
 	// kvcache.PoolConfig.KeyShift.
 	KeyShift [][]float32
+	// LCKVPasses is the sequence's Sequence.LCKVPasses (a Layer-Condensed
+	// KV model's prompt encoding; 0: sequential).
+	LCKVPasses int
 }
 
 // NewStandaloneSequence starts a sequence over a private block pool sized
@@ -143,15 +180,39 @@ func (m *Model) NewStandaloneSequence(opt KVOptions) (*Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
-	return m.NewSequence(pool.NewSequence())
+	s, err := m.NewSequence(pool.NewSequence())
+	if err != nil {
+		return nil, err
+	}
+	s.LCKVPasses = opt.LCKVPasses
+	if err := s.checkLCKV(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Close releases the sequence's cache.
 func (s *Sequence) Close() { s.cache.Free() }
 
-// KVLayout is the per-token shape of the model's KV cache.
+// KVLayout is the per-token shape of the model's KV cache: one cache layer
+// per KV owner (Config.Owners), each cache layer's retention bound
+// (Config.CacheWindows) and, when some cache layer has more than one,
+// how many model layers read each.
 func (m *Model) KVLayout() kvcache.Layout {
-	return kvcache.Layout{Layers: m.Config.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim} // TODO(issue 21): owners only, Windows, Readers
+	c := m.Config
+	l := kvcache.Layout{Layers: len(c.Owners()), KVHeads: m.KVHeads, HeadDim: m.HeadDim, Windows: c.CacheWindows()}
+	readers := c.Readers()
+	for _, r := range readers {
+		if len(r) != 1 {
+			l.Readers = make([]int, len(readers))
+			for cl, r := range readers {
+				l.Readers[cl] = len(r)
+			}
+			break
+		}
+	}
+	return l
 }
 
 // Pos is the position the next token will take.
@@ -255,9 +316,17 @@ func (s *Sequence) Forward(tokens []int, all bool) ([]float32, error) {
 	if s.pos+len(tokens) > s.MaxPos {
 		return nil, fmt.Errorf("%w: %d tokens at position %d go past the context length %d", ErrContextFull, len(tokens), s.pos, s.MaxPos)
 	}
+	if err := s.checkLCKV(); err != nil {
+		return nil, err
+	}
 	chunk := s.Chunk
 	if chunk <= 0 {
 		chunk = DefaultChunk
+	}
+	if s.m.Condensed() && s.LCKVPasses == 0 {
+		// Exact sequential encoding: a token's layers that read a later
+		// layer's KV need the earlier tokens' entries of that layer.
+		chunk = 1
 	}
 	V := s.m.Vocab
 	if all {
@@ -308,31 +377,69 @@ func grow(b []float32, n int) []float32 {
 
 // step runs one chunk of tokens. dst receives logits: for every token when
 // len(dst) is n·Vocab, for the last token when it is Vocab, none when nil.
+//
+// Prefill early exit: when not every token's logits are wanted, the layers
+// above the last KV owner (Config.LastOwner) run for the last row only, or
+// not at all when no logits are wanted: no later token reads anything they
+// produce, so this is exact. With LCKVPasses > 1 on a Layer-Condensed KV
+// model, the chunk runs that many passes (see LCKVPasses).
 func (s *Sequence) step(tokens []int, dst []float32) error {
 	m, c := s.m, s.m.Config
 	n := len(tokens)
 	p := &s.w
-	p.grow(c, n, 1)
-	p.batch = false
 	if err := s.cache.Reserve(n); err != nil {
 		return err
 	}
-	for t, id := range tokens {
-		m.row(p, t, id, s.pos+t)
+	passes := 1
+	if s.LCKVPasses > 1 && n > 1 {
+		passes = s.LCKVPasses
 	}
-	p.spans = append(p.spans, span{s: s, lo: 0, hi: n})
-	prune := s.Prune != nil && len(dst) != n*c.Vocab
-	for li := range m.Layers {
-		if err := m.layer(li, p); err != nil {
-			return err
+	var cur, prev [][]kvcache.Segment
+	if passes > 1 {
+		nc := len(c.Owners())
+		cur, prev = make([][]kvcache.Segment, nc), make([][]kvcache.Segment, nc)
+	}
+	all := len(dst) == n*c.Vocab
+	last := c.LastOwner()
+	for k := 0; k < passes; k++ {
+		p.grow(c, n, 1)
+		p.batch = false
+		for t, id := range tokens {
+			m.row(p, t, id, s.pos+t)
 		}
-		if rows := p.spans[0].hi; prune && li < len(m.Layers)-1 {
-			if keep := s.Prune.AfterLayer(li, p.pos[:rows]); keep != nil {
-				if err := p.compactRows(c, keep, rows); err != nil {
-					return fmt.Errorf("model: layer %d: %w", li, err)
+		p.spans = append(p.spans, span{s: s, lo: 0, hi: n, start: s.hist})
+		if passes > 1 {
+			p.dry, p.cur, p.prev = k < passes-1, cur, prev
+		}
+		prune := s.Prune != nil && !all
+		for li := range m.Layers {
+			if li > last && !all && !s.noEarlyExit {
+				if len(dst) == 0 || p.dry {
+					break // nothing above the last owner is needed
 				}
-				p.spans[0].hi = len(keep)
+				if r := p.spans[0].hi; r > 1 {
+					if err := p.compactRows(c, []int{r - 1}, r); err != nil {
+						return err
+					}
+					p.spans[0].hi, p.spans[0].start = 1, s.hist+n-1
+				}
 			}
+			if err := m.layer(li, p); err != nil {
+				return err
+			}
+			if rows := p.spans[0].hi; prune && li < len(m.Layers)-1 {
+				if keep := s.Prune.AfterLayer(li, p.pos[:rows]); keep != nil {
+					if err := p.compactRows(c, keep, rows); err != nil {
+						return fmt.Errorf("model: layer %d: %w", li, err)
+					}
+					p.spans[0].hi = len(keep)
+				}
+			}
+		}
+		if p.dry {
+			// This pass's keys and values are what the next pass's readers
+			// of a later layer see; the older ones' storage is reused.
+			cur, prev = prev, cur
 		}
 	}
 	s.pos += n

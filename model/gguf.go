@@ -61,20 +61,35 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 	for i := range m.Layers {
 		L := &m.Layers[i]
 		p := fmt.Sprintf("blk.%d.", i)
+		own := cfg.Owns(i)
+		if !own {
+			// A layer that reads another's KV has no K/V projection: a file
+			// that has one anyway is refused rather than half ignored.
+			for _, name := range []string{"attn_k.weight", "attn_v.weight", "attn_k.bias", "attn_v.bias"} {
+				if _, ok := f.Tensor(p + name); ok {
+					return nil, nil, fmt.Errorf("model: tensor %s%s present, but layer %d reads layer %d's KV (%s.%s), so it has no K/V projection",
+						p, name, i, cfg.Source(i), cfg.Arch, KeyKVSource)
+				}
+			}
+		}
 		mats := []struct {
 			dst        **tensor.Matrix
 			name       string
 			rows, cols int
+			kv         bool
 		}{
-			{&L.Wq, "attn_q.weight", cfg.QDim(), cfg.Dim},
-			{&L.Wk, "attn_k.weight", cfg.KVDim(), cfg.Dim},
-			{&L.Wv, "attn_v.weight", cfg.KVDim(), cfg.Dim},
-			{&L.Wo, "attn_output.weight", cfg.Dim, cfg.QDim()},
-			{&L.WGate, "ffn_gate.weight", cfg.HiddenDim, cfg.Dim},
-			{&L.WUp, "ffn_up.weight", cfg.HiddenDim, cfg.Dim},
-			{&L.WDown, "ffn_down.weight", cfg.Dim, cfg.HiddenDim},
+			{&L.Wq, "attn_q.weight", cfg.QDim(), cfg.Dim, false},
+			{&L.Wk, "attn_k.weight", cfg.KVDim(), cfg.Dim, true},
+			{&L.Wv, "attn_v.weight", cfg.KVDim(), cfg.Dim, true},
+			{&L.Wo, "attn_output.weight", cfg.Dim, cfg.QDim(), false},
+			{&L.WGate, "ffn_gate.weight", cfg.HiddenDim, cfg.Dim, false},
+			{&L.WUp, "ffn_up.weight", cfg.HiddenDim, cfg.Dim, false},
+			{&L.WDown, "ffn_down.weight", cfg.Dim, cfg.HiddenDim, false},
 		}
 		for _, t := range mats {
+			if t.kv && !own {
+				continue
+			}
 			if *t.dst, err = ggufMatrix(f, p+t.name, t.rows, t.cols, true); err != nil {
 				return nil, nil, err
 			}
@@ -84,14 +99,18 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 			name     string
 			n        int
 			optional bool
+			kv       bool
 		}{
-			{&L.AttnNorm, "attn_norm.weight", cfg.Dim, false},
-			{&L.FFNNorm, "ffn_norm.weight", cfg.Dim, false},
-			{&L.Bq, "attn_q.bias", cfg.QDim(), !Archs[cfg.Arch].Biases},
-			{&L.Bk, "attn_k.bias", cfg.KVDim(), !Archs[cfg.Arch].Biases},
-			{&L.Bv, "attn_v.bias", cfg.KVDim(), !Archs[cfg.Arch].Biases},
+			{&L.AttnNorm, "attn_norm.weight", cfg.Dim, false, false},
+			{&L.FFNNorm, "ffn_norm.weight", cfg.Dim, false, false},
+			{&L.Bq, "attn_q.bias", cfg.QDim(), !Archs[cfg.Arch].Biases, false},
+			{&L.Bk, "attn_k.bias", cfg.KVDim(), !Archs[cfg.Arch].Biases, true},
+			{&L.Bv, "attn_v.bias", cfg.KVDim(), !Archs[cfg.Arch].Biases, true},
 		}
 		for _, v := range vecs {
+			if v.kv && !own {
+				continue
+			}
 			if *v.dst, err = ggufVector(f, p+v.name, v.n, v.optional); err != nil {
 				return nil, nil, err
 			}
@@ -190,6 +209,9 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 	if err := archFromGGUF(f, a, &c); err != nil {
 		return c, err
 	}
+	if err := kvMapFromGGUF(f, arch, &c); err != nil {
+		return c, err
+	}
 	// The vocabulary size comes from the embedding tensor; validate the rest now.
 	t, ok := f.Tensor("token_embd.weight")
 	if !ok {
@@ -203,6 +225,37 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 		return c, err
 	}
 	return c, nil
+}
+
+// kvMapFromGGUF reads the KV source map and the per-layer windows
+// ({arch}.attention.kv_source, {arch}.attention.layer_window), when present;
+// Validate checks them.
+func kvMapFromGGUF(f *gguf.File, arch string, c *Config) error {
+	read := func(key string) ([]int, error) {
+		if _, ok := f.Lookup(arch + "." + key); !ok {
+			return nil, nil
+		}
+		v, err := f.Int32s(arch + "." + key)
+		if err != nil {
+			return nil, err
+		}
+		if len(v) == 0 {
+			return nil, fmt.Errorf("model: %s.%s is empty", arch, key)
+		}
+		out := make([]int, len(v))
+		for i, x := range v {
+			out[i] = int(x)
+		}
+		return out, nil
+	}
+	var err error
+	if c.KVSource, err = read(KeyKVSource); err != nil {
+		return err
+	}
+	if c.LayerWindows, err = read(KeyLayerWindow); err != nil {
+		return err
+	}
+	return nil
 }
 
 // ggufMatrix wraps a 2-D tensor (GGML shape [cols, rows]) as a matrix,

@@ -158,3 +158,27 @@ func (c Config) validateKVMap() error {
 	}
 	return nil
 }
+
+// ReadsLater reports whether layer i reads a later layer's KV (src[i] > i,
+// Layer-Condensed KV): its attention masks the diagonal and adds a zero
+// dummy key and value.
+func (c Config) ReadsLater(i int) bool { return c.Source(i) > i }
+
+// Condensed reports whether some layer reads a later layer's KV: a prompt
+// chunk then cannot run as one matrix in one pass (Sequence.LCKVPasses).
+func (c Config) Condensed() bool {
+	for i := 0; i < c.Layers; i++ {
+		if c.ReadsLater(i) {
+			return true
+		}
+	}
+	return false
+}
+
+// LastOwner is the highest layer that owns KV. The layers above it write
+// nothing any token reads: a prompt token runs them only when its logits
+// are wanted (prefill early exit).
+func (c Config) LastOwner() int {
+	o := c.Owners()
+	return o[len(o)-1]
+}

@@ -10,9 +10,11 @@ package model
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/kvlm/kvlm/attention"
 	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/tensor"
 )
 
@@ -29,13 +31,27 @@ type pass struct {
 	mass     []*attention.MassRequest
 	spans    []span
 	batch    bool // rows of several sequences (errors name the sequence)
+
+	// An iterative prompt pass (Layer-Condensed KV, Sequence.LCKVPasses)
+	// over one span. dry: the pass appends nothing to the cache, calls no
+	// hook, and an owner's keys and values of the chunk go to cur instead;
+	// cur and prev, per cache layer ([cache layers], nil entries for
+	// none), are the chunk's keys and values of this pass and of the one
+	// before, as one f32 segment per KV head. A layer that reads an
+	// earlier (or its own) layer's KV attends the cache plus cur in a dry
+	// pass; a layer that reads a later layer's KV attends the cache plus
+	// prev, in every pass.
+	dry       bool
+	cur, prev [][]kvcache.Segment
 }
 
 // span says that rows [lo, hi) of a pass are tokens of s, the next ones of
-// its history.
+// its history; start is the history index of row lo (a prompt chunk that
+// exited early keeps only its last row).
 type span struct {
 	s      *Sequence
 	lo, hi int
+	start  int
 }
 
 // grow sizes p for n rows in spans spans.
@@ -63,6 +79,7 @@ func (p *pass) grow(c Config, n, spans int) {
 	}
 	p.mass = p.mass[:spans]
 	p.spans = p.spans[:0]
+	p.dry, p.cur, p.prev = false, nil, nil
 }
 
 // row starts row t of p: token id's embedding at position pos.
@@ -74,33 +91,60 @@ func (m *Model) row(p *pass, t, id, pos int) {
 	m.angles(p.cos[t*half:(t+1)*half], p.sin[t*half:(t+1)*half], pos)
 }
 
-// layer runs layer li over the rows of p's spans.
+// layer runs layer li over the rows of p's spans. Per the KV source map
+// (model/kvmap.go): an owner computes keys and values and appends them to
+// its cache layer; every layer attends cache layer CacheLayer(li) with
+// window Window(li), and a layer that reads a later layer's KV masks the
+// diagonal and adds the zero dummy key and value.
 func (m *Model) layer(li int, p *pass) error {
 	c := m.Config
 	L := &m.Layers[li]
 	n := p.spans[len(p.spans)-1].hi
 	qd, kvd := c.QDim(), c.KVDim()
+	cl, own, later := c.CacheLayer(li), c.Source(li) == li, c.ReadsLater(li)
 	tensor.RMSNormRows(p.xb, p.x, L.AttnNorm, c.NormEps, n, c.Dim)
-	tensor.MatMulMany([][]float32{p.q, p.k, p.v}, []*tensor.Matrix{L.Wq, L.Wk, L.Wv}, p.xb, n)
+	if own {
+		tensor.MatMulMany([][]float32{p.q, p.k, p.v}, []*tensor.Matrix{L.Wq, L.Wk, L.Wv}, p.xb, n)
+	} else {
+		L.Wq.MatMul(p.q, p.xb, n)
+	}
 	addBias(p.q, L.Bq, n)
-	addBias(p.k, L.Bk, n)
-	addBias(p.v, L.Bv, n)
 	m.ropeRows(p.q, p.cos, p.sin, n, c.Heads)
-	m.ropeRows(p.k, p.cos, p.sin, n, c.KVHeads)
+	if own {
+		addBias(p.k, L.Bk, n)
+		addBias(p.v, L.Bv, n)
+		m.ropeRows(p.k, p.cos, p.sin, n, c.KVHeads)
+	}
 	for i, sp := range p.spans {
 		s, lo, hi := sp.s, sp.lo, sp.hi
-		if err := s.cache.Append(li, p.pos[lo:hi], p.k[lo*kvd:hi*kvd], p.v[lo*kvd:hi*kvd]); err != nil {
-			if p.batch {
-				// Reserve passed, so only a pool shared beyond its room gets
-				// here; the sequences of this batch are then inconsistent.
-				return fmt.Errorf("model: layer %d, batch sequence %d: %w", li, i, err)
-			}
-			return fmt.Errorf("model: layer %d: %w", li, err)
-		}
 		p.mass[i] = nil
-		if s.Mass != nil {
-			p.mass[i] = s.Mass.Request(li, s.hist, hi-lo)
+		if own && p.dry {
+			p.cur[cl] = chunkSegments(p.cur[cl], c, p.pos[lo:hi], p.k[lo*kvd:hi*kvd], p.v[lo*kvd:hi*kvd])
+			continue
 		}
+		if own {
+			if err := s.cache.Append(cl, p.pos[lo:hi], p.k[lo*kvd:hi*kvd], p.v[lo*kvd:hi*kvd]); err != nil {
+				if p.batch {
+					// Reserve passed, so only a pool shared beyond its room gets
+					// here; the sequences of this batch are then inconsistent.
+					return fmt.Errorf("model: layer %d, batch sequence %d: %w", li, i, err)
+				}
+				return fmt.Errorf("model: layer %d: %w", li, err)
+			}
+		}
+		if s.Mass != nil && !p.dry {
+			p.mass[i] = s.Mass.Request(cl, sp.start, hi-lo)
+		}
+	}
+	// The chunk's keys and values outside the cache (an iterative prompt
+	// pass): this pass's for a reader of its own or an earlier layer's KV
+	// in a dry pass, the previous pass's for a reader of a later layer's.
+	var extra []kvcache.Segment
+	switch {
+	case later && p.prev != nil:
+		extra = p.prev[cl]
+	case !later && p.dry:
+		extra = p.cur[cl]
 	}
 	// Attention per span, the spans in parallel (then each Run runs its
 	// heads on the calling worker; one span runs its heads in parallel).
@@ -108,18 +152,26 @@ func (m *Model) layer(li int, p *pass) error {
 	tensor.Parallel(len(p.spans), 1, func(a, b int) {
 		for i := a; i < b; i++ {
 			s, lo, hi := p.spans[i].s, p.spans[i].lo, p.spans[i].hi
-			att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Window: c.window(),
+			segs := func(h int) []kvcache.Segment { return s.cache.Segments(cl, h) }
+			if extra != nil {
+				segs = func(h int) []kvcache.Segment {
+					cs := s.cache.Segments(cl, h)
+					return append(cs[:len(cs):len(cs)], extra[h])
+				}
+			}
+			att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Window: int32(c.Window(li)),
+				Strict: later, Dummy: later,
 				Q: p.q[lo*qd : hi*qd], Out: p.att[lo*qd : hi*qd], Pos: p.pos[lo:hi],
-				Segs: func(h int) []kvcache.Segment { return s.cache.Segments(li, h) }, Mass: p.mass[i]}
+				Segs: segs, Mass: p.mass[i]}
 			att.Run(&p.scr[i])
 		}
 	})
 	for i, sp := range p.spans {
 		s, lo, hi := sp.s, sp.lo, sp.hi
 		if p.mass[i] != nil {
-			s.Mass.Done(li, p.mass[i], p.q[lo*qd:hi*qd], p.pos[lo:hi])
+			s.Mass.Done(cl, p.mass[i], p.q[lo*qd:hi*qd], p.pos[lo:hi])
 		}
-		if s.AttnTap != nil {
+		if s.AttnTap != nil && !p.dry {
 			s.AttnTap(li, p.att[lo*qd:hi*qd])
 		}
 		s.RowLayers += hi - lo
@@ -133,6 +185,28 @@ func (m *Model) layer(li int, p *pass) error {
 	L.WDown.MatMul(p.xb, p.gate, n)
 	tensor.AddRows(p.x, p.xb, n, c.Dim)
 	return nil
+}
+
+// chunkSegments lays out keys and values of n rows ([n][KVHeads·HeadDim]
+// each) as one f32 segment per KV head, reusing segs' storage.
+func chunkSegments(segs []kvcache.Segment, c Config, pos []int32, k, v []float32) []kvcache.Segment {
+	n, hd := len(pos), c.HeadDim
+	if len(segs) != c.KVHeads {
+		segs = make([]kvcache.Segment, c.KVHeads)
+	}
+	for h := range segs {
+		sg := &segs[h]
+		if len(sg.K) != 4*n*hd {
+			sg.K, sg.V = make([]byte, 4*n*hd), make([]byte, 4*n*hd)
+		}
+		for t := 0; t < n; t++ {
+			off := (t*c.KVHeads + h) * hd
+			codec.F32.Put(sg.K, n, hd, t, k[off:off+hd])
+			codec.F32.Put(sg.V, n, hd, t, v[off:off+hd])
+		}
+		sg.KC, sg.VC, sg.Cap, sg.N, sg.Pos = codec.F32, codec.F32, n, n, slices.Clone(pos)
+	}
+	return segs
 }
 
 func addBias(x, b []float32, n int) {

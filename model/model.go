@@ -10,8 +10,8 @@ import (
 type Layer struct {
 	AttnNorm []float32      // [Dim] RMSNorm weight before attention
 	Wq       *tensor.Matrix // [Heads·HeadDim][Dim]
-	Wk       *tensor.Matrix // [KVHeads·HeadDim][Dim]
-	Wv       *tensor.Matrix // [KVHeads·HeadDim][Dim]
+	Wk       *tensor.Matrix // [KVHeads·HeadDim][Dim]; nil in a layer that reads another's KV
+	Wv       *tensor.Matrix // [KVHeads·HeadDim][Dim]; nil likewise
 	Wo       *tensor.Matrix // [Dim][Heads·HeadDim]
 	Bq       []float32      // [Heads·HeadDim] or nil (Qwen 2 has Q/K/V biases)
 	Bk       []float32      // [KVHeads·HeadDim] or nil
@@ -88,6 +88,23 @@ func (m *Model) check() error {
 		}
 		return nil
 	}
+	// A layer that reads another's KV (Config.KVSource) has no K/V
+	// projection; an owner has both.
+	kvWeight := func(name string, t *tensor.Matrix, own bool) error {
+		if own {
+			return want(name, t, c.KVDim(), c.Dim)
+		}
+		if t != nil {
+			return fmt.Errorf("model: layer reads another layer's KV but has tensor %s", name)
+		}
+		return nil
+	}
+	kvVec := func(name string, v []float32, own bool) error {
+		if !own && v != nil {
+			return fmt.Errorf("model: layer reads another layer's KV but has tensor %s", name)
+		}
+		return vec(name, v, c.KVDim(), true)
+	}
 	errs := []error{want("token_embd", m.TokEmb, c.Vocab, c.Dim), want("output", m.Output, c.Vocab, c.Dim),
 		vec("output_norm", m.OutNorm, c.Dim, false)}
 	if len(m.Layers) != c.Layers {
@@ -98,12 +115,12 @@ func (m *Model) check() error {
 		errs = append(errs,
 			vec(p+"attn_norm", l.AttnNorm, c.Dim, false),
 			want(p+"attn_q", l.Wq, c.QDim(), c.Dim),
-			want(p+"attn_k", l.Wk, c.KVDim(), c.Dim),
-			want(p+"attn_v", l.Wv, c.KVDim(), c.Dim),
+			kvWeight(p+"attn_k", l.Wk, c.Owns(i)),
+			kvWeight(p+"attn_v", l.Wv, c.Owns(i)),
 			want(p+"attn_output", l.Wo, c.Dim, c.QDim()),
 			vec(p+"attn_q.bias", l.Bq, c.QDim(), true),
-			vec(p+"attn_k.bias", l.Bk, c.KVDim(), true),
-			vec(p+"attn_v.bias", l.Bv, c.KVDim(), true),
+			kvVec(p+"attn_k.bias", l.Bk, c.Owns(i)),
+			kvVec(p+"attn_v.bias", l.Bv, c.Owns(i)),
 			vec(p+"ffn_norm", l.FFNNorm, c.Dim, false),
 			want(p+"ffn_gate", l.WGate, c.HiddenDim, c.Dim),
 			want(p+"ffn_up", l.WUp, c.HiddenDim, c.Dim),

@@ -23,7 +23,7 @@ const DefaultKeyMeanTokens = 256
 // with a generator seeded by seed, over an f32 cache, and every key it
 // stores, prompt included, is averaged. The result is a deterministic
 // function of the weights, prompt, n and seed. n is cut to fit the context.
-// The result is indexed layer·KVHeads + head, each [HeadDim].
+// The result is indexed cache layer·KVHeads + head, each [HeadDim].
 func (m *Model) KeyMeans(prompt []int, n int, seed uint64) ([][]float32, error) {
 	if len(prompt) == 0 {
 		return nil, errors.New("model: key means need a prompt of at least one token")
@@ -39,8 +39,9 @@ func (m *Model) KeyMeans(prompt []int, n int, seed uint64) ([][]float32, error) 
 	if err != nil {
 		return nil, err
 	}
+	cl := m.KVLayout().Layers // cache layers: the KV owners
 	rec := &keyRecorder{Paged: pool.NewSequence(), heads: m.KVHeads, d: m.HeadDim,
-		sum: make([]float64, m.Config.Layers*m.KVHeads*m.HeadDim), count: make([]int, m.Config.Layers)}
+		sum: make([]float64, cl*m.KVHeads*m.HeadDim), count: make([]int, cl)}
 	defer rec.Free()
 	seq, err := m.NewSequence(rec)
 	if err != nil {
@@ -61,14 +62,14 @@ func (m *Model) KeyMeans(prompt []int, n int, seed uint64) ([][]float32, error) 
 			return nil, err
 		}
 	}
-	out := make([][]float32, m.Config.Layers*m.KVHeads)
+	out := make([][]float32, cl*m.KVHeads)
 	for i := range out {
 		l := i / m.KVHeads
 		out[i] = make([]float32, m.HeadDim)
 		for c := range out[i] {
 			v := rec.sum[i*m.HeadDim+c] / float64(rec.count[l])
 			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return nil, fmt.Errorf("model: key mean of layer %d is not finite", l)
+				return nil, fmt.Errorf("model: key mean of cache layer %d is not finite", l)
 			}
 			out[i][c] = float32(v)
 		}

@@ -555,7 +555,7 @@ func kvBytesPerToken(m *model.Model, opt model.KVOptions) int64 {
 	if err != nil {
 		return 0 // the pool itself refuses these options, with the error
 	}
-	return int64(f.BlockBytes) * int64(m.Config.Layers*m.KVHeads) / int64(B)
+	return int64(f.BlockBytes) * int64(m.KVLayout().Layers*m.KVHeads) / int64(B) // the cache layers: the KV owners
 }
 
 // benchCompare runs --compare-kv: see benchCompareKV.

@@ -35,6 +35,9 @@ type modelFlags struct {
 	tok      tokenizer.Tokenizer // set by load, for the key means
 	keyMeans [][]float32         // computed once, for q8/q4 keys
 
+	lckvPasses int            // --lckv-passes (registerLCKV)
+	lckvCmd    *cobra.Command // where it was registered; nil: the command takes none
+
 	pol     policy.Config  // --kv-policy (registerPolicy)
 	polVals map[string]any // parameter name → its flag's *int, *float64 or *string
 	polCmd  *cobra.Command // where they were registered; nil: the command takes no policy
@@ -51,6 +54,18 @@ func (f *modelFlags) register(c *cobra.Command) {
 	c.Flags().StringVar(&f.kvTypeV, "kv-type-v", "", "codec of the values (overrides --kv-type)")
 	c.Flags().StringVar(&f.kvMem, "kv-mem", "", "KV block pool size, e.g. 64MiB or 2GiB (default: room for the whole context)")
 	c.Flags().BoolVar(&f.keyShift, "kv-key-shift", true, "store q8/q4 keys around the model's mean keys (estimated once from a text the model writes from BOS; see docs/KVCACHE.md)")
+}
+
+// registerLCKV adds --lckv-passes, how a Layer-Condensed KV model encodes a
+// prompt (model.Sequence.LCKVPasses), for generate and ppl.
+func (f *modelFlags) registerLCKV(c *cobra.Command) {
+	c.Flags().IntVar(&f.lckvPasses, "lckv-passes", 0, fmt.Sprintf("Layer-Condensed KV models only: encode a prompt chunk (--chunk) in this many parallel passes, the paper's iterative encoding (it uses %d; exact once it reaches the chunk's length), instead of token by token (0: sequential, exact); see docs/ARCHITECTURES.md", model.DefaultLCKVPasses))
+	f.lckvCmd = c
+}
+
+// lckvGiven reports whether --lckv-passes was given.
+func (f *modelFlags) lckvGiven() bool {
+	return f.lckvCmd != nil && f.lckvCmd.Flags().Changed("lckv-passes")
 }
 
 // registerPolicy adds --kv-policy and one --kv-NAME flag per parameter of
@@ -136,7 +151,10 @@ func (f *modelFlags) kvOptions() (model.KVOptions, error) {
 	if err != nil {
 		return model.KVOptions{}, err
 	}
-	opt := model.KVOptions{BlockTokens: f.kvBlock, K: k, V: v}
+	if f.lckvPasses < 0 {
+		return model.KVOptions{}, fmt.Errorf("--lckv-passes must be 0 (sequential) or more, got %d", f.lckvPasses)
+	}
+	opt := model.KVOptions{BlockTokens: f.kvBlock, K: k, V: v, LCKVPasses: f.lckvPasses}
 	if f.kvMem != "" {
 		if opt.MemBytes, err = parseBytes(f.kvMem); err != nil {
 			return opt, fmt.Errorf("--kv-mem: %w", err)
@@ -164,6 +182,10 @@ func (f *modelFlags) load() (*model.Model, tokenizer.Tokenizer, error) {
 	}
 	f.model = p
 	m, tok, err := loadModel(f.model, f.tokenizer, f.mmap)
+	if err == nil && f.lckvGiven() && !m.Condensed() {
+		m.Close()
+		return nil, nil, fmt.Errorf("--lckv-passes: %s is not a Layer-Condensed KV model (no layer reads a later layer's KV)", f.model)
+	}
 	f.tok = tok
 	return m, tok, err
 }

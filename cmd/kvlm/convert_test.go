@@ -1,6 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -57,6 +61,84 @@ func TestConvertReportsTypes(t *testing.T) {
 			}
 			if _, ok := f.Lookup("general.quantization_version"); ok != c.quantVer {
 				t.Errorf("general.quantization_version present: %v, want %v", ok, c.quantVer)
+			}
+		})
+	}
+}
+
+// TestConvertKVHeads: convert kv-heads takes a llama2.c checkpoint or a
+// GGUF file (the same bytes come out of both), says what it pooled, and
+// kvcalc sizes the result's KV cache at N/4 of the 4-KV-head original's.
+func TestConvertKVHeads(t *testing.T) {
+	s := storiesFiles(t)
+	dir := t.TempDir()
+	bytesPerToken := func(path string) float64 {
+		t.Helper()
+		stdout, stderr, code := kvlm(t, "kvcalc", "-m", path, "--json")
+		if code != 0 {
+			t.Fatalf("kvcalc: exit %d: %s", code, stderr)
+		}
+		var r struct {
+			BytesPerToken float64 `json:"bytes_per_token"`
+		}
+		if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r.BytesPerToken
+	}
+	full := bytesPerToken(s.gguf)
+	for _, c := range []struct {
+		n      int
+		stdout string // after "wrote OUT: "
+	}{
+		{4, "4 KV heads already: nothing pooled, 47 tensors copied"},
+		{2, "4 → 2 KV heads (4 query heads each), 10 tensors pooled (10 F32), 37 copied"},
+		{1, "4 → 1 KV heads (8 query heads each), 10 tensors pooled (10 F32), 37 copied"},
+	} {
+		t.Run(fmt.Sprint(c.n), func(t *testing.T) {
+			fromBin := filepath.Join(dir, fmt.Sprintf("bin%d.gguf", c.n))
+			stdout, stderr, code := kvlm(t, "convert", "kv-heads", s.bin, "--tokenizer", s.tok, "--kv-heads", fmt.Sprint(c.n), "-o", fromBin)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			if want := "wrote " + fromBin + ": " + c.stdout + "\n"; stdout != want {
+				t.Errorf("stdout %q, want %q", stdout, want)
+			}
+			fromGGUF := filepath.Join(dir, fmt.Sprintf("gguf%d.gguf", c.n))
+			if _, stderr, code := kvlm(t, "convert", "kv-heads", s.gguf, "--kv-heads", fmt.Sprint(c.n), "-o", fromGGUF); code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			a, err := os.ReadFile(fromBin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(fromGGUF)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(a, b) {
+				t.Error("the llama2.c checkpoint and its GGUF convert to different files")
+			}
+			if got, want := bytesPerToken(fromBin), full*float64(c.n)/4; got != want {
+				t.Errorf("kvcalc: %g B/token, want %g", got, want)
+			}
+		})
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no count", []string{s.gguf, "-o", filepath.Join(dir, "x.gguf")}, "needs --kv-heads N"},
+		{"no output", []string{s.gguf, "--kv-heads", "2"}, "needs -o OUT.gguf"},
+		{"not a divisor", []string{s.gguf, "--kv-heads", "3", "-o", filepath.Join(dir, "x.gguf")}, "does not divide the model's 4 KV heads"},
+		{"unknown model", []string{"no-such-model-anywhere", "--kv-heads", "2", "-o", filepath.Join(dir, "x.gguf")}, "no-such-model-anywhere"},
+		{"two models", []string{s.gguf, s.bin, "--kv-heads", "2", "-o", filepath.Join(dir, "x.gguf")}, "accepts 1 arg"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, stderr, code := kvlm(t, append([]string{"convert", "kv-heads"}, c.args...)...)
+			if code == 0 || !strings.Contains(stderr, c.want) {
+				t.Errorf("exit %d, stderr %q, want an error mentioning %q", code, stderr, c.want)
 			}
 		})
 	}

@@ -120,6 +120,7 @@ func newGenerate() *cobra.Command {
 		},
 	}
 	mf.register(c)
+	mf.registerLCKV(c)
 	mf.registerPolicy(c)
 	f := c.Flags()
 	f.StringVarP(&prompt, "prompt", "p", "", `prompt text ("" = start from BOS alone, as run.c without -i)`)

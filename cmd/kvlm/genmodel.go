@@ -34,6 +34,11 @@ type genShape struct {
 	// Llama3Rope, if set, is Llama 3.1's rope_scaling (type llama3), written
 	// as the rope_freqs.weight tensor llama.cpp's converter stores.
 	Llama3Rope *genLlama3Rope
+	// KVSource and LayerWindows, if set ([Layers] each), are the KV source
+	// map and the per-layer windows (model.Config, docs/ARCHITECTURES.md),
+	// written as {arch}.attention.kv_source / layer_window; the layers that
+	// do not own KV get no attn_k / attn_v tensors.
+	KVSource, LayerWindows []int
 	// Vocab is the vocabulary written: "" (the 32,000-token llama2
 	// SentencePiece vocabulary), "llama3" (Llama 3's 128,256-token
 	// byte-level BPE, pre-tokenizer llama-bpe, the Llama 3.1 chat
@@ -71,6 +76,31 @@ var genShapes = map[string]genShape{
 	// template.
 	"qwen2-tiny": {Arch: "qwen2", Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 128, Ctx: 512, RopeTheta: 1e6, Eps: 1e-6,
 		Biases: true, Vocab: "qwen2"},
+	// Architectures that share KV across layers (docs/ARCHITECTURES.md),
+	// for tests and benchmarks: width 256 (head dim 64), GQA 4:2 unless
+	// named otherwise, context 4096, the llama2 vocabulary.
+	// CLA2: pairs of layers, the first of each owning KV.
+	"cla2": {Dim: 256, Layers: 8, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 4096, RopeTheta: 10000,
+		KVSource: []int{0, 0, 2, 2, 4, 4, 6, 6}},
+	// CLA3: triples of layers.
+	"cla3": {Dim: 256, Layers: 9, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 4096, RopeTheta: 10000,
+		KVSource: []int{0, 0, 0, 3, 3, 3, 6, 6, 6}},
+	// CLA2 on MQA (one KV head).
+	"cla2-mqa": {Dim: 256, Layers: 8, Heads: 4, KVHeads: 1, Hidden: 512, Ctx: 4096, RopeTheta: 10000,
+		KVSource: []int{0, 0, 2, 2, 4, 4, 6, 6}},
+	// YOCO: a self-decoder of 4 sliding-window layers (window 64, each its
+	// own KV), then a cross-decoder whose first layer owns the one global
+	// KV every later layer reads.
+	"yoco": {Dim: 256, Layers: 8, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 4096, RopeTheta: 10000,
+		KVSource: []int{0, 1, 2, 3, 4, 4, 4, 4}, LayerWindows: []int{64, 64, 64, 64, 0, 0, 0, 0}},
+	// Layer-Condensed KV: 2 warmup layers at the bottom; every other layer
+	// reads the top layer's KV (masked diagonal, dummy KV).
+	"lckv": {Dim: 256, Layers: 8, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 4096, RopeTheta: 10000,
+		KVSource: []int{0, 1, 7, 7, 7, 7, 7, 7}},
+	// Interleaved local (sliding window 64) and global layers, 5:1 as
+	// Gemma 3; every layer its own KV.
+	"local-global": {Dim: 256, Layers: 12, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 4096, RopeTheta: 10000,
+		LayerWindows: []int{64, 64, 64, 64, 64, 0, 64, 64, 64, 64, 64, 0}},
 	// llama2.c's stories110M.
 	"llama-110m": {Dim: 768, Layers: 12, Heads: 12, KVHeads: 12, Hidden: 2048, Ctx: 1024, RopeTheta: 10000},
 	// TinyLlama-1.1B.
@@ -145,7 +175,9 @@ func newGenModel() *cobra.Command {
 			"(drawn so that activations stay finite) quantized with kvlm's own quantizers, and\n" +
 			"a real vocabulary: the 32,000-token llama2 one, or for llama3-tiny and qwen2-tiny\n" +
 			"the 128K Llama 3 one (qwen2-tiny: a qwen2 model with Q/K/V biases, NEOX RoPE and\n" +
-			"ChatML). Shapes: " + strings.Join(names, ", ") + ".\n" +
+			"ChatML). cla2, cla3, cla2-mqa, yoco, lckv and local-global share KV across layers or\n" +
+			"window layers one by one (a KV source map, docs/ARCHITECTURES.md).\n" +
+			"Shapes: " + strings.Join(names, ", ") + ".\n" +
 			"Types: " + strings.Join(genTypes, ", ") + " (norms and biases stay F32). A matrix\n" +
 			"whose rows the type's blocks do not divide is written as Q8_0 where 32-value\n" +
 			"blocks divide them, else as F16 (llama.cpp's quantizer falls back from Q6_K to\n" +
@@ -362,6 +394,10 @@ func genWriter(sh genShape, mix, name string, voc genVocab, seed uint64) (*gguf.
 		{a + ".rope.freq_base", sh.RopeTheta},
 		{"general.quantization_version", uint32(2)},
 	}
+	kvmap := model.Config{Layers: sh.Layers, KVSource: sh.KVSource, LayerWindows: sh.LayerWindows}
+	for _, m := range convert.KVMapMetadata(a, kvmap) {
+		kvs = append(kvs, genKV{m.Key, m.Val})
+	}
 	for _, kv := range append(kvs, voc.kvs...) {
 		if err := w.Set(kv.key, kv.val); err != nil {
 			return nil, nil, err
@@ -415,14 +451,27 @@ func genWriter(sh genShape, mix, name string, voc genVocab, seed uint64) (*gguf.
 	}
 	for i := 0; i < sh.Layers; i++ {
 		p := fmt.Sprintf("blk.%d.", i)
+		own := kvmap.Owns(i) // a layer that reads another's KV has no K/V projection
+		kvMat := func(name string, rows int) error {
+			if !own {
+				return nil
+			}
+			return mat(name, i, rows, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim)))
+		}
+		kvBias := func(name string, n int) error {
+			if !own {
+				return nil
+			}
+			return bias(name, n)
+		}
 		for _, err := range []error{
 			vec(p+"attn_norm.weight", sh.Dim),
 			mat(p+"attn_q.weight", i, qdim, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
 			bias(p+"attn_q.bias", qdim),
-			mat(p+"attn_k.weight", i, kvdim, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
-			bias(p+"attn_k.bias", kvdim),
-			mat(p+"attn_v.weight", i, kvdim, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
-			bias(p+"attn_v.bias", kvdim),
+			kvMat(p+"attn_k.weight", kvdim),
+			kvBias(p+"attn_k.bias", kvdim),
+			kvMat(p+"attn_v.weight", kvdim),
+			kvBias(p+"attn_v.bias", kvdim),
 			mat(p+"attn_output.weight", i, sh.Dim, qdim, 0.5/math.Sqrt(float64(qdim))),
 			vec(p+"ffn_norm.weight", sh.Dim),
 			mat(p+"ffn_gate.weight", i, sh.Hidden, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),

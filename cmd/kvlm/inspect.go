@@ -168,6 +168,7 @@ func printInspect(w io.Writer, path string, info inspectJSON) {
 	if c.IgnoredSlidingWindow > 0 {
 		fmt.Fprintf(w, "note: %s.attention.sliding_window = %d is not applied: %s runs full attention (as llama.cpp)\n", c.Arch, c.IgnoredSlidingWindow, c.Arch)
 	}
+	printKVMap(w, c)
 	fmt.Fprintf(w, "weights %s\n", human(info.WeightsBytes))
 	fmt.Fprintf(w, "KV cache per token, keys and values in one codec: in a kvlm pool (blocks of %d tokens; codec metadata and each slot's 4-byte position included; as kvcalc, --kv-mem), and by the formula 2 · %d layers · %d KV heads · %d dims · bits/8:\n",
 		info.KVBlockTokens, c.Layers, c.KVHeads, c.HeadDim)
@@ -202,4 +203,41 @@ func printInspect(w io.Writer, path string, info inspectJSON) {
 		}
 		tw.Flush()
 	}
+}
+
+// printKVMap prints the KV source map and per-layer windows of a model
+// that has them (docs/ARCHITECTURES.md): per layer its source, window and
+// whether it owns a cache layer (and who reads it) or reads one.
+func printKVMap(w io.Writer, c model.Config) {
+	if c.KVSource == nil && c.LayerWindows == nil {
+		return
+	}
+	owners := c.Owners()
+	fmt.Fprintf(w, "KV source map (%s.%s, %s.%s): %d of %d layers own KV (the cache layers)\n",
+		c.Arch, model.KeyKVSource, c.Arch, model.KeyLayerWindow, len(owners), c.Layers)
+	readers := c.Readers()
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "  layer\tsource\twindow\tKV\n")
+	for i := 0; i < c.Layers; i++ {
+		win := "full"
+		if wi := c.Window(i); wi > 0 {
+			win = fmt.Sprint(wi)
+		}
+		cl := c.CacheLayer(i)
+		var kv string
+		switch src := c.Source(i); {
+		case src == i:
+			r := make([]string, len(readers[cl]))
+			for j, l := range readers[cl] {
+				r[j] = fmt.Sprint(l)
+			}
+			kv = fmt.Sprintf("owns cache layer %d, read by layers %s", cl, strings.Join(r, " "))
+		case src < i:
+			kv = fmt.Sprintf("reads layer %d's KV (cache layer %d)", src, cl)
+		default:
+			kv = fmt.Sprintf("reads later layer %d's KV (cache layer %d): masked diagonal, dummy KV", src, cl)
+		}
+		fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\n", i, c.Source(i), win, kv)
+	}
+	tw.Flush()
 }

@@ -157,6 +157,7 @@ With a --kv-policy:
 		},
 	}
 	mf.register(c)
+	mf.registerLCKV(c)
 	mf.registerPolicy(c)
 	c.Flags().StringVarP(&file, "file", "f", "", "text file")
 	c.Flags().IntVar(&ctx, "ctx", 512, "tokens to feed (BOS included); --stream: default the whole file, and more than the file means all of it")
