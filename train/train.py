@@ -37,7 +37,17 @@ import data  # noqa: E402
 import export  # noqa: E402
 from model import ARCHS, Config, Transformer, arch_config  # noqa: E402
 
-PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play"
+# The fixed prompt whose logits kvlm must reproduce: longer than the zoo's
+# window (64), so that the windowed layers' masks take part.
+PROMPT = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her red ball. "
+          "One day, the ball rolled under a big tree and a small dog found it. The dog wagged its tail and brought "
+          "the ball back to Lily. Lily smiled and said, \"Thank you, dog! Do you want to play with me?\" The dog")
+
+
+def f32list(t):
+    """A float32 tensor as a nested list of the shortest decimals that read
+    back as the same float32 values."""
+    return [[float(str(np.float32(v))) for v in row] for row in t.numpy()]
 
 
 def parse(argv):
@@ -242,7 +252,7 @@ def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, 
         "train_seconds": round(seconds, 1),
         "data": {"file": data.TEXT, "train_bytes": list(data.TRAIN), "heldout_bytes": list(data.HELDOUT)},
         "heldout": {"windows": windows, "mean_nll": nll},
-        "prompt": {"text": PROMPT, "ids": prompt_ids, "logits": plog.tolist()},
+        "prompt": {"text": PROMPT, "ids": prompt_ids, "logits": f32list(plog)},
     }
     with open(os.path.join(a.out, "record.json"), "w") as f:
         json.dump(rec, f)
