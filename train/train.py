@@ -238,7 +238,7 @@ def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, 
         return
     model.eval()
     nll = evaluate(model, windows)
-    prompt_ids = [data.BOS] + data.tokenize(PROMPT.encode())
+    prompt_ids = ([data.BOS] + data.tokenize(PROMPT.encode()))[:a.ctx]  # at most the context
     with torch.no_grad():
         plog = model.exact_logits(torch.tensor([prompt_ids]))[0]
     rec = {
