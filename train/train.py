@@ -197,7 +197,7 @@ def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, 
         say(f"# arch {a.arch}  params {model.param_count()}  kv_source {c.kv_source}  layer_window {c.layer_window}  "
             f"recipe {json.dumps(recipe)}  torch {torch.__version__} threads {a.threads}")
     else:
-        say(f"# resumed at step {step}")
+        say(f"# resumed at step {step}  torch {torch.__version__} threads {a.threads}")
 
     def save():
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": seconds,

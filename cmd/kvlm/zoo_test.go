@@ -105,28 +105,22 @@ func readZooRecord(t *testing.T, path string) zooRecord {
 	return r
 }
 
-// loadZooModel loads a zoo GGUF, skipping the test where the file uses a
-// part of the KV source map kvlm's loader does not apply yet.
+// loadZooModel loads a zoo GGUF; its KV source map must reach the config.
 func loadZooModel(t *testing.T, path string) (*model.Model, tokenizer.Tokenizer) {
 	t.Helper()
+	m, tok, err := model.LoadGGUF(path)
+	if err != nil {
+		t.Fatal(err)
+	}
 	f, err := gguf.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, hasSrc := f.Lookup("llama." + model.KeyKVSource)
-	_, hasWin := f.Lookup("llama." + model.KeyLayerWindow)
-	f.Close()
-	m, tok, err := model.LoadGGUF(path)
-	if (hasSrc && (err != nil || m.KVSource == nil)) || (hasWin && (err != nil || m.LayerWindows == nil)) {
-		if err == nil {
-			m.Close()
+	defer f.Close()
+	for key, applied := range map[string]bool{model.KeyKVSource: m.KVSource != nil, model.KeyLayerWindow: m.LayerWindows != nil} {
+		if _, ok := f.Lookup("llama." + key); ok && !applied {
+			t.Fatalf("the file has llama.%s but the loaded model's config does not", key)
 		}
-		t.Skipf("kvlm's GGUF loader does not apply llama.%s / llama.%s yet (issue 21's KV source map forward pass, branch a21-model); "+
-			"the trainer's own tests (train/test_train.py) check this architecture at the PyTorch level until then (load: %v)",
-			model.KeyKVSource, model.KeyLayerWindow, err)
-	}
-	if err != nil {
-		t.Fatal(err)
 	}
 	return m, tok
 }
