@@ -71,6 +71,7 @@ func TestZoo(t *testing.T) {
 		}
 		t.Skipf("no trained models in %s", zooDir())
 	}
+	checkZooSize(t, paths)
 	tok512, err := tokenizer.LoadLlama2C(shared.Path(t, "models/stories260K/tok512.bin"), 512)
 	if err != nil {
 		t.Fatal(err)
@@ -86,6 +87,36 @@ func TestZoo(t *testing.T) {
 			checkZooLogits(t, m, rec)
 			checkZooNLL(t, m, rec)
 		})
+	}
+}
+
+// checkZooSize: the committed zoo's limits (issue 27): each file ≤ 5 MB,
+// all of it ≤ 40 MB.
+func checkZooSize(t *testing.T, paths []string) {
+	t.Helper()
+	const fileMax, zooMax = 5 << 20, 40 << 20
+	var total int64
+	for _, p := range paths {
+		files, err := filepath.Glob(filepath.Join(filepath.Dir(p), "*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			st, err := os.Stat(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if filepath.Base(f) == "ckpt.pt" { // the trainer's checkpoint, not committed
+				continue
+			}
+			if st.Size() > fileMax {
+				t.Errorf("%s is %d bytes, over the zoo's %d per file", f, st.Size(), fileMax)
+			}
+			total += st.Size()
+		}
+	}
+	if total > zooMax {
+		t.Errorf("the zoo is %d bytes, over its %d", total, zooMax)
 	}
 }
 
