@@ -54,6 +54,9 @@ def metadata(c, rec):
         "kvlm.train.heldout_tokens": gguf.u32(sum(len(w) - 1 for w in rec["heldout"]["windows"])),
         "kvlm.train.recipe": gguf.string(json.dumps(rec["recipe"], sort_keys=True)),
     })
+    if rec.get("init"):
+        m["kvlm.train.init"] = gguf.string(rec["init"])
+        m["kvlm.train.init_heldout_nll"] = gguf.f32(rec["init_heldout_nll"])
     return m
 
 
@@ -73,6 +76,32 @@ def tensors(model):
         t[p + "ffn_up.weight"] = b.w_up
         t[p + "ffn_down.weight"] = b.w_down
     return {k: v.detach().numpy() for k, v in t.items()}
+
+
+def load(path, model):
+    """Copies the weights of a GGUF in this layout (F32, kvlm's names) into
+    model, whose shape must match the file's tensors."""
+    _, t = gguf.read(path)
+    want = tensors(model)
+    missing = sorted(set(want) - set(t))
+    extra = sorted(set(t) - set(want))
+    if missing or extra:
+        raise SystemExit(f"{path}: tensors do not fit --arch (missing {missing[:3]}, unexpected {extra[:3]})")
+    params = dict(model.named_parameters())
+    names = {"token_embd.weight": "emb", "output_norm.weight": "out_norm"}
+    ours = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
+            "ffn_norm": "ffn_norm", "ffn_gate": "w_gate", "ffn_up": "w_up", "ffn_down": "w_down"}
+    import torch
+    with torch.no_grad():
+        for name, a in t.items():
+            if name in names:
+                p = params[names[name]]
+            else:
+                _, i, kind, _ = name.split(".")
+                p = params[f"blocks.{i}.{ours[kind]}"]
+            if tuple(p.shape) != a.shape:
+                raise SystemExit(f"{path}: tensor {name} has shape {a.shape}, --arch implies {tuple(p.shape)}")
+            p.copy_(torch.from_numpy(a))
 
 
 def write(path, model, rec):

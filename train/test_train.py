@@ -9,6 +9,7 @@
 - The GGUF export round-trips and leaves non-owners without K/V.
 """
 
+import json
 import math
 import os
 import sys
@@ -226,6 +227,22 @@ class TrainTest(unittest.TestCase):
             self.assertEqual(meta["tokenizer.ggml.tokens"].value[:3], ["<unk>", "<s>", "</s>"])
             self.assertEqual(meta["kvlm.train.heldout_bytes"].value, list(data.HELDOUT))
             self.assertEqual(meta["kvlm.train.tokens"].value, 1 * 2 * 32)
+
+    def test_init(self):
+        """--init loads a GGUF's weights exactly: their held-out NLL before
+        training is the NLL the exporting run recorded; a file of another
+        shape is refused."""
+        with tempfile.TemporaryDirectory() as d:
+            a, b = os.path.join(d, "a"), os.path.join(d, "b")
+            self.run_train(a, "gqa", 2)
+            self.run_train(b, "gqa", 1, "--init", os.path.join(a, "model.gguf"))
+            ra, rb = (json.load(open(os.path.join(x, "record.json"))) for x in (a, b))
+            self.assertEqual(rb["init_heldout_nll"], ra["heldout"]["mean_nll"])
+            meta, _ = gguf.read(os.path.join(b, "model.gguf"))
+            self.assertEqual(meta["kvlm.train.init"].value, os.path.join(a, "model.gguf"))
+            with self.assertRaises(SystemExit) as e:
+                self.run_train(os.path.join(d, "c"), "mha", 1, "--init", os.path.join(a, "model.gguf"))
+            self.assertIn("shape", str(e.exception))
 
     def test_split(self):
         self.assertEqual(data.TRAIN[1], data.HELDOUT[0])

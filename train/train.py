@@ -68,6 +68,7 @@ def parse(argv):
     p.add_argument("--warmup", type=int, default=0, help="warmup steps (default 5%% of --steps)")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--init", help="start from this GGUF's weights (e.g. an MHA model converted by kvlm convert kv-heads)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --ctx tokens to evaluate")
     p.add_argument("--ckpt-every", type=int, default=200)
@@ -157,6 +158,8 @@ def main(argv=None):
     ckpt_path = os.path.join(a.out, "ckpt.pt")
     c = config_of(a)
     recipe = {k: getattr(a, k) for k in RECIPE_KEYS}
+    if a.init:
+        recipe["init"] = a.init
     train_ids, held_ids = data.split_ids()
     train_ids = np.asarray(train_ids, dtype=np.int64)
     windows = data.heldout_windows(held_ids, a.ctx, a.eval_windows)
@@ -164,6 +167,12 @@ def main(argv=None):
     torch.manual_seed(a.seed)
     model = Transformer(c)
     model.init_weights(torch.Generator().manual_seed(a.seed))
+    init_nll = None
+    if a.init:
+        export.load(a.init, model)
+        model.eval()
+        init_nll = evaluate(model, windows)
+        model.train()
     opt = optimizer(model, a)
     step, seconds = 0, 0.0
     if a.resume:
@@ -181,12 +190,12 @@ def main(argv=None):
 
     log = open(os.path.join(a.out, "train.log"), "a")
     try:
-        run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log)
+        run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log, init_nll)
     finally:
         log.close()
 
 
-def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log):
+def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log, init_nll):
     def say(line):
         log.write(line + "\n")
         log.flush()
@@ -196,6 +205,8 @@ def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, 
     if step == 0:
         say(f"# arch {a.arch}  params {model.param_count()}  kv_source {c.kv_source}  layer_window {c.layer_window}  "
             f"recipe {json.dumps(recipe)}  torch {torch.__version__} threads {a.threads}")
+        if init_nll is not None:
+            say(f"# initialized from {a.init}: held-out NLL {init_nll:.6f}")
     else:
         say(f"# resumed at step {step}  torch {torch.__version__} threads {a.threads}")
 
@@ -252,6 +263,8 @@ def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, 
         "train_seconds": round(seconds, 1),
         "data": {"file": data.TEXT, "train_bytes": list(data.TRAIN), "heldout_bytes": list(data.HELDOUT)},
         "heldout": {"windows": windows, "mean_nll": nll},
+        "init": a.init,
+        "init_heldout_nll": init_nll,
         "prompt": {"text": PROMPT, "ids": prompt_ids, "logits": f32list(plog)},
     }
     with open(os.path.join(a.out, "record.json"), "w") as f:
