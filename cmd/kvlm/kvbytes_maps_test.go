@@ -113,6 +113,10 @@ func TestKVBytesAgreeMaps(t *testing.T) {
 				if got := float64(paged.Memory().Reserved-at256) / 64; got != r.BytesPerToken {
 					t.Fatalf("a decoded token takes %v B in the model's cache, kvcalc says %v", got, r.BytesPerToken)
 				}
+				// bench's kv_bytes_per_token is the same figure.
+				if got := kvBytesPerToken(m, model.KVOptions{K: k, V: v, BlockTokens: kvcache.DefaultBlockTokens}); float64(got) != r.BytesPerToken {
+					t.Fatalf("bench reports %d B per token, kvcalc %v", got, r.BytesPerToken)
+				}
 			})
 		}
 	}
