@@ -141,6 +141,7 @@ func DefaultRecall(quick bool) RecallConfig {
 		Spec: DefaultRecallSpec(), Quick: quick, Workers: 2,
 	}
 	if quick {
+		c.Contexts = []int{256}
 		c.Depths = []float64{0, 0.5, 1}
 		c.N = 8
 		c.Methods = []string{"full", "snapkv"}

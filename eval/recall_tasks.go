@@ -168,6 +168,15 @@ func (v *RecallVocab) Sample(spec RecallSpec, task string, ctx int, depth float6
 	}
 	rng := sampleRNG(task, ctx, s.Depth, seed)
 	enc := func(text string) []int { return v.tok.Encode(text, false, false) }
+	// encP encodes a segment that starts with punctuation, which follows
+	// the word before it without a space.
+	encP := func(text string) []int {
+		ids := enc(text)
+		if len(ids) > 1 && ids[0] == v.space {
+			return ids[1:]
+		}
+		return ids
+	}
 	value := func() []int {
 		ids := []int{v.space}
 		for range spec.Digits {
@@ -197,7 +206,7 @@ func (v *RecallVocab) Sample(spec RecallSpec, task string, ctx int, depth float6
 		}
 		if task == TaskMultiKey {
 			i := rng.IntN(len(keys))
-			question = join(enc("What is the special number for"), v.wordID[keys[i]], enc("? The special number for"), v.wordID[keys[i]], enc("is"))
+			question = join(enc("What is the special number for"), v.wordID[keys[i]], encP("? The special number for"), v.wordID[keys[i]], enc("is"))
 			parts = [][]int{vals[i]}
 			break
 		}
@@ -214,7 +223,7 @@ func (v *RecallVocab) Sample(spec RecallSpec, task string, ctx int, depth float6
 			list = append(list, v.wordID[keys[i]]...)
 			parts = append(parts, vals[i])
 		}
-		question = join(enc("What are the special numbers for"), list, enc("? The special numbers for"), list, enc("are"))
+		question = join(enc("What are the special numbers for"), list, encP("? The special numbers for"), list, enc("are"))
 	case TaskMultiValue:
 		k := words(1)[0]
 		for range spec.Values {
@@ -233,7 +242,7 @@ func (v *RecallVocab) Sample(spec RecallSpec, task string, ctx int, depth float6
 			sorted[i] = parts[o]
 		}
 		parts = sorted
-		question = join(enc("What are all the special numbers for"), v.wordID[k], enc("? The special numbers for"), v.wordID[k], enc("are"))
+		question = join(enc("What are all the special numbers for"), v.wordID[k], encP("? The special numbers for"), v.wordID[k], enc("are"))
 	case TaskVarTrack:
 		names := words(spec.Chains * spec.Hops)
 		asked := rng.IntN(spec.Chains)
@@ -254,7 +263,7 @@ func (v *RecallVocab) Sample(spec RecallSpec, task string, ctx int, depth float6
 			}
 			if c == asked {
 				last := v.wordID[names[c*spec.Hops+spec.Hops-1]]
-				question = join(enc("What is the value of"), last, enc("? The value of"), last, enc("is"))
+				question = join(enc("What is the value of"), last, encP("? The value of"), last, enc("is"))
 				parts = [][]int{val}
 			}
 		}

@@ -2,8 +2,10 @@ package eval
 
 import (
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvlm/kvlm/engine"
@@ -246,5 +248,39 @@ func TestRecallAnswer(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUpdateSection checks that the recall section replaces itself and
+// leaves the rest of the report alone.
+func TestUpdateSection(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "R.md")
+	const head, tail = "# R\n\nbefore\n", "\n## After\n\nafter\n"
+	sec := func(x string) string { return RecallSectionBegin + "\n" + x + "\n" + RecallSectionEnd + "\n" }
+	if err := os.WriteFile(path, []byte(head), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := UpdateSection(path, sec("one"), RecallSectionBegin, RecallSectionEnd); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	if want := head + "\n" + sec("one"); string(b) != want {
+		t.Fatalf("appended:\n%q\nwant\n%q", b, want)
+	}
+	if err := os.WriteFile(path, append(b[:len(b)-1], tail...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := UpdateSection(path, sec("two"), RecallSectionBegin, RecallSectionEnd); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(path)
+	if want := head + "\n" + strings.TrimSuffix(sec("two"), "\n") + tail; string(b) != want {
+		t.Fatalf("replaced:\n%q\nwant\n%q", b, want)
+	}
+	if err := os.WriteFile(path, []byte(head+RecallSectionBegin+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := UpdateSection(path, sec("x"), RecallSectionBegin, RecallSectionEnd); err == nil {
+		t.Error("a missing end marker is not refused")
 	}
 }

@@ -33,6 +33,8 @@ func newEval() *cobra.Command {
 		seed                                  uint64
 		contexts, streamTokens, denseTokens   int
 		jobs                                  int
+		suite, zoo, dataDir                   string
+		samples                               int
 	)
 	c := &cobra.Command{
 		Use:   "eval -m MODEL [--tokenizer T] --out DIR [--quick]",
@@ -60,6 +62,19 @@ The committed docs/RESULTS.md comes from:
 			}
 			if out == "" {
 				return errors.New("no output folder given: use --out DIR")
+			}
+			switch suite {
+			case "compress":
+			case "recall":
+				return runRecall(cmd, recallArgs{model: modelPath, tok: tokPath, out: out, report: report, quick: quick,
+					zoo: zoo, data: dataDir, samples: samples, jobs: jobs, noProgress: noProgress})
+			default:
+				return fmt.Errorf("--suite must be compress or recall, got %q", suite)
+			}
+			for _, name := range []string{"zoo", "data", "samples"} {
+				if cmd.Flags().Changed(name) {
+					return fmt.Errorf("--%s belongs to --suite recall", name)
+				}
 			}
 			cfg := eval.DefaultSweep(quick)
 			cfg.Model, cfg.Tokenizer = modelPath, tokPath
@@ -172,7 +187,12 @@ The committed docs/RESULTS.md comes from:
 	f.IntVar(&streamTokens, "stream-tokens", 0, "tokens streamed through the bounded caches (default 20000; --quick 1200)")
 	f.IntVar(&denseTokens, "dense-tokens", 0, "tokens streamed through the dense cache (default 4096; --quick 1200)")
 	f.IntVar(&jobs, "jobs", runtime.NumCPU(), "trials run at once")
+	f.StringVar(&suite, "suite", "compress", "compress: perplexity and compress-then-continue; recall: the RULER-style recall suite (docs/RECALL.md)")
+	f.StringVar(&zoo, "zoo", "", "recall: also score every DIR/*/model.gguf with the best three methods")
+	f.StringVar(&dataDir, "data", "", "recall: the folder of "+eval.HeldOutFile+" (default ../shared/data)")
+	f.IntVar(&samples, "samples", 0, "recall: samples per cell (default: the ±5-point Wilson count, 381; --quick 8)")
 	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr (there is none unless stderr is a terminal)")
+	c.AddCommand(newRecallData())
 	return c
 }
 
