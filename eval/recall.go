@@ -61,6 +61,7 @@ const (
 const (
 	SchedPrefill = "prefill" // once, after the prompt (policy every=0)
 	SchedDecode  = "decode"  // after the prompt and at every later step (every=1)
+	SchedOwn     = "own"     // a method with its own schedule (pyramidinfer): measured once, shown under both
 )
 
 // RecallAnswer runs s through m under pc and kv with protocol proto and
@@ -211,6 +212,12 @@ func recallConfig(method string, ratio float64, n int, sched string) (policy.Con
 		return policy.Config{}, err
 	}
 	pc := methodConfig(method, mode, ratio, n)
+	if mode == modeSchedule {
+		if sched != SchedOwn {
+			return pc, fmt.Errorf("recall: %s has its own schedule", method)
+		}
+		return pc, nil
+	}
 	switch sched {
 	case SchedPrefill:
 		pc.Every = policy.EveryNever
@@ -285,9 +292,15 @@ func RecallSweep(m *model.Model, name string, v *RecallVocab, cfg RecallConfig) 
 				variants = append(variants, variant{"full", "f32", "-", proto, 1})
 				continue
 			}
+			scheds := cfg.Schedules
+			if mode, err := MethodMode(meth); err != nil {
+				return nil, err
+			} else if mode == modeSchedule {
+				scheds = []string{SchedOwn}
+			}
 			for _, r := range cfg.Ratios {
 				for _, c := range cfg.Codecs {
-					for _, sc := range cfg.Schedules {
+					for _, sc := range scheds {
 						variants = append(variants, variant{meth, c, sc, proto, r})
 					}
 				}

@@ -63,7 +63,7 @@ func findAgg(aggs []RecallAgg, model, method string, ratio float64, codec, sched
 	for i := range aggs {
 		a := &aggs[i]
 		if a.Model == model && a.Method == method && a.Task == task && a.Protocol == proto &&
-			(method == "full" || (a.Ratio == ratio && a.Codec == codec && a.Schedule == sched)) {
+			(method == "full" || (a.Ratio == ratio && a.Codec == codec && (a.Schedule == sched || a.Schedule == SchedOwn))) {
 			return a
 		}
 	}
@@ -328,7 +328,7 @@ func PlotRecall(dir string, r *RecallResults) ([]Figure, error) {
 				z[ri][di] = math.NaN()
 				for _, c := range r.Cells {
 					if c.Model == model && c.Method == method && c.Task == TaskNeedle && c.Protocol == ProtoAware && c.Context == ctx && c.Depth == d &&
-						(method == "full" || (c.Ratio == ratio && c.Codec == codec && c.Schedule == sched)) && c.Error == "" && c.N > 0 {
+						(method == "full" || (c.Ratio == ratio && c.Codec == codec && (c.Schedule == sched || c.Schedule == SchedOwn))) && c.Error == "" && c.N > 0 {
 						z[ri][di] = c.Acc
 						found = true
 						lab.XYs = append(lab.XYs, plotter.XY{X: float64(di), Y: float64(len(cfg.Contexts) - 1 - ri)})
@@ -400,7 +400,7 @@ func PlotRecall(dir string, r *RecallResults) ([]Figure, error) {
 			var pts plotter.XYs
 			for _, a := range aggs {
 				if a.Model == model && a.Method == m && a.Task == t && a.Protocol == ProtoAware && a.Error == "" && a.N > 0 &&
-					(m == "full" || a.Schedule == sched) {
+					(m == "full" || a.Schedule == sched || a.Schedule == SchedOwn) {
 					pts = append(pts, plotter.XY{X: a.KVBytes / 1024, Y: a.Acc})
 				}
 			}

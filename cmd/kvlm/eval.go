@@ -37,7 +37,7 @@ func newEval() *cobra.Command {
 		samples                               int
 	)
 	c := &cobra.Command{
-		Use:   "eval -m MODEL [--tokenizer T] --out DIR [--quick]",
+		Use:   "eval -m MODEL [--tokenizer T] --out DIR [--suite compress|recall] [--quick]",
 		Short: "Sweep the KV-cache methods and codecs; write results.json, plots and a Markdown report",
 		Long: `Sweep the KV-cache methods and codecs on a model and write, into --out:
 results.json (every number), PNG and SVG plots, and a Markdown report that
@@ -49,6 +49,14 @@ continue for every method × ratio (0.5, 0.25, 0.125, 0.0625) × codec (f16,
 q8, q4, kivi2): continuation NLL, top-1 and greedy agreement with the full
 cache, per-layer attention-output error, KV bytes (pool and kvcalc) and
 tokens per second; the positions each (layer, head) keeps; kvcalc tables.
+
+--suite recall runs the RULER-style recall suite instead (docs/RECALL.md):
+needle, multi-key, multi-value, multi-query, variable tracking and common
+words, every method × ratio × codec × schedule × protocol; it writes
+OUT/recall.json, heat maps and Pareto plots, and replaces the recall
+section of --report, leaving the rest of that file as it is. --zoo DIR adds
+every DIR/*/model.gguf under the best three methods. kvlm eval recall-data
+prints the suite's samples (for a trainer: seeds ≥ 2^32).
 
 --quick runs a small sweep (seconds): what the tests run.
 The committed docs/RESULTS.md comes from:
