@@ -439,3 +439,16 @@ func PlotRecall(dir string, r *RecallResults) ([]Figure, error) {
 	}
 	return figs, nil
 }
+
+// CarrySection is report with old's recall section (if any) appended:
+// the compress suite rewrites its report whole and must not drop the
+// recall suite's section.
+func CarrySection(old, report []byte) []byte {
+	s := string(old)
+	i, j := strings.Index(s, RecallSectionBegin), strings.Index(s, RecallSectionEnd)
+	if i < 0 || j < i || strings.Contains(string(report), RecallSectionBegin) {
+		return report
+	}
+	out := strings.TrimRight(string(report), "\n") + "\n\n" + s[i:j+len(RecallSectionEnd)] + "\n"
+	return []byte(out)
+}

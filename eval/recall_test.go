@@ -278,6 +278,13 @@ func TestUpdateSection(t *testing.T) {
 	if want := head + "\n" + strings.TrimSuffix(sec("two"), "\n") + tail; string(b) != want {
 		t.Fatalf("replaced:\n%q\nwant\n%q", b, want)
 	}
+	// The compress suite's rewrite keeps the section.
+	if got, want := string(CarrySection(b, []byte("# new\n"))), "# new\n\n"+sec("two"); got != want {
+		t.Errorf("carried:\n%q\nwant\n%q", got, want)
+	}
+	if got := string(CarrySection([]byte(head), []byte("# new\n"))); got != "# new\n" {
+		t.Errorf("carried from a report without the section: %q", got)
+	}
 	if err := os.WriteFile(path, []byte(head+RecallSectionBegin+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,7 @@ func newEval() *cobra.Command {
 		jobs                                  int
 		suite, zoo, dataDir                   string
 		samples                               int
+		methods                               []string
 	)
 	c := &cobra.Command{
 		Use:   "eval -m MODEL [--tokenizer T] --out DIR [--suite compress|recall] [--quick]",
@@ -75,11 +76,11 @@ The committed docs/RESULTS.md comes from:
 			case "compress":
 			case "recall":
 				return runRecall(cmd, recallArgs{model: modelPath, tok: tokPath, out: out, report: report, quick: quick,
-					zoo: zoo, data: dataDir, samples: samples, jobs: jobs, noProgress: noProgress})
+					zoo: zoo, data: dataDir, samples: samples, jobs: jobs, noProgress: noProgress, methods: methods})
 			default:
 				return fmt.Errorf("--suite must be compress or recall, got %q", suite)
 			}
-			for _, name := range []string{"zoo", "data", "samples"} {
+			for _, name := range []string{"zoo", "data", "samples", "methods"} {
 				if cmd.Flags().Changed(name) {
 					return fmt.Errorf("--%s belongs to --suite recall", name)
 				}
@@ -173,7 +174,11 @@ The committed docs/RESULTS.md comes from:
 			if err := eval.WriteReport(&md, res, figs, info); err != nil {
 				return err
 			}
-			if err := os.WriteFile(report, md.Bytes(), 0o644); err != nil {
+			body := md.Bytes()
+			if old, err := os.ReadFile(report); err == nil {
+				body = eval.CarrySection(old, body) // keep the recall suite's section
+			}
+			if err := os.WriteFile(report, body, 0o644); err != nil {
 				return err
 			}
 			w := cmd.OutOrStdout()
@@ -199,6 +204,7 @@ The committed docs/RESULTS.md comes from:
 	f.StringVar(&zoo, "zoo", "", "recall: also score every DIR/*/model.gguf with the best three methods")
 	f.StringVar(&dataDir, "data", "", "recall: the folder of "+eval.HeldOutFile+" (default ../shared/data)")
 	f.IntVar(&samples, "samples", 0, "recall: samples per cell (default: the ±5-point Wilson count, 381; --quick 8)")
+	f.StringSliceVar(&methods, "methods", nil, "recall: the methods to score besides the full cache (default: every registered method; --quick snapkv)")
 	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr (there is none unless stderr is a terminal)")
 	c.AddCommand(newRecallData())
 	return c

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -21,6 +22,7 @@ type recallArgs struct {
 	model, tok, out, report, zoo, data string
 	quick, noProgress                  bool
 	samples, jobs                      int
+	methods                            []string
 }
 
 // recallIgnored are eval's flags that the recall suite does not read.
@@ -81,6 +83,20 @@ func runRecall(cmd *cobra.Command, a recallArgs) error {
 		cfg.N = a.samples
 	}
 	cfg.Model, cfg.Workers = p, a.jobs
+	if a.methods != nil {
+		cfg.Methods = []string{"full"}
+		for _, m := range a.methods {
+			if m == "full" {
+				continue
+			}
+			if _, err := eval.MethodMode(m); err != nil {
+				return fmt.Errorf("--methods: %w", err)
+			}
+			if !slices.Contains(cfg.Methods, m) {
+				cfg.Methods = append(cfg.Methods, m)
+			}
+		}
+	}
 	var bar *evalBar
 	if !a.noProgress && progress.IsTerminal(cmd.ErrOrStderr()) {
 		bar = newEvalBar(cmd.ErrOrStderr())

@@ -103,6 +103,8 @@ func TestEvalRecallFlags(t *testing.T) {
 	}{
 		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--text", "x"}, "--text is not read"},
 		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--seed", "3"}, "--seed is not read"},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--methods", "snapkv,bogus"}, "unknown method"},
+		{[]string{"eval", "-m", bin, "--out", dir, "--methods", "snapkv"}, "--methods belongs to --suite recall"},
 		{[]string{"eval", "--suite", "nope", "-m", bin, "--out", dir}, "--suite must be"},
 		{[]string{"eval", "-m", bin, "--out", dir, "--samples", "3"}, "--samples belongs to --suite recall"},
 		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--samples", "0"}, "--samples must be positive"},
