@@ -186,6 +186,18 @@ func WriteRecallSection(r *RecallResults, figs []Figure, info ReportInfo) string
 			p("| %s | %.3g%%%s |\n", t, 100*ch, row)
 		}
 		p("\n")
+		atChance, measured := true, 0
+		for _, t := range cfg.Tasks {
+			for _, pr := range cfg.Protocols {
+				if a := findAgg(aggs, model, "full", 1, "", "", pr, t); a != nil && a.Error == "" && a.N > 0 {
+					measured++
+					atChance = atChance && a.Lo <= a.Chance
+				}
+			}
+		}
+		if measured > 0 && atChance {
+			p("**The full cache itself is at the chance rate on every task and protocol (each interval holds it): %s does not retrieve, so these cells cannot tell the methods apart.** A model trained for recall (issue 27's) is the one to score.\n\n", model)
+		}
 		for _, ratio := range cfg.Ratios {
 			ranked := RankRecall(r, model, ratio)
 			if len(ranked) == 0 {

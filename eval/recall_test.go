@@ -346,3 +346,31 @@ func TestRecallMethods(t *testing.T) {
 		}
 	}
 }
+
+// TestRecallSectionChance checks the report's at-chance statement follows
+// the full cache's cells: present when every interval holds the chance
+// rate, absent when one does not.
+func TestRecallSectionChance(t *testing.T) {
+	cfg := DefaultRecall(true)
+	cfg.Tasks, cfg.Methods = []string{TaskMultiKey, TaskVarTrack}, []string{"full"}
+	mk := func(correct int) *RecallResults {
+		r := &RecallResults{Config: cfg}
+		for _, task := range cfg.Tasks {
+			for _, pr := range cfg.Protocols {
+				c := RecallCell{Model: "m", Method: "full", Ratio: 1, Codec: "f32", Schedule: "-", Protocol: pr, Task: task,
+					Context: 256, Depth: -1, N: 381, Correct: correct, Chance: 1e-4}
+				r.Cells = append(r.Cells, c)
+			}
+		}
+		return r
+	}
+	const claim = "at the chance rate on every task"
+	if s := WriteRecallSection(mk(0), nil, ReportInfo{}); !strings.Contains(s, claim) {
+		t.Error("no at-chance statement for a model that scores 0")
+	}
+	r := mk(0)
+	r.Cells[1].Correct = 300
+	if s := WriteRecallSection(r, nil, ReportInfo{}); strings.Contains(s, claim) {
+		t.Error("an at-chance statement though one cell is far above chance")
+	}
+}
