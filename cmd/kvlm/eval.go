@@ -33,9 +33,12 @@ func newEval() *cobra.Command {
 		seed                                  uint64
 		contexts, streamTokens, denseTokens   int
 		jobs                                  int
+		suite, zoo, dataDir                   string
+		samples                               int
+		methods                               []string
 	)
 	c := &cobra.Command{
-		Use:   "eval -m MODEL [--tokenizer T] --out DIR [--quick]",
+		Use:   "eval -m MODEL [--tokenizer T] --out DIR [--suite compress|recall] [--quick]",
 		Short: "Sweep the KV-cache methods and codecs; write results.json, plots and a Markdown report",
 		Long: `Sweep the KV-cache methods and codecs on a model and write, into --out:
 results.json (every number), PNG and SVG plots, and a Markdown report that
@@ -47,6 +50,14 @@ continue for every method × ratio (0.5, 0.25, 0.125, 0.0625) × codec (f16,
 q8, q4, kivi2): continuation NLL, top-1 and greedy agreement with the full
 cache, per-layer attention-output error, KV bytes (pool and kvcalc) and
 tokens per second; the positions each (layer, head) keeps; kvcalc tables.
+
+--suite recall runs the RULER-style recall suite instead (docs/RECALL.md):
+needle, multi-key, multi-value, multi-query, variable tracking and common
+words, every method × ratio × codec × schedule × protocol; it writes
+OUT/recall.json, heat maps and Pareto plots, and replaces the recall
+section of --report, leaving the rest of that file as it is. --zoo DIR adds
+every DIR/*/model.gguf under the best three methods. kvlm eval recall-data
+prints the suite's samples (for a trainer: seeds ≥ 2^32).
 
 --quick runs a small sweep (seconds): what the tests run.
 The committed docs/RESULTS.md comes from:
@@ -60,6 +71,19 @@ The committed docs/RESULTS.md comes from:
 			}
 			if out == "" {
 				return errors.New("no output folder given: use --out DIR")
+			}
+			switch suite {
+			case "compress":
+			case "recall":
+				return runRecall(cmd, recallArgs{model: modelPath, tok: tokPath, out: out, report: report, quick: quick,
+					zoo: zoo, data: dataDir, samples: samples, jobs: jobs, noProgress: noProgress, methods: methods})
+			default:
+				return fmt.Errorf("--suite must be compress or recall, got %q", suite)
+			}
+			for _, name := range []string{"zoo", "data", "samples", "methods"} {
+				if cmd.Flags().Changed(name) {
+					return fmt.Errorf("--%s belongs to --suite recall", name)
+				}
 			}
 			cfg := eval.DefaultSweep(quick)
 			cfg.Model, cfg.Tokenizer = modelPath, tokPath
@@ -150,7 +174,11 @@ The committed docs/RESULTS.md comes from:
 			if err := eval.WriteReport(&md, res, figs, info); err != nil {
 				return err
 			}
-			if err := os.WriteFile(report, md.Bytes(), 0o644); err != nil {
+			body := md.Bytes()
+			if old, err := os.ReadFile(report); err == nil {
+				body = eval.CarrySection(old, body) // keep the recall suite's section
+			}
+			if err := os.WriteFile(report, body, 0o644); err != nil {
 				return err
 			}
 			w := cmd.OutOrStdout()
@@ -172,7 +200,13 @@ The committed docs/RESULTS.md comes from:
 	f.IntVar(&streamTokens, "stream-tokens", 0, "tokens streamed through the bounded caches (default 20000; --quick 1200)")
 	f.IntVar(&denseTokens, "dense-tokens", 0, "tokens streamed through the dense cache (default 4096; --quick 1200)")
 	f.IntVar(&jobs, "jobs", runtime.NumCPU(), "trials run at once")
+	f.StringVar(&suite, "suite", "compress", "compress: perplexity and compress-then-continue; recall: the RULER-style recall suite (docs/RECALL.md)")
+	f.StringVar(&zoo, "zoo", "", "recall: also score every DIR/*/model.gguf with the best three methods")
+	f.StringVar(&dataDir, "data", "", "recall: the folder of "+eval.HeldOutFile+" (default ../shared/data)")
+	f.IntVar(&samples, "samples", 0, "recall: samples per cell (default: the ±5-point Wilson count, 381; --quick 8)")
+	f.StringSliceVar(&methods, "methods", nil, "recall: the methods to score besides the full cache (default: every registered method; --quick snapkv)")
 	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr (there is none unless stderr is a terminal)")
+	c.AddCommand(newRecallData())
 	return c
 }
 

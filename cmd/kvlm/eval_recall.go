@@ -1,0 +1,258 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/kvlm/kvlm/engine"
+	"github.com/kvlm/kvlm/eval"
+	"github.com/kvlm/kvlm/internal/progress"
+	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/spf13/cobra"
+)
+
+// recallArgs are the flags `kvlm eval --suite recall` reads.
+type recallArgs struct {
+	model, tok, out, report, zoo, data string
+	quick, noProgress                  bool
+	samples, jobs                      int
+	methods                            []string
+}
+
+// recallIgnored are eval's flags that the recall suite does not read.
+var recallIgnored = []string{"text", "ood", "seed", "contexts", "stream-tokens", "dense-tokens"}
+
+func recallData(dir string) (string, error) {
+	if dir != "" {
+		return dir, nil
+	}
+	if d := shared.Dir(); d != "" {
+		return filepath.Join(d, "data"), nil
+	}
+	return "", errors.New("../shared not found: use --data DIR (the folder of " + eval.HeldOutFile + ")")
+}
+
+func runRecall(cmd *cobra.Command, a recallArgs) error {
+	for _, n := range recallIgnored {
+		if cmd.Flags().Changed(n) {
+			return fmt.Errorf("--%s is not read by --suite recall", n)
+		}
+	}
+	if a.model == "" {
+		return errors.New("no model given: use -m MODEL")
+	}
+	if a.out == "" {
+		return errors.New("no output folder given: use --out DIR")
+	}
+	if a.jobs < 1 {
+		return fmt.Errorf("--jobs must be positive, got %d", a.jobs)
+	}
+	if cmd.Flags().Changed("samples") && a.samples < 1 {
+		return fmt.Errorf("--samples must be positive, got %d", a.samples)
+	}
+	data, err := recallData(a.data)
+	if err != nil {
+		return err
+	}
+	p, err := resolveModel(a.model)
+	if err != nil {
+		return err
+	}
+	var zooModels []string
+	if a.zoo != "" {
+		zooModels, err = filepath.Glob(filepath.Join(a.zoo, "*", "model.gguf"))
+		if err != nil || len(zooModels) == 0 {
+			return fmt.Errorf("--zoo %s: no DIR/*/model.gguf", a.zoo)
+		}
+		sort.Strings(zooModels)
+	}
+	if err := os.MkdirAll(a.out, 0o755); err != nil {
+		return err
+	}
+	if a.report == "" {
+		a.report = filepath.Join(a.out, "RESULTS.md")
+	}
+	cfg := eval.DefaultRecall(a.quick)
+	if a.samples > 0 {
+		cfg.N = a.samples
+	}
+	cfg.Model, cfg.Workers = p, a.jobs
+	if a.methods != nil {
+		cfg.Methods = []string{"full"}
+		for _, m := range a.methods {
+			if m == "full" {
+				continue
+			}
+			if _, err := eval.MethodMode(m); err != nil {
+				return fmt.Errorf("--methods: %w", err)
+			}
+			if !slices.Contains(cfg.Methods, m) {
+				cfg.Methods = append(cfg.Methods, m)
+			}
+		}
+	}
+	var bar *evalBar
+	if !a.noProgress && progress.IsTerminal(cmd.ErrOrStderr()) {
+		bar = newEvalBar(cmd.ErrOrStderr())
+		cfg.Progress = bar
+	}
+	one := func(path, name string, cfg eval.RecallConfig) (*eval.RecallResults, error) {
+		m, tok, err := engine.Load(path, a.tok)
+		if err != nil {
+			return nil, err
+		}
+		defer m.Close()
+		v, err := eval.NewRecallVocab(tok, data)
+		if err != nil {
+			return nil, err
+		}
+		r, err := eval.RecallSweep(m, name, v, cfg)
+		if bar != nil {
+			bar.finish()
+		}
+		return r, err
+	}
+	res, err := one(p, filepath.Base(p), cfg)
+	if err != nil {
+		return err
+	}
+	if len(zooModels) > 0 {
+		best := eval.RankRecall(res, filepath.Base(p), 0.25)
+		if len(best) == 0 {
+			return errors.New("--zoo: the main run has no ranked method at ratio 0.25")
+		}
+		zc := cfg
+		zc.Methods = append([]string{"full"}, best[:min(3, len(best))]...)
+		zc.Codecs, zc.Schedules, zc.Contexts = cfg.Codecs[:1], cfg.Schedules[:1], nil
+		for _, zm := range zooModels {
+			a.tok = "" // the zoo's GGUFs carry tok512
+			r, err := one(zm, filepath.Base(filepath.Dir(zm)), zc)
+			if err != nil {
+				return fmt.Errorf("%s: %w", zm, err)
+			}
+			res.Cells = append(res.Cells, r.Cells...)
+			res.Wall += r.Wall
+		}
+	}
+	b, err := json.MarshalIndent(res, "", " ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(a.out, "recall.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	figs, err := eval.PlotRecall(a.out, res)
+	if err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(filepath.Dir(a.report), a.out)
+	if err != nil {
+		rel = a.out
+	}
+	commit, dirty := gitCommit()
+	sec := eval.WriteRecallSection(res, figs, eval.ReportInfo{Command: commandLine(cmd), Commit: commit, Dirty: dirty, ImgDir: rel})
+	if err := eval.UpdateSection(a.report, sec, eval.RecallSectionBegin, eval.RecallSectionEnd); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "wrote %s, %d figures in %s, and the recall section of %s  (%d cells, %.0f s)\n",
+		filepath.Join(a.out, "recall.json"), len(figs), a.out, a.report, len(res.Cells), res.Wall)
+	return nil
+}
+
+// newRecallData is `kvlm eval recall-data`: the suite's samples, for a
+// trainer (seeds ≥ 2^32) or for reading.
+func newRecallData() *cobra.Command {
+	var (
+		modelPath, tokPath, task, dataDir string
+		ctx, count                        int
+		depth                             float64
+		seed                              uint64
+		asJSON                            bool
+	)
+	c := &cobra.Command{
+		Use:   "recall-data -m MODEL --task T --context N --seed S [--count K] [--depth D] [--json]",
+		Short: "Print recall-suite samples (prompt and answer token ids) for seeds S..S+K−1",
+		Long: fmt.Sprintf(`Print the recall suite's samples: the prompts and answers kvlm eval --suite
+recall scores, in the model's vocabulary, one JSON object a line with --json.
+A sample is a function of (task, context, depth, seed) alone. The evaluation
+uses seeds [0, %d); a recall model must be trained on seeds ≥ %d, so that
+it never sees an evaluation sample. Tasks: %s.`, eval.EvalSeedEnd, eval.TrainSeedStart, strings.Join(eval.RecallTasks, ", ")),
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if modelPath == "" && tokPath == "" {
+				return errors.New("no vocabulary given: use -m MODEL or --tokenizer T")
+			}
+			if count < 1 {
+				return fmt.Errorf("--count must be positive, got %d", count)
+			}
+			if ctx < 1 {
+				return errors.New("no context given: use --context N")
+			}
+			if seed < eval.EvalSeedEnd && seed+uint64(count) > eval.EvalSeedEnd {
+				return fmt.Errorf("seeds %d..%d straddle the evaluation range's end %d", seed, seed+uint64(count)-1, eval.EvalSeedEnd)
+			}
+			if (task == eval.TaskNeedle) != cmd.Flags().Changed("depth") {
+				if task == eval.TaskNeedle {
+					return errors.New("niah_single needs --depth D (0 to 1)")
+				}
+				return fmt.Errorf("--depth is niah_single's; %s places its needles itself", task)
+			}
+			if task != eval.TaskNeedle {
+				depth = -1
+			}
+			data, err := recallData(dataDir)
+			if err != nil {
+				return err
+			}
+			if modelPath != "" {
+				if modelPath, err = resolveModel(modelPath); err != nil {
+					return err
+				}
+			}
+			t, err := loadTokenizer(modelPath, tokPath)
+			if err != nil {
+				return err
+			}
+			v, err := eval.NewRecallVocab(t, data)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			spec := eval.DefaultRecallSpec()
+			for i := range uint64(count) {
+				s, err := v.Sample(spec, task, ctx, depth, seed+i)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					b, err := json.Marshal(s)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(w, "%s\n", b)
+					continue
+				}
+				q := t.DecodeAll(s.Prompt[s.Question:])
+				fmt.Fprintf(w, "seed %d: %d prompt tokens; question %q; answer %q\n", s.Seed, len(s.Prompt), strings.TrimSpace(q), s.Text)
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVarP(&modelPath, "model", "m", "", "model (its vocabulary): GGUF, or a llama2.c checkpoint with --tokenizer")
+	f.StringVar(&tokPath, "tokenizer", "", "llama2.c tokenizer.bin (or a GGUF)")
+	f.StringVar(&task, "task", "", "task: "+strings.Join(eval.RecallTasks, ", "))
+	f.IntVar(&ctx, "context", 0, "tokens of prompt + answer")
+	f.Float64Var(&depth, "depth", 0, "niah_single: the needle's depth, 0 to 1")
+	f.Uint64Var(&seed, "seed", 0, "first seed (evaluation: < 2^32; training: ≥ 2^32)")
+	f.IntVar(&count, "count", 1, "samples: seeds seed..seed+count−1")
+	f.BoolVar(&asJSON, "json", false, "one JSON object a line: task, context, depth, seed, prompt, question_start, answer, parts")
+	f.StringVar(&dataDir, "data", "", "the folder of "+eval.HeldOutFile+" (default ../shared/data)")
+	return c
+}

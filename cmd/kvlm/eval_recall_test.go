@@ -1,0 +1,138 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvlm/kvlm/eval"
+	"github.com/kvlm/kvlm/internal/shared"
+)
+
+// TestEvalRecallQuick runs CI's `kvlm eval --suite recall --quick` and
+// checks what it writes: every cell measured with its interval around
+// it, the full cache and one method under both protocols, the figures,
+// and a report section appended after the file's earlier content.
+func TestEvalRecallQuick(t *testing.T) {
+	bin := shared.Path(t, "models/stories260K/stories260K.bin")
+	tok := shared.Path(t, "models/stories260K/tok512.bin")
+	data := filepath.Dir(shared.Path(t, "data/"+eval.HeldOutFile))
+	dir := t.TempDir()
+	report := filepath.Join(dir, "RESULTS.md")
+	const before = "# Results\n\nEarlier sections.\n"
+	if err := os.WriteFile(report, []byte(before), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"eval", "--suite", "recall", "--quick", "-m", bin, "--tokenizer", tok, "--data", data, "--out", dir, "--report", report}
+	out, errOut, code := kvlm(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.HasPrefix(out, "wrote ") {
+		t.Errorf("stdout %q", out)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "recall.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r eval.RecallResults
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, c := range r.Cells {
+		if c.Error != "" {
+			t.Errorf("%+v", c)
+			continue
+		}
+		if c.N != r.Config.N || c.Acc < c.Lo || c.Acc > c.Hi || c.Lo < 0 || c.Hi > 1 || c.KVBytes <= 0 {
+			t.Errorf("cell %+v", c)
+		}
+		seen[c.Method+" "+c.Protocol] = true
+	}
+	for _, k := range []string{"full query-aware", "full query-agnostic", "snapkv query-aware", "snapkv query-agnostic"} {
+		if !seen[k] {
+			t.Errorf("no %s cells", k)
+		}
+	}
+	// snapkv at 0.25 holds fewer bytes than the full cache.
+	var full, snap float64
+	for _, c := range r.Cells {
+		if c.Protocol == eval.ProtoAware && c.Task == eval.TaskNeedle {
+			if c.Method == "full" {
+				full = c.KVBytes
+			} else {
+				snap = c.KVBytes
+			}
+		}
+	}
+	if !(snap > 0 && snap < full/2) {
+		t.Errorf("KV bytes: snapkv %g, full %g", snap, full)
+	}
+	md, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(md)
+	if !strings.HasPrefix(s, before) || strings.Count(s, eval.RecallSectionBegin) != 1 || strings.Count(s, eval.RecallSectionEnd) != 1 {
+		t.Errorf("report:\n%.600s", s)
+	}
+	for _, want := range []string{"--quick", "niah_single", "query-agnostic", "recall_niah_full.png", "recall_pareto_cwe.png"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	for _, f := range []string{"recall_niah_full.png", "recall_niah_snapkv_0p25.png", "recall_pareto_vt.png"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+// TestEvalRecallFlags checks that flags the recall suite does not read are
+// refused, not ignored, and that recall-data refuses bad input.
+func TestEvalRecallFlags(t *testing.T) {
+	bin := shared.Path(t, "models/stories260K/stories260K.bin")
+	tok := shared.Path(t, "models/stories260K/tok512.bin")
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--text", "x"}, "--text is not read"},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--seed", "3"}, "--seed is not read"},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--methods", "snapkv,bogus"}, "unknown method"},
+		{[]string{"eval", "-m", bin, "--out", dir, "--methods", "snapkv"}, "--methods belongs to --suite recall"},
+		{[]string{"eval", "--suite", "nope", "-m", bin, "--out", dir}, "--suite must be"},
+		{[]string{"eval", "-m", bin, "--out", dir, "--samples", "3"}, "--samples belongs to --suite recall"},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--samples", "0"}, "--samples must be positive"},
+		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "niah_single", "--context", "512"}, "needs --depth"},
+		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "vt", "--context", "512", "--depth", "0.5"}, "--depth is niah_single's"},
+		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "vt", "--context", "512", "--seed", "4294967295", "--count", "2"}, "straddle"},
+		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "nope", "--context", "512"}, "unknown task"},
+		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "vt", "--context", "40"}, "haystack"},
+	} {
+		_, errOut, code := kvlm(t, c.args...)
+		if code == 0 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+			t.Errorf("%v: exit %d, %q; want an error with %q", c.args, code, errOut, c.want)
+		}
+	}
+	// recall-data's JSON is the suite's sample.
+	out, errOut, code := kvlm(t, "eval", "recall-data", "--tokenizer", tok, "--task", "niah_multikey", "--context", "512", "--seed", "4294967296", "--count", "2", "--json")
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	var s eval.RecallSample
+	if err := json.Unmarshal([]byte(lines[1]), &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Seed != 1<<32+1 || len(s.Prompt)+len(s.Answer) != 512 || len(s.Parts) != 1 || s.Question <= 0 {
+		t.Errorf("sample %+v", s)
+	}
+}

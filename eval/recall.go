@@ -1,0 +1,382 @@
+package eval
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
+)
+
+// Z95 is the normal quantile of a two-sided 95% interval.
+const Z95 = 1.959963984540054
+
+// Wilson is the Wilson score interval of k successes in n trials.
+func Wilson(k, n int, z float64) (lo, hi float64) {
+	if n <= 0 {
+		return 0, 1
+	}
+	N := float64(n)
+	p := float64(k) / N
+	d := 1 + z*z/N
+	c := (p + z*z/(2*N)) / d
+	h := z / d * math.Sqrt(p*(1-p)/N+z*z/(4*N*N))
+	return math.Max(0, c-h), math.Min(1, c+h)
+}
+
+// WilsonSamples is the fewest trials whose Wilson interval is at most ±half
+// whatever the measured rate (the widest is at p̂ = ½: z/(2√(n+z²))).
+func WilsonSamples(half, z float64) int {
+	n := int(math.Ceil((z/(2*half))*(z/(2*half)) - z*z))
+	for n > 1 {
+		if lo, hi := Wilson((n-1)/2, n-1, z); (hi-lo)/2 > half {
+			break
+		}
+		n--
+	}
+	return n
+}
+
+// Score compares a generated answer with s's: all parts right (exact
+// match of each scored span), and the number right.
+func Score(s RecallSample, got []int) (all bool, right int) {
+	for _, p := range s.Parts {
+		if p[1] <= len(got) && slices.Equal(got[p[0]:p[1]], s.Answer[p[0]:p[1]]) {
+			right++
+		}
+	}
+	return right == len(s.Parts), right
+}
+
+// The protocols.
+const (
+	ProtoAware    = "query-aware"    // the question is part of the compressed prompt
+	ProtoAgnostic = "query-agnostic" // the context is compressed, then the question appended
+)
+
+// The compression schedules.
+const (
+	SchedPrefill = "prefill" // once, after the prompt (policy every=0)
+	SchedDecode  = "decode"  // after the prompt and at every later step (every=1)
+	SchedOwn     = "own"     // a method with its own schedule (pyramidinfer): measured once, shown under both
+)
+
+// RecallAnswer runs s through m under pc and kv with protocol proto and
+// decodes len(s.Answer) tokens greedily. It returns them and the cache's
+// bytes after the compression.
+func RecallAnswer(m *model.Model, s RecallSample, pc policy.Config, kv model.KVOptions, proto string) ([]int, int64, error) {
+	opt := kv
+	opt.Tokens = max(len(s.Prompt)+len(s.Answer), 1)
+	seq, err := m.NewStandaloneSequence(opt)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer seq.Close()
+	pre := s.Prompt
+	switch proto {
+	case ProtoAware:
+	case ProtoAgnostic:
+		pre = s.Prompt[:s.Question]
+	default:
+		return nil, 0, fmt.Errorf("recall: unknown protocol %q", proto)
+	}
+	if pc.Method != "" && pc.Method != "full" {
+		st, err := policy.New(pc, seq)
+		if err != nil {
+			return nil, 0, err
+		}
+		seq.SetPolicy(st)
+		seq.Prompt(len(pre))
+	}
+	logits, err := seq.Forward(pre, false)
+	if err != nil {
+		return nil, 0, err
+	}
+	kvb := seq.Cache().Bytes()
+	for _, t := range s.Prompt[len(pre):] {
+		if logits, err = seq.Forward([]int{t}, false); err != nil {
+			return nil, 0, err
+		}
+	}
+	out := make([]int, 0, len(s.Answer))
+	for i := range s.Answer {
+		next := argmax(logits)
+		out = append(out, next)
+		if i+1 < len(s.Answer) {
+			if logits, err = seq.Forward([]int{next}, false); err != nil {
+				return nil, 0, err
+			}
+		}
+	}
+	return out, kvb, nil
+}
+
+// RecallConfig chooses what a recall sweep measures.
+type RecallConfig struct {
+	Model     string     `json:"model"`
+	Tasks     []string   `json:"tasks"`
+	Contexts  []int      `json:"contexts"` // nil: RecallContexts(model)
+	Depths    []float64  `json:"depths"`   // niah_single's
+	N         int        `json:"samples_per_cell"`
+	Methods   []string   `json:"methods"` // "full" is the uncompressed cache; nil: full and every registered method
+	Ratios    []float64  `json:"ratios"`
+	Codecs    []string   `json:"codecs"`
+	Schedules []string   `json:"schedules"`
+	Protocols []string   `json:"protocols"`
+	Spec      RecallSpec `json:"spec"`
+	Quick     bool       `json:"quick"`
+	Workers   int        `json:"-"`
+	Progress  Progress   `json:"-"`
+}
+
+// DefaultRecall is the full suite; quick is CI's: the full cache and one
+// method, a few cells, few samples.
+func DefaultRecall(quick bool) RecallConfig {
+	c := RecallConfig{
+		Tasks: RecallTasks, Depths: NeedleDepths, N: WilsonSamples(0.05, Z95),
+		Ratios: []float64{0.5, 0.25, 0.125, 0.0625}, Codecs: []string{"f16", "q8", "q4", "kivi2"},
+		Schedules: []string{SchedPrefill, SchedDecode}, Protocols: []string{ProtoAware, ProtoAgnostic},
+		Spec: DefaultRecallSpec(), Quick: quick, Workers: 2,
+	}
+	if quick {
+		c.Contexts = []int{256}
+		c.Depths = []float64{0, 0.5, 1}
+		c.N = 8
+		c.Methods = []string{"full", "snapkv"}
+		c.Ratios = []float64{0.25}
+		c.Codecs = []string{"f16"}
+		c.Schedules = []string{SchedPrefill}
+	}
+	return c
+}
+
+// RecallContexts are the suite's context lengths a model fits: 512, 1,024
+// and 2,048 up to its context, or its own context when it is shorter.
+func RecallContexts(ctxLen int) []int {
+	var out []int
+	for _, c := range []int{512, 1024, 2048} {
+		if c <= ctxLen {
+			out = append(out, c)
+		}
+	}
+	if out == nil {
+		out = []int{ctxLen}
+	}
+	return out
+}
+
+// RecallCell is one (model, method, ratio, codec, schedule, protocol,
+// task, context, depth) cell.
+type RecallCell struct {
+	Model    string  `json:"model"`
+	Method   string  `json:"method"`
+	Policy   string  `json:"policy,omitempty"` // the normalized configuration
+	Ratio    float64 `json:"ratio"`            // 1 for the full cache
+	Codec    string  `json:"codec"`
+	Schedule string  `json:"schedule"`
+	Protocol string  `json:"protocol"`
+	Task     string  `json:"task"`
+	Context  int     `json:"context"`
+	Depth    float64 `json:"depth"` // −1 but for niah_single
+	N        int     `json:"n"`
+	Correct  int     `json:"correct"` // samples with every part right
+	Parts    int     `json:"parts"`   // parts scored
+	PartsOK  int     `json:"parts_correct"`
+	Acc      float64 `json:"accuracy"` // Correct / N
+	Lo       float64 `json:"lo"`       // Wilson 95% interval of Acc
+	Hi       float64 `json:"hi"`
+	Chance   float64 `json:"chance"`   // a constant answer's all-correct rate
+	KVBytes  float64 `json:"kv_bytes"` // mean cache bytes after the compression
+	Seconds  float64 `json:"seconds"`
+	Error    string  `json:"error,omitempty"`
+}
+
+// RecallResults is what a recall sweep measured.
+type RecallResults struct {
+	Config RecallConfig `json:"config"`
+	Cells  []RecallCell `json:"cells"`
+	Wall   float64      `json:"wall_seconds"`
+}
+
+// recallConfig is a method's policy at a ratio on a prompt of n tokens
+// under a schedule.
+func recallConfig(method string, ratio float64, n int, sched string) (policy.Config, error) {
+	if method == "full" {
+		return policy.Config{Method: "full"}, nil
+	}
+	mode, err := MethodMode(method)
+	if err != nil {
+		return policy.Config{}, err
+	}
+	pc := methodConfig(method, mode, ratio, n)
+	if mode == modeSchedule {
+		if sched != SchedOwn {
+			return pc, fmt.Errorf("recall: %s has its own schedule", method)
+		}
+		return pc, nil
+	}
+	switch sched {
+	case SchedPrefill:
+		pc.Every = policy.EveryNever
+	case SchedDecode:
+		pc.Every = 1
+	default:
+		return pc, fmt.Errorf("recall: unknown schedule %q", sched)
+	}
+	return pc, nil
+}
+
+// RecallSweep runs cfg on m (named name in the cells) with vocabulary v.
+func RecallSweep(m *model.Model, name string, v *RecallVocab, cfg RecallConfig) (*RecallResults, error) {
+	t0 := time.Now()
+	if cfg.Contexts == nil {
+		cfg.Contexts = RecallContexts(m.CtxLen)
+	}
+	if cfg.Methods == nil {
+		cfg.Methods = append([]string{"full"}, slices.DeleteFunc(slices.Clone(policy.Methods), func(s string) bool { return s == "full" })...)
+	}
+	if cfg.N < 1 {
+		return nil, fmt.Errorf("recall: %d samples per cell", cfg.N)
+	}
+	for _, c := range cfg.Contexts {
+		if c > m.CtxLen {
+			return nil, fmt.Errorf("recall: context %d exceeds the model's %d", c, m.CtxLen)
+		}
+	}
+	if v.tok.VocabSize() != m.Vocab {
+		return nil, fmt.Errorf("recall: the tokenizer has %d ids, the model %d", v.tok.VocabSize(), m.Vocab)
+	}
+	// The samples: a function of (task, context, depth, seed), seeds 0..N−1.
+	type group struct {
+		task    string
+		ctx     int
+		depth   float64
+		samples []RecallSample
+		chance  float64
+	}
+	var groups []*group
+	for _, task := range cfg.Tasks {
+		chance, _, err := v.ChanceRate(cfg.Spec, task)
+		if err != nil {
+			return nil, err
+		}
+		depths := []float64{-1}
+		if task == TaskNeedle {
+			depths = cfg.Depths
+		}
+		for _, ctx := range cfg.Contexts {
+			for _, d := range depths {
+				g := &group{task: task, ctx: ctx, depth: d, chance: chance}
+				for seed := range uint64(cfg.N) {
+					s, err := v.Sample(cfg.Spec, task, ctx, d, seed)
+					if err != nil {
+						return nil, err
+					}
+					g.samples = append(g.samples, s)
+				}
+				groups = append(groups, g)
+			}
+		}
+	}
+	type variant struct {
+		method, codec, sched, proto string
+		ratio                       float64
+	}
+	var variants []variant
+	for _, meth := range cfg.Methods {
+		for _, proto := range cfg.Protocols {
+			if meth == "full" {
+				variants = append(variants, variant{"full", "f32", "-", proto, 1})
+				continue
+			}
+			scheds := cfg.Schedules
+			if mode, err := MethodMode(meth); err != nil {
+				return nil, err
+			} else if mode == modeSchedule {
+				scheds = []string{SchedOwn}
+			}
+			for _, r := range cfg.Ratios {
+				for _, c := range cfg.Codecs {
+					for _, sc := range scheds {
+						variants = append(variants, variant{meth, c, sc, proto, r})
+					}
+				}
+			}
+		}
+	}
+	cells := make([]RecallCell, len(variants)*len(groups))
+	var jobs []job
+	for vi, va := range variants {
+		for gi, g := range groups {
+			ci := vi*len(groups) + gi
+			cell := &cells[ci]
+			*cell = RecallCell{Model: name, Method: va.method, Ratio: va.ratio, Codec: va.codec, Schedule: va.sched,
+				Protocol: va.proto, Task: g.task, Context: g.ctx, Depth: g.depth, Chance: g.chance}
+			w := int64(len(g.samples)) * int64(g.ctx)
+			jobs = append(jobs, job{w, fmt.Sprintf("%s %g %s %s %s %s %d", va.method, va.ratio, va.codec, va.sched, va.proto, g.task, g.ctx), func() error {
+				start := time.Now()
+				var kv model.KVOptions
+				if va.codec != "f32" {
+					kc, err := codec.Parse(va.codec, codec.Keys)
+					if err != nil {
+						return err
+					}
+					vc, err := codec.Parse(va.codec, codec.Values)
+					if err != nil {
+						return err
+					}
+					kv = model.KVOptions{K: kc, V: vc, MemBytes: poolHeadroom(m)}
+				}
+				var kvb float64
+				for _, s := range g.samples {
+					n := len(s.Prompt)
+					if va.proto == ProtoAgnostic {
+						n = s.Question
+					}
+					pc, err := recallConfig(va.method, va.ratio, n, va.sched)
+					if err == nil && cell.Policy == "" {
+						if nc, e := pc.Normalize(); e == nil {
+							cell.Policy = nc.String()
+						}
+					}
+					var got []int
+					var b int64
+					if err == nil {
+						got, b, err = RecallAnswer(m, s, pc, kv, va.proto)
+					}
+					if err != nil {
+						cell.Error = err.Error()
+						return nil
+					}
+					all, right := Score(s, got)
+					cell.N++
+					if all {
+						cell.Correct++
+					}
+					cell.Parts += len(s.Parts)
+					cell.PartsOK += right
+					kvb += float64(b)
+				}
+				cell.Acc = float64(cell.Correct) / float64(cell.N)
+				cell.Lo, cell.Hi = Wilson(cell.Correct, cell.N, Z95)
+				cell.KVBytes = kvb / float64(cell.N)
+				cell.Seconds = time.Since(start).Seconds()
+				return nil
+			}})
+		}
+	}
+	if cfg.Progress != nil {
+		var total int64
+		for _, j := range jobs {
+			total += j.weight
+		}
+		cfg.Progress.Start(total)
+	}
+	if err := runJobs(jobs, max(1, cfg.Workers), cfg.Progress); err != nil {
+		return nil, err
+	}
+	return &RecallResults{Config: cfg, Cells: cells, Wall: time.Since(t0).Seconds()}, nil
+}

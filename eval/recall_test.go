@@ -1,0 +1,376 @@
+package eval
+
+import (
+	"github.com/kvlm/kvlm/kvcache/codec"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvlm/kvlm/engine"
+	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
+	"github.com/kvlm/kvlm/tokenizer"
+)
+
+func recallVocab(t *testing.T) (*model.Model, tokenizer.Tokenizer, *RecallVocab) {
+	t.Helper()
+	m, tok, err := engine.Load(shared.Path(t, "models/stories260K/stories260K.bin"), shared.Path(t, "models/stories260K/tok512.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	v, err := NewRecallVocab(tok, filepath.Dir(shared.Path(t, "data/"+HeldOutFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, tok, v
+}
+
+// TestWilson checks the interval against the roots of the quadratic it is
+// defined by, (p̂ − p)² = z² p(1 − p)/n, and the sample count against a
+// search over every k.
+func TestWilson(t *testing.T) {
+	for _, c := range []struct{ k, n int }{{0, 10}, {3, 10}, {10, 10}, {190, 381}, {1, 381}, {50, 100}} {
+		t.Run("", func(t *testing.T) {
+			n, ph, z := float64(c.n), float64(c.k)/float64(c.n), Z95
+			// (1 + z²/n) p² − (2p̂ + z²/n) p + p̂² = 0
+			a, b, cc := 1+z*z/n, -(2*ph + z*z/n), ph*ph
+			r1 := (-b - math.Sqrt(b*b-4*a*cc)) / (2 * a)
+			r2 := (-b + math.Sqrt(b*b-4*a*cc)) / (2 * a)
+			lo, hi := Wilson(c.k, c.n, z)
+			if math.Abs(lo-r1) > 1e-12 || math.Abs(hi-r2) > 1e-12 {
+				t.Errorf("Wilson(%d, %d) = [%g, %g], roots [%g, %g]", c.k, c.n, lo, hi, r1, r2)
+			}
+		})
+	}
+	widest := func(n int) float64 {
+		w := 0.0
+		for k := 0; k <= n; k++ {
+			lo, hi := Wilson(k, n, Z95)
+			w = max(w, (hi-lo)/2)
+		}
+		return w
+	}
+	n := WilsonSamples(0.05, Z95)
+	if widest(n) > 0.05 || widest(n-1) <= 0.05 {
+		t.Errorf("WilsonSamples(0.05) = %d: half-widths %g at n, %g at n−1", n, widest(n), widest(n-1))
+	}
+	if n != 381 {
+		t.Errorf("n = %d, want 381 (z/(2·0.05))² − z² = 380.3)", n)
+	}
+}
+
+// TestRecallTasks checks each task's samples: they fit the context, are a
+// function of the seed, hide the answer in the context before the
+// question, and stay in the held-out text.
+func TestRecallTasks(t *testing.T) {
+	_, tok, v := recallVocab(t)
+	spec := DefaultRecallSpec()
+	if len(v.Words()) < spec.MinPool {
+		t.Fatalf("pool %v", v.Words())
+	}
+	for _, task := range RecallTasks {
+		t.Run(task, func(t *testing.T) {
+			for _, ctx := range []int{256, 512, 1024} {
+				for seed := range uint64(20) {
+					d := -1.0
+					if task == TaskNeedle {
+						d = NeedleDepths[int(seed)%len(NeedleDepths)]
+					}
+					s, err := v.Sample(spec, task, ctx, d, seed)
+					if err != nil {
+						t.Fatal(err)
+					}
+					again, _ := v.Sample(spec, task, ctx, d, seed)
+					if !slices.Equal(s.Prompt, again.Prompt) || !slices.Equal(s.Answer, again.Answer) {
+						t.Fatal("not a function of the seed")
+					}
+					if n := len(s.Prompt) + len(s.Answer); n > ctx || (task != TaskCWE && n != ctx) {
+						t.Fatalf("ctx %d: %d tokens", ctx, n)
+					}
+					if s.Prompt[0] != tok.BOS() || s.Question <= 0 || s.Question >= len(s.Prompt) {
+						t.Fatalf("prompt head %d, question at %d", s.Prompt[0], s.Question)
+					}
+					body := s.Prompt[:s.Question]
+					for _, p := range s.Parts {
+						part := s.Answer[p[0]:p[1]]
+						if !containsRun(body, part) {
+							t.Fatalf("seed %d: answer part %v (%q) is not in the context", seed, part, tok.DecodeAll(part))
+						}
+					}
+				}
+			}
+		})
+	}
+	t.Run("depth", func(t *testing.T) {
+		// The needle's place follows its depth.
+		prev := -1
+		for _, d := range NeedleDepths {
+			s, err := v.Sample(spec, TaskNeedle, 512, d, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := indexRun(s.Prompt[:s.Question], s.Answer)
+			frac := float64(at) / float64(s.Question)
+			if at <= prev || math.Abs(frac-d) > 0.1 {
+				t.Errorf("depth %g: needle at %d of %d", d, at, s.Question)
+			}
+			prev = at
+		}
+	})
+	t.Run("seeds differ", func(t *testing.T) {
+		a, _ := v.Sample(spec, TaskMultiKey, 512, -1, 1)
+		b, _ := v.Sample(spec, TaskMultiKey, 512, -1, TrainSeedStart+1)
+		if slices.Equal(a.Prompt, b.Prompt) {
+			t.Error("an evaluation and a training seed give the same sample")
+		}
+	})
+	t.Run("bad input", func(t *testing.T) {
+		for _, c := range []struct {
+			task  string
+			ctx   int
+			depth float64
+		}{{"nope", 512, -1}, {TaskNeedle, 512, 1.5}, {TaskMultiKey, 20, -1}, {TaskCWE, 30, -1}, {TaskNeedle, 200000, 0}} {
+			if _, err := v.Sample(spec, c.task, c.ctx, c.depth, 0); err == nil {
+				t.Errorf("%+v: no error", c)
+			}
+		}
+	})
+}
+
+func indexRun(xs, run []int) int {
+	for i := 0; i+len(run) <= len(xs); i++ {
+		if slices.Equal(xs[i:i+len(run)], run) {
+			return i
+		}
+	}
+	return -1
+}
+
+func containsRun(xs, run []int) bool { return indexRun(xs, run) >= 0 }
+
+// TestRecallScoring is the must-show: the known answer scores
+// 100%, a constant answer the chance rate (within the measured rate's
+// Wilson interval), on every task, with the suite's sizes and with
+// one-digit values (chance 1/10: a rate the test can miss).
+func TestRecallScoring(t *testing.T) {
+	_, _, v := recallVocab(t)
+	one := DefaultRecallSpec()
+	one.Digits = 1
+	n := WilsonSamples(0.05, Z95)
+	for name, spec := range map[string]RecallSpec{"suite": DefaultRecallSpec(), "one digit": one} {
+		for _, task := range RecallTasks {
+			t.Run(name+"/"+task, func(t *testing.T) {
+				chance, partChance, err := v.ChanceRate(spec, task)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var oracle, constant, parts, partsOK int
+				for seed := range uint64(n) {
+					d := -1.0
+					if task == TaskNeedle {
+						d = NeedleDepths[int(seed)%len(NeedleDepths)]
+					}
+					s, err := v.Sample(spec, task, 512, d, seed)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if all, _ := Score(s, s.Answer); all {
+						oracle++
+					}
+					all, right := Score(s, v.Constant(spec, s))
+					if all {
+						constant++
+					}
+					parts += len(s.Parts)
+					partsOK += right
+				}
+				if oracle != n {
+					t.Errorf("the known answer scored %d of %d", oracle, n)
+				}
+				lo, hi := Wilson(constant, n, Z95)
+				if chance < lo || chance > hi {
+					t.Errorf("constant answer: %d of %d, interval [%.4f, %.4f]; chance %.4f", constant, n, lo, hi, chance)
+				}
+				plo, phi := Wilson(partsOK, parts, Z95)
+				if partChance < plo || partChance > phi {
+					t.Errorf("constant answer's parts: %d of %d, interval [%.4f, %.4f]; chance %.4f", partsOK, parts, plo, phi, partChance)
+				}
+				t.Logf("chance %.4g, constant %d/%d [%.4f, %.4f]; parts %.4g, %d/%d", chance, constant, n, lo, hi, partChance, partsOK, parts)
+			})
+		}
+	}
+}
+
+// TestRecallAnswer checks the generation against a plain greedy loop over
+// the full sequence (the prompt and the tokens so far recomputed from
+// scratch at every step), and that with the full cache both protocols
+// give the same tokens.
+func TestRecallAnswer(t *testing.T) {
+	m, _, v := recallVocab(t)
+	spec := DefaultRecallSpec()
+	for _, task := range []string{TaskNeedle, TaskMultiQuery, TaskCWE} {
+		t.Run(task, func(t *testing.T) {
+			d := -1.0
+			if task == TaskNeedle {
+				d = 0.5
+			}
+			s, err := v.Sample(spec, task, 256, d, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := slices.Clone(s.Prompt)
+			var want []int
+			for range s.Answer {
+				seq, err := m.NewStandaloneSequence(model.KVOptions{Tokens: len(ids)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				logits, err := seq.Forward(ids, false)
+				seq.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				next := argmax(logits)
+				want = append(want, next)
+				ids = append(ids, next)
+			}
+			for _, proto := range []string{ProtoAware, ProtoAgnostic} {
+				got, _, err := RecallAnswer(m, s, policy.Config{Method: "full"}, model.KVOptions{}, proto)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("%s: %v, want %v", proto, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestUpdateSection checks that the recall section replaces itself and
+// leaves the rest of the report alone.
+func TestUpdateSection(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "R.md")
+	const head, tail = "# R\n\nbefore\n", "\n## After\n\nafter\n"
+	sec := func(x string) string { return RecallSectionBegin + "\n" + x + "\n" + RecallSectionEnd + "\n" }
+	if err := os.WriteFile(path, []byte(head), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := UpdateSection(path, sec("one"), RecallSectionBegin, RecallSectionEnd); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	if want := head + "\n" + sec("one"); string(b) != want {
+		t.Fatalf("appended:\n%q\nwant\n%q", b, want)
+	}
+	if err := os.WriteFile(path, append(b[:len(b)-1], tail...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := UpdateSection(path, sec("two"), RecallSectionBegin, RecallSectionEnd); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(path)
+	if want := head + "\n" + strings.TrimSuffix(sec("two"), "\n") + tail; string(b) != want {
+		t.Fatalf("replaced:\n%q\nwant\n%q", b, want)
+	}
+	// The compress suite's rewrite keeps the section.
+	if got, want := string(CarrySection(b, []byte("# new\n"))), "# new\n\n"+sec("two"); got != want {
+		t.Errorf("carried:\n%q\nwant\n%q", got, want)
+	}
+	if got := string(CarrySection([]byte(head), []byte("# new\n"))); got != "# new\n" {
+		t.Errorf("carried from a report without the section: %q", got)
+	}
+	if err := os.WriteFile(path, []byte(head+RecallSectionBegin+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := UpdateSection(path, sec("x"), RecallSectionBegin, RecallSectionEnd); err == nil {
+		t.Error("a missing end marker is not refused")
+	}
+}
+
+// TestRecallMethods runs one sample through every registered method under
+// both schedules and protocols, in f16 and KIVI-2: the full suite's
+// configurations all run (but those the policy refuses on grouped KIVI
+// keys, which the suite reports as n/a), and each compressing one holds fewer bytes than
+// the full cache.
+func TestRecallMethods(t *testing.T) {
+	m, _, v := recallVocab(t)
+	s, err := v.Sample(DefaultRecallSpec(), TaskMultiKey, 256, -1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, full, err := RecallAnswer(m, s, policy.Config{Method: "full"}, model.KVOptions{}, ProtoAware)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, meth := range policy.Methods {
+		if meth == "full" {
+			continue
+		}
+		scheds := []string{SchedPrefill, SchedDecode}
+		if mode, _ := MethodMode(meth); mode == modeSchedule {
+			scheds = []string{SchedOwn}
+		}
+		for _, sched := range scheds {
+			for _, cd := range []string{"f16", "kivi2"} {
+				for _, proto := range []string{ProtoAware, ProtoAgnostic} {
+					t.Run(meth+"/"+sched+"/"+cd+"/"+proto, func(t *testing.T) {
+						n := len(s.Prompt)
+						if proto == ProtoAgnostic {
+							n = s.Question
+						}
+						pc, err := recallConfig(meth, 0.25, n, sched)
+						if err != nil {
+							t.Fatal(err)
+						}
+						kc, _ := codec.Parse(cd, codec.Keys)
+						vc, _ := codec.Parse(cd, codec.Values)
+						got, b, err := RecallAnswer(m, s, pc, model.KVOptions{K: kc, V: vc, MemBytes: poolHeadroom(m)}, proto)
+						if err != nil && cd == "kivi2" && strings.Contains(err.Error(), "sealed in groups") {
+							t.Skip(err) // the method cannot run on grouped keys: the suite reports n/a
+						}
+						if err != nil {
+							t.Fatal(err)
+						}
+						if len(got) != len(s.Answer) || b <= 0 || b >= full {
+							t.Errorf("%d tokens, %d bytes (full f32 %d)", len(got), b, full)
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+// TestRecallSectionChance checks the report's at-chance statement follows
+// the full cache's cells: present when every interval holds the chance
+// rate, absent when one does not.
+func TestRecallSectionChance(t *testing.T) {
+	cfg := DefaultRecall(true)
+	cfg.Tasks, cfg.Methods = []string{TaskMultiKey, TaskVarTrack}, []string{"full"}
+	mk := func(correct int) *RecallResults {
+		r := &RecallResults{Config: cfg}
+		for _, task := range cfg.Tasks {
+			for _, pr := range cfg.Protocols {
+				c := RecallCell{Model: "m", Method: "full", Ratio: 1, Codec: "f32", Schedule: "-", Protocol: pr, Task: task,
+					Context: 256, Depth: -1, N: 381, Correct: correct, Chance: 1e-4}
+				r.Cells = append(r.Cells, c)
+			}
+		}
+		return r
+	}
+	const claim = "at the chance rate on every task"
+	if s := WriteRecallSection(mk(0), nil, ReportInfo{}); !strings.Contains(s, claim) {
+		t.Error("no at-chance statement for a model that scores 0")
+	}
+	r := mk(0)
+	r.Cells[1].Correct = 300
+	if s := WriteRecallSection(r, nil, ReportInfo{}); strings.Contains(s, claim) {
+		t.Error("an at-chance statement though one cell is far above chance")
+	}
+}
