@@ -161,6 +161,9 @@ func TestReadersAggregatedKVMaps(t *testing.T) {
 // at its position, blocks freed (a window-bounded layer's too), no leak;
 // re-indexed positions are refused where a layer is window-bounded.
 func TestInvariantsKVMaps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow; -short (CI's purego and race runs) skips it, the plain run has it")
+	}
 	for _, mp := range storiesMaps {
 		st := mapped(t, mp.name)
 		sh := invShape{m: st.m, ids: st.ids}

@@ -174,6 +174,9 @@ func TestMiniCacheState(t *testing.T) {
 // 128 is the f32 run comparable to it). It also logs how similar adjacent
 // layers are, which is what decides MiniCache's quality.
 func TestMiniCacheNLL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow; -short (CI's purego and race runs) skips it, the plain run has it")
+	}
 	st := loadStories(t)
 	m, tok := st.m, st.tok
 	text, err := os.ReadFile(shared.Path(t, "data/tinystories_valid_head.txt"))

@@ -296,6 +296,9 @@ func TestPyramidInferInvariants(t *testing.T) {
 // against the dense prefill in the default chunks and as one step (as
 // PyramidInfer runs its prompt).
 func TestPyramidInferPrefillSaving(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow; -short (CI's purego and race runs) skips it, the plain run has it")
+	}
 	st := loadStories(t)
 	m := st.m
 	const T = 400

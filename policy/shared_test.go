@@ -108,6 +108,9 @@ var sharedConfigs = []Config{
 // (a cache layer's new tokens tracked once), the budget per cache layer,
 // sinks and window kept, blocks freed, no leak.
 func TestInvariantsTwoReaders(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow; -short (CI's purego and race runs) skips it, the plain run has it")
+	}
 	st := loadStories(t)
 	sh, _ := twoReaderShape(st, -0.7)
 	for _, cfg := range sharedConfigs {
@@ -466,6 +469,9 @@ func windowShape(st stories, twoReaders, all bool) invShape {
 // refused where the layers' bounds differ; with every layer bounded alike
 // (Mistral-style) they run.
 func TestInvariantsWindowFreed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow; -short (CI's purego and race runs) skips it, the plain run has it")
+	}
 	st := loadStories(t)
 	for _, shape := range []struct{ two, all bool }{{false, false}, {true, false}, {false, true}} {
 		sh := windowShape(st, shape.two, shape.all)

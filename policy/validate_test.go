@@ -113,6 +113,9 @@ func boundaryConfigs(method string) []Config {
 // everything else is refused with a one-line "policy:" error. A
 // normalized configuration normalizes to itself.
 func TestNormalizeComplete(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow; -short (CI's purego and race runs) skips it, the plain run has it")
+	}
 	st := loadStories(t)
 	m := st.m
 	const T, steps = 16, 8 // budget 20: pruned while decoding only
