@@ -157,6 +157,19 @@ func TestSlotRoundTripMethods(t *testing.T) {
 					t.Fatal(err)
 				}
 				d2 := d.(*slotV2)
+				// The file holds what the pair makes: a KIVI residual, a
+				// MiniCache merge, tables ragged after a prune.
+				var res, mini bool
+				lens := map[int]bool{}
+				for _, tb := range d2.img.Tables {
+					res = res || (tb.Res != nil && tb.Res.N > 0)
+					mini = mini || tb.Mini != nil
+					lens[slotsOf(&tb, p1.BlockTokens())] = true
+				}
+				if res != strings.HasPrefix(cc[0], "kivi") || mini != (ncfg.Method == "minicache") {
+					t.Errorf("file: residual %v, merged %v", res, mini)
+				}
+				t.Logf("tables of %d distinct lengths", len(lens))
 				for _, piece := range []string{"positions", "state", "residual"} {
 					if !ablates(d2, piece) {
 						continue
