@@ -374,6 +374,9 @@ func (e *Engine) SaveSlot(id int, w io.Writer) (SlotInfo, error) {
 	return info, writeSlotV2(w, body)
 }
 
+// snapshot is the version 1 encoder (keys and values decoded to float32),
+// kept so that tests write the files an older kvlm wrote; SaveSlot writes
+// version 2.
 func (e *Engine) snapshot(s *slot) (*slotData, error) {
 	l := e.m.KVLayout()
 	kc, vc := s.pool.Codecs()

@@ -33,6 +33,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"slices"
@@ -59,9 +60,10 @@ type slotHeaderV2 struct {
 	K           string     `json:"type_k"`
 	V           string     `json:"type_v"`
 	BlockTokens int        `json:"block_tokens"`
-	KeyShift    bool       `json:"key_shift"` // q8/q4 keys stored around the model's mean keys
-	NTokens     int        `json:"n_tokens"`  // tokens the sequence ran (its history)
-	Pos         int        `json:"pos"`       // the sequence's next position (re-indexed or not)
+	KeyShift    bool       `json:"key_shift"`           // q8/q4 keys stored around the model's mean keys
+	KeyMeans    string     `json:"key_means,omitempty"` // with key_shift: sha256 of the means (float32 bits, by table)
+	NTokens     int        `json:"n_tokens"`            // tokens the sequence ran (its history)
+	Pos         int        `json:"pos"`                 // the sequence's next position (re-indexed or not)
 	Policy      slotPolicy `json:"policy"`
 	HasLogits   bool       `json:"has_logits"`
 	HasState    bool       `json:"has_state"`
@@ -106,6 +108,9 @@ func (e *Engine) encodeSlotV2(s *slot) ([]byte, error) {
 		K: kc.Name(), V: vc.Name(), BlockTokens: s.pool.BlockTokens(), KeyShift: s.pool.KeyShifted(), NTokens: len(s.tokens), Pos: pos,
 		Policy:    slotPolicy{Method: cfg.Method, Params: policy.ConfigParams(cfg), Key: cfg.Key()},
 		HasLogits: s.logits != nil, HasState: s.snap != nil, Checksum: "sha256"}
+	if hdr.KeyShift {
+		hdr.KeyMeans = e.keyMeansHash()
+	}
 	var state []byte
 	if s.snap != nil {
 		if state, err = s.snap.MarshalBinary(); err != nil {
@@ -395,9 +400,9 @@ func (e *Engine) readSlotV2(body []byte) (*slotV2, error) {
 // means checked by the caller) and the slot that keeps it. Scheduler only.
 func (e *Engine) restoreV2(d *slotV2, pool *kvcache.Pool) (*slot, error) {
 	h := d.hdr
-	if h.BlockTokens != pool.BlockTokens() || h.KeyShift != pool.KeyShifted() {
-		return nil, invalid("slot file was saved with %d-token blocks (key shift %v); this server's pool has %d (key shift %v)",
-			h.BlockTokens, h.KeyShift, pool.BlockTokens(), pool.KeyShifted())
+	if h.BlockTokens != pool.BlockTokens() || h.KeyShift != pool.KeyShifted() || (h.KeyShift && h.KeyMeans != e.keyMeansHash()) {
+		return nil, invalid("slot file was saved with %d-token blocks (key shift %v, means %s); this server's pool has %d (key shift %v)",
+			h.BlockTokens, h.KeyShift, h.KeyMeans, pool.BlockTokens(), pool.KeyShifted())
 	}
 	c, err := pool.ImportImage(d.img)
 	if err != nil {
@@ -435,6 +440,18 @@ func (e *Engine) restoreV2(d *slotV2, pool *kvcache.Pool) (*slot, error) {
 		s.snap = sn
 	}
 	return s, nil
+}
+
+// keyMeansHash identifies the key means shifted pools store keys around
+// (set once a shifted pool exists).
+func (e *Engine) keyMeansHash() string {
+	h := sha256.New()
+	for _, m := range e.shift {
+		for _, x := range m {
+			binary.Write(h, binary.LittleEndian, math.Float32bits(x))
+		}
+	}
+	return fmt.Sprintf("%x", h.Sum(nil))[:32]
 }
 
 // slotsOf is the tokens a table image holds.

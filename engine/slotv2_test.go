@@ -568,3 +568,44 @@ func FuzzSlotFile(f *testing.F) {
 }
 
 func sha256Sum(b []byte) []byte { s := sha256.Sum256(b); return s[:] }
+
+// TestSlotKeyShift: a slot of a pool whose q8 keys are stored around the
+// model's mean keys restores into an engine with the same means and
+// continues as the uninterrupted request; an engine with other means, or
+// none, refuses it.
+func TestSlotKeyShift(t *testing.T) {
+	m, tok := loadStories(t)
+	prompt := tok.Encode("Once upon a time, there was a little girl named Lily. She loved to play outside in the park.", true, false)
+	bos := []int{tok.BOS()}
+	cfg := func(shift []int) Config { return Config{K: "q8", V: "q8", KeyShiftPrompt: shift, KVMem: 8 << 20} }
+	e1 := newEngine(t, m, cfg(bos))
+	req := GenRequest{Prompt: prompt, MaxTokens: 16, Policy: policy.Config{Method: "h2o", Budget: 16}}
+	all := collect(t, must(e1.Submit(req))).tokens[0]
+	slot := 1
+	r := req
+	r.MaxTokens, r.Slot = 8, &slot
+	collect(t, must(e1.Submit(r)))
+	var file bytes.Buffer
+	if _, err := e1.SaveSlot(slot, &file); err != nil {
+		t.Fatal(err)
+	}
+	e2 := newEngine(t, m, cfg(bos))
+	if _, err := e2.RestoreSlot(0, bytes.NewReader(file.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	r = req
+	r.Prompt, r.MaxTokens = slices.Concat(prompt, all[:7]), 9
+	if o := collect(t, must(e2.Submit(r))); !slices.Equal(o.tokens[0], all[7:]) || o.usage.ComputedTokens != 0 {
+		t.Errorf("continuation %v (computed %d), want %v", o.tokens[0], o.usage.ComputedTokens, all[7:])
+	}
+	for _, shift := range [][]int{slices.Concat(bos, prompt[1:4]), nil} {
+		e3 := newEngine(t, m, cfg(shift))
+		if _, err := e3.RestoreSlot(0, bytes.NewReader(file.Bytes())); err == nil || !strings.Contains(err.Error(), "key shift") {
+			t.Errorf("key shift prompt %v: %v", shift, err)
+		}
+	}
+	e1.EraseSlot(slot)
+	e2.EraseSlot(0)
+	checkFree(t, e1)
+	checkFree(t, e2)
+}
