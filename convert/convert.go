@@ -196,26 +196,8 @@ func encode(t *tensor.Matrix, typ tensor.DType) ([]byte, error) {
 }
 
 // fileType is llama.cpp's general.file_type for files whose matrices are
-// all of type t (llama_ftype).
-func fileType(t tensor.DType) int {
-	switch t {
-	case tensor.F32:
-		return 0
-	case tensor.F16:
-		return 1
-	case tensor.Q4_0:
-		return 2
-	case tensor.Q8_0:
-		return 7
-	case tensor.Q4_K:
-		return 14 // mostly Q4_K (Q4_K_S)
-	case tensor.Q6_K:
-		return 18
-	case tensor.BF16:
-		return 32
-	}
-	return 0
-}
+// all of type t (llama_ftype; plainFileType).
+func fileType(t tensor.DType) int { return int(plainFileType[t]) }
 
 // Meta is one GGUF metadata key and its value.
 type Meta struct {

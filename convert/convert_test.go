@@ -122,7 +122,7 @@ func TestConvertErrors(t *testing.T) {
 	bin := shared.Path(t, "models/stories260K/stories260K.bin")
 	tokPath := shared.Path(t, "models/stories260K/tok512.bin")
 	dir := t.TempDir()
-	if _, err := Llama2C(bin, tokPath, filepath.Join(dir, "x.gguf"), Options{Type: tensor.Q5_K}); err == nil {
+	if _, err := Llama2C(bin, tokPath, filepath.Join(dir, "x.gguf"), Options{Type: tensor.IQ2_XXS}); err == nil {
 		t.Error("unsupported weight type accepted")
 	}
 	if _, err := Llama2C(filepath.Join(dir, "none.bin"), tokPath, filepath.Join(dir, "x.gguf"), Options{}); err == nil {

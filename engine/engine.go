@@ -163,12 +163,13 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	}
 	e.budget = cfg.KVMem
 	if e.budget == 0 {
-		// MaxRunning full contexts in the default codecs, capped.
+		// MaxRunning full contexts in the default codecs (window-bounded
+		// layers at their bound under prefill chunks), capped.
 		f, err := kvcache.FootprintOf(kvcache.PoolConfig{Layout: l, BlockTokens: cfg.BlockTokens, K: k, V: v})
 		if err != nil {
 			return nil, err
 		}
-		e.budget = min(int64(cfg.MaxRunning)*f.AdmitBytes(l, m.CtxLen), 4<<30)
+		e.budget = min(int64(cfg.MaxRunning)*f.AdmitBytesStep(l, m.CtxLen, cfg.PrefillChunk), 4<<30)
 	}
 	chunk, err := chunkBytes(l, cfg.BlockTokens, e.budget)
 	if err != nil {
@@ -410,7 +411,7 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 		b, _ := pol.StreamBound()
 		admit = min(admit, b)
 	}
-	if need, whole := pool.AdmitBytes(admit, r.N), pool.CapacityBytes(); need > whole {
+	if need, whole := pool.AdmitBytesStep(admit, r.N, e.cfg.PrefillChunk), pool.CapacityBytes(); need > whole {
 		return nil, invalid("the prompt needs %d bytes of KV cache, more than the whole pool (%d bytes)", need, whole)
 	}
 	h := newHandle(r.N, e.wake)

@@ -276,7 +276,7 @@ func (e *Engine) runningSamples() int {
 func (e *Engine) admit() {
 	for len(e.preempted) > 0 {
 		s := e.preempted[0]
-		if e.runningSamples()+places(s) > e.cfg.MaxRunning || !e.fits(s.req.pool, s.req.pool.AdmitBytes(s.req.admitTokens(len(s.hist)), places(s))) {
+		if e.runningSamples()+places(s) > e.cfg.MaxRunning || !e.fits(s.req.pool, s.req.pool.AdmitBytesStep(s.req.admitTokens(len(s.hist)), places(s), e.cfg.PrefillChunk)) {
 			return
 		}
 		e.preempted = e.preempted[1:]
@@ -290,7 +290,7 @@ func (e *Engine) admit() {
 		}
 		q := e.waiting[0]
 		e.mu.Unlock()
-		if e.runningSamples()+q.r.N > e.cfg.MaxRunning || !e.fits(q.pool, q.pool.AdmitBytes(q.admitTokens(len(q.r.Prompt)), q.r.N)) {
+		if e.runningSamples()+q.r.N > e.cfg.MaxRunning || !e.fits(q.pool, q.pool.AdmitBytesStep(q.admitTokens(len(q.r.Prompt)), q.r.N, e.cfg.PrefillChunk)) {
 			return
 		}
 		e.mu.Lock()
@@ -776,7 +776,8 @@ func (e *Engine) slotsHeld(s *seqState) int64 {
 	var n int64
 	for layer := range l.Layers {
 		for h := range l.KVHeads {
-			n += int64(s.cache.Slots(layer, h))
+			// Tokens a window freed were not evicted by the policy.
+			n += int64(s.cache.Slots(layer, h) + s.cache.WindowDropped(layer, h))
 		}
 	}
 	return n

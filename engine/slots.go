@@ -401,6 +401,9 @@ func (e *Engine) snapshot(s *slot) (*slotData, error) {
 					pos = append(pos, seg.Pos[i])
 				}
 			}
+			if len(pos) < n && l.Windows != nil && l.Windows[layer] > 0 {
+				return nil, fmt.Errorf("engine: KV layer %d keeps only the last positions its sliding window of %d sees (%d of %d tokens): a slot holds whole sequences", layer, l.Windows[layer], len(pos), n)
+			}
 			if len(pos) != n {
 				return nil, fmt.Errorf("engine: layer %d head %d holds %d tokens, not %d: only uncompressed sequences can be saved", layer, h, len(pos), n)
 			}

@@ -14,7 +14,9 @@ package engine
 //	| sha256 of everything before it
 //
 // The tables: u8 pristine, u8 hold, u32 last layer, then for each
-// (layer, KV head) table: u32 tokens in blocks, u32 blocks, each block;
+// (layer, KV head) table: u32 tokens a window freed from its head, i32
+// one past the highest position freed, u32 tokens in blocks, u32 blocks,
+// each block;
 // u8 residual? (u32 slots, u32 tokens, u16 keys[slots·headDim], u16
 // values[slots·headDim], i32 pos[slots]); u8 merged? (i32 pair, u8
 // counted, u32 direction blocks, each a u32 count and, when counted, the
@@ -176,6 +178,8 @@ func (w *slotWriter) image(img *kvcache.Image) {
 	w.u8(img.Hold)
 	w.u32(uint32(img.Last))
 	for _, t := range img.Tables {
+		w.u32(uint32(t.Drop))
+		w.u32(uint32(t.FreedTo))
 		w.u32(uint32(t.N))
 		w.u32(uint32(len(t.Blocks)))
 		for _, b := range t.Blocks {
@@ -294,6 +298,7 @@ func (r *slotReader) image(tables, d int) *kvcache.Image {
 			return nil
 		}
 		var t kvcache.TableImage
+		t.Drop, t.FreedTo = int(int32(r.u32())), int32(r.u32())
 		t.N = int(r.u32())
 		nb := r.count(12)
 		for range nb {

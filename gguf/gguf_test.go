@@ -119,7 +119,7 @@ func sampleTensors() []sampleTensor {
 		mk("blk.0.attn_q.weight", tensor.Q4_K, 256, 3),
 		mk("blk.0.ffn_up.weight", tensor.Q6_K, 256, 2, 1, 2),
 		mk("blk.0.ffn_down.weight", tensor.F16, 5, 3),
-		mk("blk.0.other", tensor.Q5_K, 256), // known but not computable
+		mk("blk.0.other", tensor.IQ2_XXS, 256), // known but not computable
 		mk("output.weight", tensor.BF16, 32, 2, 1),
 	}
 }

@@ -29,7 +29,8 @@ func (s *Paged) Keep(layer, head int, keep []int) error {
 }
 
 // RemoveRange drops tokens [from, to) of every table, keeping the others in
-// order with their original positions.
+// order with their original positions. Indexes count from the sequence's
+// start: a window-bounded table's freed tokens count (table.drop).
 func (s *Paged) RemoveRange(from, to int) error {
 	p := s.pool
 	if from < 0 || to < from {
@@ -45,6 +46,7 @@ func (s *Paged) RemoveRange(from, to int) error {
 	for i := range s.tables {
 		t := &s.tables[i]
 		n := t.len()
+		from, to := max(0, from-t.drop), max(0, to-t.drop)
 		if from >= n {
 			continue
 		}
@@ -200,6 +202,22 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 	}
 	t.dirty = true
 	s.pristine = false
+	if t.freedTo > 0 && len(slots) > 0 {
+		// Re-indexed positions: what the window freed, older than every
+		// held slot, would sit below the lowest position held now.
+		low := t.freedTo
+		for j, b := range t.blocks {
+			for _, x := range p.posbuf(b)[:min(p.B, t.n-j*p.B)] {
+				low = min(low, x)
+			}
+		}
+		if r := t.res; r != nil {
+			for _, x := range r.pos[:r.n] {
+				low = min(low, x)
+			}
+		}
+		t.freedTo = low
+	}
 	return nil
 }
 

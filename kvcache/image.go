@@ -27,6 +27,9 @@ type Image struct {
 
 // TableImage is one (layer, KV head) table.
 type TableImage struct {
+	Drop    int   // a window-bounded layer: tokens freed from the head (slot i is token Drop+i)
+	FreedTo int32 // a window-bounded layer: one past the highest position freed (0: none)
+
 	N      int            // tokens in the ordinary blocks
 	Blocks []BlockImage   // [⌈N/BlockTokens⌉] the ordinary blocks, in token order
 	Res    *ResidualImage // KIVI: the newest tokens, not yet sealed; nil without one
@@ -71,7 +74,7 @@ func (s *Paged) Image() (*Image, error) {
 	for i := range s.tables {
 		t := &s.tables[i]
 		ti := &img.Tables[i]
-		ti.N = t.n
+		ti.N, ti.Drop, ti.FreedTo = t.n, t.drop, t.freedTo
 		for j, b := range t.blocks {
 			ti.Blocks = append(ti.Blocks, p.blockImage(b, min(p.B, t.n-j*p.B)))
 		}
@@ -160,6 +163,9 @@ func (p *Pool) checkImage(img *Image) error {
 	}
 	for i := range img.Tables {
 		t := &img.Tables[i]
+		if t.Drop < 0 || t.FreedTo < 0 {
+			return fmt.Errorf("kvcache: image table %d: %d tokens dropped, freed to %d", i, t.Drop, t.FreedTo)
+		}
 		if t.N < 0 || len(t.Blocks) != (t.N+p.B-1)/p.B {
 			return fmt.Errorf("kvcache: image table %d: %d tokens in %d blocks of %d", i, t.N, len(t.Blocks), p.B)
 		}
@@ -284,7 +290,7 @@ func (s *Paged) importTables(img *Image) error {
 				}
 				t.blocks = append(t.blocks, id)
 			}
-			t.n = ti.N
+			t.n, t.drop, t.freedTo = ti.N, ti.Drop, ti.FreedTo
 			if r := ti.Res; r != nil {
 				t.res = &residual{k: slices.Clone(r.K), v: slices.Clone(r.V), pos: slices.Clone(r.Pos), n: r.N}
 			}

@@ -41,6 +41,17 @@ func (l Layout) Validate() error {
 	if l.Layers <= 0 || l.KVHeads <= 0 || l.HeadDim <= 0 {
 		return fmt.Errorf("kvcache: invalid layout %d layers × %d KV heads × %d head dim", l.Layers, l.KVHeads, l.HeadDim)
 	}
+	if l.Windows != nil && len(l.Windows) != l.Layers {
+		return fmt.Errorf("kvcache: layout has %d windows for %d layers", len(l.Windows), l.Layers)
+	}
+	for c, w := range l.Windows {
+		if w < 0 || w > 1<<30 {
+			return fmt.Errorf("kvcache: layer %d's window %d is out of range [0, 2^30]", c, w)
+		}
+	}
+	if l.Readers != nil && len(l.Readers) != l.Layers {
+		return fmt.Errorf("kvcache: layout has %d reader counts for %d layers", len(l.Readers), l.Layers)
+	}
 	return nil
 }
 
@@ -93,8 +104,10 @@ type Scheduled interface {
 	MatchPrefix(tokens []int, extra uint64) int
 	RegisterPrefix(tokens []int, extra uint64)
 	// Slots is the tokens one (layer, KV head) holds (a policy may have
-	// pruned some).
+	// pruned some); WindowDropped those a window-bounded layer freed from
+	// its head (Layout.Windows).
 	Slots(layer, head int) int
+	WindowDropped(layer, head int) int
 }
 
 // Compacted is a sequence as a compression policy sees it: the slots of

@@ -56,6 +56,13 @@ func (t *table) need(p *Pool, n int) int {
 // sealing. Tokens kept in the residual by HoldSeal count as sealed when
 // the hold is released (what that release then takes). The KIVI residual
 // buffers themselves are heap memory beside the arena and do not count.
+//
+// A window-bounded layer first frees the blocks its window hides from the
+// new tokens (window.go, the next position taken as one past the last
+// held): each table counts its new blocks less those it frees itself,
+// never below zero, so Need is what each layer's Append takes, the most the
+// pool's used bytes rise at any point of the step (they rise by less, or
+// fall, when a layer frees more than it takes).
 func (s *Paged) Need(n int) int64 {
 	if n <= 0 || s.freed {
 		return 0
@@ -65,7 +72,8 @@ func (s *Paged) Need(n int) int64 {
 	defer p.mu.Unlock()
 	blocks := 0
 	for i := range s.tables {
-		blocks += s.tables[i].need(p, n)
+		t := &s.tables[i]
+		blocks += max(0, t.need(p, n)-p.freeable(t, p.layout.window(i/p.layout.KVHeads)))
 	}
 	return int64(blocks) * int64(p.blockBytes)
 }
@@ -75,18 +83,47 @@ func (s *Paged) Need(n int) int64 {
 // one token in each: exactly what Need reports step by step when nothing
 // is found in the prefix cache and nothing is pruned (forks share the
 // prompt's blocks; each but the last to write copies the shared last
-// block, and with KIVI each seals its own residual).
+// block, and with KIVI each seals its own residual). The prompt is one
+// append (AdmitBytesStep for one in chunks).
 func (p *Pool) AdmitBytes(prompt, samples int) int64 {
+	return p.AdmitBytesStep(prompt, samples, prompt)
+}
+
+// AdmitBytesStep is AdmitBytes for a prompt appended step tokens at a time
+// (step ≤ 0: at once), which lets window-bounded layers free blocks during
+// the prefill: the sum over layers of the most bytes each layer holds at
+// any point of the run (the prefill's steps, then the samples' appends, in
+// which the last writer frees the blocks the window hides from the new
+// token). Without windows the layers only grow, and this is the bytes the
+// pool's used bytes grow by.
+func (p *Pool) AdmitBytesStep(prompt, samples, step int) int64 {
 	if prompt < 0 || samples < 1 {
 		return 0
 	}
-	var blocks int
-	if p.residual > 0 {
-		blocks = p.sealBlocks(0, prompt) + samples*p.sealBlocks(prompt-p.sealed(prompt), 1)
-	} else {
-		blocks = p.appendBlocks(0, false, prompt) + (samples-1)*p.appendBlocks(prompt, true, 1) + p.appendBlocks(prompt, false, 1)
+	if step <= 0 || step > prompt {
+		step = prompt
 	}
-	return int64(blocks) * int64(p.layout.Layers*p.layout.KVHeads) * int64(p.blockBytes)
+	f := p.fp
+	var blocks int
+	for c := 0; c < p.layout.Layers; c++ {
+		w := p.layout.window(c)
+		peak := f.WindowPeak(prompt, w, step)        // during the prefill
+		held, _, _ := f.WindowTable(prompt, w, step) // after it
+		// The samples' token at position prompt: what it frees (the
+		// last sample to drop the shared blocks frees them), what each
+		// takes.
+		freed := f.windowDrop(prompt, w) - f.windowDrop(max(0, (prompt-1)/max(step, 1)*step), w)
+		var first, last int
+		if p.residual > 0 {
+			first = p.sealBlocks(prompt-p.sealed(prompt), 1)
+			last = first
+		} else {
+			first, last = p.appendBlocks(prompt, true, 1), p.appendBlocks(prompt, false, 1)
+		}
+		decode := held + (samples-1)*first + max(0, last-freed)
+		blocks += max(peak, decode)
+	}
+	return int64(blocks) * int64(p.layout.KVHeads) * int64(p.blockBytes)
 }
 
 // ObtainableBytes is the bytes of blocks the pool can allocate now

@@ -17,6 +17,11 @@ type table struct {
 	dirty  bool        // blocks or n changed since segs was built
 	mini   *merged     // MiniCache: merged and retained tokens before the blocks (minicache.go); nil if unmerged
 	kc     codec.Codec // key codec of this (layer, head): the pool's, shifted by its key mean if set (PoolConfig.KeyShift)
+	// A window-bounded layer's tables (window.go): drop is the tokens
+	// freed from the head so far (the table's slot i is the sequence's
+	// token drop+i), freedTo one past the highest position freed (0: none).
+	drop    int
+	freedTo int32
 }
 
 // Paged is one sequence's cache over a shared Pool: for each (layer, KV
@@ -58,14 +63,19 @@ func (t *table) len() int {
 	return t.mini.len() + t.n + t.res.len()
 }
 
-// Len is the number of tokens of the layer appended to last.
-func (s *Paged) Len() int { return s.tables[s.last*s.pool.layout.KVHeads].len() }
+// Len is the number of tokens of the layer appended to last, counted from
+// the sequence's start (those a window freed included).
+func (s *Paged) Len() int {
+	t := &s.tables[s.last*s.pool.layout.KVHeads]
+	return t.drop + t.len()
+}
 
-// minLen is the fewest tokens any table holds.
+// minLen is the fewest tokens any table counts from the sequence's start
+// (those a window freed included).
 func (s *Paged) minLen() int {
 	m := -1
 	for i := range s.tables {
-		if l := s.tables[i].len(); m < 0 || l < m {
+		if l := s.tables[i].drop + s.tables[i].len(); m < 0 || l < m {
 			m = l
 		}
 	}
@@ -101,6 +111,17 @@ func (s *Paged) Append(layer int, pos []int32, k, v []float32) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if w := L.window(layer); w > 0 && n > 0 {
+		// Free what the window hides from these tokens' queries first.
+		for h := 0; h < L.KVHeads; h++ {
+			if err := checkWindow(s.tab(layer, h), pos[0], w); err != nil {
+				return fmt.Errorf("kvcache: layer %d head %d: %w", layer, h, err)
+			}
+		}
+		for h := 0; h < L.KVHeads; h++ {
+			p.slide(s.tab(layer, h), pos[0]-int32(w))
+		}
+	}
 	for h := 0; h < L.KVHeads; h++ {
 		t := s.tab(layer, h)
 		t.dirty = true
@@ -199,7 +220,9 @@ func (s *Paged) Segments(layer, head int) []Segment {
 }
 
 // Truncate keeps the first n tokens of every table. With a KIVI residual the
-// cut must fall inside the residual (sealed groups are not split).
+// cut must fall inside the residual (sealed groups are not split). A
+// window-bounded layer cannot go back past what its window freed: the cut
+// must leave every position the next token (at n) sees.
 func (s *Paged) Truncate(n int) error {
 	if n < 0 {
 		return fmt.Errorf("kvcache: truncate to %d tokens", n)
@@ -208,17 +231,26 @@ func (s *Paged) Truncate(n int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i := range s.tables {
-		if t := &s.tables[i]; n < t.len() && n < t.mini.len() {
+		t := &s.tables[i]
+		if n < t.drop+t.len() && n < t.mini.len() {
 			return fmt.Errorf("kvcache: cannot truncate to %d tokens: the first %d of layer %d are merged (MiniCache)", n, t.mini.len(), i/p.layout.KVHeads)
+		}
+		if n < t.drop {
+			return fmt.Errorf("kvcache: cannot truncate to %d tokens: layer %d's window freed its first %d", n, i/p.layout.KVHeads, t.drop)
+		}
+		if w := p.layout.window(i / p.layout.KVHeads); w > 0 && s.pristine && n < t.drop+t.len() {
+			if err := checkWindow(t, int32(n), w); err != nil {
+				return fmt.Errorf("kvcache: cannot truncate to %d tokens: layer %d: %w", n, i/p.layout.KVHeads, err)
+			}
 		}
 	}
 	for i := range s.tables {
 		t := &s.tables[i]
-		if n >= t.len() {
+		if n >= t.drop+t.len() {
 			continue
 		}
 		t.dirty = true
-		n := n - t.mini.len() // tokens of the blocks and residual to keep
+		n := n - t.drop - t.mini.len() // tokens of the blocks and residual to keep
 		if t.res != nil {
 			if n < t.n {
 				return fmt.Errorf("kvcache: cannot truncate to %d tokens: %d are sealed in KIVI groups", n, t.n)
@@ -255,6 +287,7 @@ func (s *Paged) Fork() *Paged {
 		ft.n = t.n
 		ft.dirty = true
 		ft.kc = t.kc
+		ft.drop, ft.freedTo = t.drop, t.freedTo
 		for _, b := range t.blocks {
 			p.incref(b)
 		}

@@ -130,6 +130,17 @@ func (s *Paged) MatchPrefix(tokens []int, extra uint64) int {
 		matched += p.B
 	}
 	s.registered = len(s.hashes)
+	// A window-bounded layer keeps only the blocks the next token (at
+	// matched) can see; the others go back to the cached list, their
+	// entries intact.
+	L := p.layout
+	for layer := range L.Layers {
+		if w := L.window(layer); w > 0 && matched > 0 {
+			for h := range L.KVHeads {
+				p.slide(s.tab(layer, h), int32(matched-w))
+			}
+		}
+	}
 	return matched
 }
 
@@ -137,7 +148,11 @@ func (s *Paged) MatchPrefix(tokens []int, extra uint64) int {
 // sequences. tokens are the ids the sequence holds, from the start. Blocks
 // already registered (or matched) are skipped; nothing is registered once the
 // sequence's tables no longer hold tokens 0..n-1 in order (after pruning) or
-// when keys are kept in a KIVI residual.
+// when keys are kept in a KIVI residual. An entry names a block of every
+// table: registration stops at the first block a window-bounded layer has
+// freed (it and the blocks after it stay unregistered; entries registered
+// before the window freed their blocks stay valid, those blocks waiting in
+// the cached list).
 func (s *Paged) RegisterPrefix(tokens []int, extra uint64) {
 	p := s.pool
 	if !s.prefixable() {
@@ -151,6 +166,9 @@ func (s *Paged) RegisterPrefix(tokens []int, extra uint64) {
 		if j > 0 {
 			parent = s.hashes[j-1]
 		}
+		if s.freedBlock(j) {
+			break
+		}
 		blk := tokens[j*p.B : (j+1)*p.B]
 		toks := make([]int32, p.B)
 		for i, t := range blk {
@@ -163,7 +181,8 @@ func (s *Paged) RegisterPrefix(tokens []int, extra uint64) {
 		}
 		e := &prefixEntry{hash: h, tokens: toks, extra: extra, blocks: make([]int32, len(s.tables))}
 		for i := range s.tables {
-			b := s.tables[i].blocks[j]
+			t := &s.tables[i]
+			b := t.blocks[j-t.drop/p.B]
 			e.blocks[i] = b
 			if old := p.meta[b].entry; old != nil {
 				p.dropEntry(old)
@@ -173,6 +192,18 @@ func (s *Paged) RegisterPrefix(tokens []int, extra uint64) {
 		p.index[h] = e
 	}
 	s.registered = len(s.hashes)
+}
+
+// freedBlock reports whether some table's window freed the sequence's
+// block j (a pristine table frees whole leading blocks: drop is a multiple
+// of the block size).
+func (s *Paged) freedBlock(j int) bool {
+	for i := range s.tables {
+		if s.tables[i].drop > j*s.pool.B {
+			return true
+		}
+	}
+	return false
 }
 
 // prefixable: the tables hold tokens 0..n-1 in order, in blocks only.

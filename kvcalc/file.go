@@ -62,11 +62,15 @@ func FromLlama2C(path string) (Model, error) {
 	return m, nil
 }
 
+// FromConfig is the shape of a model's config, its KV source map and
+// windows included; name is its file.
+func FromConfig(name string, c model.Config) Model { return fromConfig(name, c) }
+
 func fromConfig(path string, c model.Config) Model {
 	return Model{
 		Name: filepath.Base(path), Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads,
 		HeadDim: c.HeadDim, Context: c.CtxLen, Dim: c.Dim, HiddenDim: c.HiddenDim, Vocab: c.Vocab,
-		Source: path,
+		Source: path, KVSource: c.KVSource, LayerWindows: c.LayerWindows, SlidingWindow: c.SlidingWindow,
 	}
 }
 

@@ -13,6 +13,10 @@
 //	total     = batch · layers · kv_heads · (⌈kept / block_tokens⌉ · block_bytes)
 //
 // with KIVI's sealing instead of the ceiling (see kvcache.Footprint.Table).
+// layers are the KV owners of the model's KV source map (kvmap.go: CLA,
+// YOCO, LCKV, …); a window-bounded one holds what its window sees (blocks
+// freed as they slide out, kvcache.Footprint.WindowTable) and adds nothing
+// per token once full.
 // The formula is the textbook count, without positions or blocks:
 //
 //	formula_per_token = 2 · layers · kv_heads · head_dim · b/8 bytes
@@ -32,6 +36,7 @@ import (
 
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/tensor"
 )
 
@@ -57,6 +62,15 @@ type Model struct {
 	StoredBytes int64 `json:"stored_bytes,omitempty"`
 	// Source says where the shape comes from: a paper and config, or a path.
 	Source string `json:"source,omitempty"`
+
+	// The KV source map (kvmap.go), as a GGUF stores it: KVSource[i] is
+	// the layer whose KV layer i attends (nil: its own), LayerWindows[i]
+	// layer i's attention window (nil: SlidingWindow in every layer; 0:
+	// full attention). Only the layers some layer reads are cached, and
+	// those read only by windows keep only what the windows see.
+	KVSource      []int `json:"kv_source,omitempty"`
+	LayerWindows  []int `json:"layer_window,omitempty"`
+	SlidingWindow int   `json:"sliding_window,omitempty"`
 }
 
 // Validate rejects a shape the formula cannot use.
@@ -69,7 +83,7 @@ func (m Model) Validate() error {
 			return fmt.Errorf("kvcalc: model %s: %s must be positive, got %d", m.Name, f.name, f.v)
 		}
 	}
-	return nil
+	return m.validateMap()
 }
 
 // Weights is a weight storage type: a GGML tensor type, all parameters
@@ -118,6 +132,10 @@ type Options struct {
 	// BlockTokens is the pool's block size (0: kvcache.DefaultBlockTokens,
 	// as --kv-block).
 	BlockTokens int
+	// Chunk is the most tokens one append brings (a prefill chunk, as
+	// generate/serve --chunk; 0: model.DefaultChunk): a window-bounded
+	// layer holds at most its window, a chunk and a block.
+	Chunk int
 }
 
 func (o Options) codecs() (Codec, Codec) {
@@ -152,6 +170,9 @@ func (o Options) Validate() error {
 	if o.BlockTokens < 0 {
 		return fmt.Errorf("KV block size %d must be positive", o.BlockTokens)
 	}
+	if o.Chunk < 0 {
+		return fmt.Errorf("chunk %d must be positive", o.Chunk)
+	}
 	return nil
 }
 
@@ -165,7 +186,8 @@ type Row struct {
 	Kept     int `json:"kept_tokens"`
 	Residual int `json:"residual_tokens"`
 	// Blocks is the pool blocks one sequence takes, over all its (layer,
-	// KV head) tables.
+	// KV head) tables (KV owners only; window-bounded ones hold what
+	// their window sees).
 	Blocks int64 `json:"blocks"`
 	// BytesPerToken is the pool's cache of one token over all layers, K
 	// and V and its positions, in full blocks (for KIVI, sealed tokens;
@@ -181,8 +203,11 @@ type Row struct {
 	// allocated beside the arena.
 	KVMemBytes int64 `json:"kv_mem_bytes"`
 	// TotalBytes is the whole batch's cache in the pool: whole blocks and
-	// KIVI residual buffers.
+	// KIVI residual buffers, once each sequence's kept tokens were
+	// appended a chunk at a time. WindowBytes is the part of it in
+	// window-bounded layers.
 	TotalBytes   int64   `json:"total_bytes"`
+	WindowBytes  int64   `json:"window_bytes,omitempty"`
 	TotalGB      float64 `json:"total_gb"`  // 10^9 bytes
 	TotalGiB     float64 `json:"total_gib"` // 2^30 bytes
 	WeightsBytes int64   `json:"weights_bytes"`
@@ -210,6 +235,10 @@ type Calc struct {
 	// Pool is what one (layer, KV head) table of a kvlm pool stores in
 	// these codecs and blocks.
 	Pool kvcache.Footprint
+	// Layout is the cache the pool keeps: one layer per KV owner, with
+	// the windows that bound them; Chunk the tokens of one append.
+	Layout kvcache.Layout
+	Chunk  int
 }
 
 // New validates a model and options.
@@ -220,7 +249,10 @@ func New(m Model, o Options) (*Calc, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Calc{Model: m, opt: o}
+	c := &Calc{Model: m, opt: o, Layout: m.Layout(), Chunk: o.Chunk}
+	if c.Chunk == 0 {
+		c.Chunk = model.DefaultChunk
+	}
 	c.K, c.V = o.codecs()
 	var err error
 	if c.kTok, err = c.K.keyBitsPerToken(m.HeadDim); err != nil {
@@ -264,20 +296,61 @@ func PoolFootprint(k, v Codec, blockTokens, headDim int) (kvcache.Footprint, err
 	return kvcache.FootprintOf(kvcache.PoolConfig{Layout: kvcache.Layout{Layers: 1, KVHeads: 1, HeadDim: headDim}, BlockTokens: blockTokens, K: kc, V: vc})
 }
 
-// tables is the number of (layer, KV head) tables of the model.
-func (c *Calc) tables() float64 { return float64(c.Model.Layers) * float64(c.Model.KVHeads) }
+// tables is the number of (layer, KV head) tables of the cache: KV
+// owners only.
+func (c *Calc) tables() float64 { return float64(c.Layout.Layers) * float64(c.Model.KVHeads) }
 
-// BytesPerToken is the pool's cache of one token in full blocks, positions
-// included (KIVI: sealed tokens): layers · kv_heads · block_bytes /
-// block_tokens. The source of truth; FormulaBytesPerToken is the textbook
-// count.
-func (c *Calc) BytesPerToken() float64 { return c.tables() * c.Pool.BytesPerToken() }
+// window is cache layer l's bound (0: none).
+func (c *Calc) window(l int) int {
+	if c.Layout.Windows == nil {
+		return 0
+	}
+	return c.Layout.Windows[l]
+}
 
-// FormulaBytesPerToken is the cache of one token at the codecs'
+// GrowingLayers is the number of cache layers that grow with every token
+// (KV owners without a window).
+func (c *Calc) GrowingLayers() int {
+	n := 0
+	for l := range c.Layout.Layers {
+		if c.window(l) == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// growing is the number of tables that grow with every token.
+func (c *Calc) growing() float64 { return float64(c.GrowingLayers()) * float64(c.Model.KVHeads) }
+
+// BytesPerToken is the pool's cache of one more token in full blocks,
+// positions included (KIVI: sealed tokens): layers · kv_heads ·
+// block_bytes / block_tokens over the KV owners without a window (a
+// window-bounded layer's bytes stop growing at its bound, BoundBytes). The
+// source of truth; FormulaBytesPerToken is the textbook count.
+func (c *Calc) BytesPerToken() float64 { return c.growing() * c.Pool.BytesPerToken() }
+
+// FormulaBytesPerToken is the cache of one more token at the codecs'
 // (quantized) rates, without positions: 2 · layers · kv_heads · head_dim ·
-// bits/8 with K and V at their own bits.
+// bits/8 with K and V at their own bits, over the KV owners without a
+// window.
 func (c *Calc) FormulaBytesPerToken() float64 {
-	return c.tables() * float64(c.kTok+c.vTok) / 8
+	return c.growing() * float64(c.kTok+c.vTok) / 8
+}
+
+// BoundBytes is the most bytes one sequence's window-bounded layers ever
+// hold, however long it runs (appends of at most Chunk tokens):
+// kvcache.Footprint.AdmitWindowBlocks blocks per table and, with KIVI, its
+// residual buffer.
+func (c *Calc) BoundBytes() int64 {
+	var b int64
+	for l := range c.Layout.Layers {
+		if w := c.window(l); w > 0 {
+			b += int64(c.Pool.AdmitWindowBlocks(1<<40, w, c.Chunk))*int64(c.Pool.BlockBytes) +
+				int64(c.Pool.Residual+c.Pool.SealTokens)*int64(c.Pool.ResidualSlotBytes)
+		}
+	}
+	return b * int64(c.Model.KVHeads)
 }
 
 // Kept is the tokens a sequence of seq tokens caches under the budget.
@@ -305,20 +378,56 @@ func (c *Calc) Row(batch, seq int) (Row, error) {
 	r.Residual = max(kRes, vRes)
 	d := int64(c.Model.HeadDim)
 	f16Tok := 16 * d
-	// Bits of one sequence in one (layer, KV head).
-	var perHead int64
-	for _, t := range [][2]int64{
-		{int64(r.Kept - kRes), c.kTok}, {int64(kRes), f16Tok},
-		{int64(r.Kept - vRes), c.vTok}, {int64(vRes), f16Tok},
-	} {
-		p, ok1 := mul(t[0], t[1])
-		s, ok2 := add(perHead, p)
-		if !ok1 || !ok2 {
+	// Bits of the formula for one sequence in one (layer, KV head) that
+	// keeps t tokens: the last min(t, residual) in f16 on a KIVI side.
+	headBits := func(t int) (int64, bool) {
+		kr, vr := min(t, c.K.Residual()), min(t, c.V.Residual())
+		var bits int64
+		for _, x := range [][2]int64{
+			{int64(t - kr), c.kTok}, {int64(kr), f16Tok},
+			{int64(t - vr), c.vTok}, {int64(vr), f16Tok},
+		} {
+			p, ok1 := mul(x[0], x[1])
+			s, ok2 := add(bits, p)
+			if !ok1 || !ok2 {
+				return 0, false
+			}
+			bits = s
+		}
+		return bits, true
+	}
+	heads := int64(c.Model.KVHeads)
+	var layerBits, blocks, perSeq, window, admit int64 // over the cache layers, one sequence
+	for l := range c.Layout.Layers {
+		w := c.window(l)
+		t := r.Kept // the formula counts the tokens a window sees
+		if w > 0 {
+			t = min(t, w)
+		}
+		hb, ok := headBits(t)
+		if !ok {
 			return Row{}, errTooLarge
 		}
-		perHead = s
+		b, _, slots := c.Pool.WindowTable(r.Kept, w, c.Chunk)
+		lb, ok1 := mul(hb, heads)
+		bb, ok2 := mul(int64(b), int64(c.Pool.BlockBytes))
+		rb, ok3 := mul(int64(slots), int64(c.Pool.ResidualSlotBytes))
+		bb, ok4 := add(bb, rb)
+		tb, ok5 := mul(bb, heads)
+		ab, ok6 := product(int64(c.Pool.AdmitWindowBlocks(r.Kept, w, c.Chunk)), int64(c.Pool.BlockBytes), heads)
+		var ok7, ok8, ok9 bool
+		layerBits, ok7 = add(layerBits, lb)
+		perSeq, ok8 = add(perSeq, tb)
+		admit, ok9 = add(admit, ab)
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || !ok7 || !ok8 || !ok9 {
+			return Row{}, errTooLarge
+		}
+		blocks += int64(b) * heads
+		if w > 0 {
+			window += tb
+		}
 	}
-	totalBits, ok := product(perHead, int64(c.Model.Layers), int64(c.Model.KVHeads), int64(batch))
+	totalBits, ok := mul(layerBits, int64(batch))
 	if !ok || totalBits > math.MaxInt64-7 {
 		return Row{}, errTooLarge
 	}
@@ -336,19 +445,13 @@ func (c *Calc) Row(batch, seq int) (Row, error) {
 		r.FormulaResidualBytesPerToken = c.tables() * float64(kt+vt) / 8
 	}
 	// The pool: whole blocks and residual buffers of every table.
-	blocks, res, slots := c.Pool.Table(r.Kept)
-	r.Residual = res
-	tables := int64(c.Model.Layers) * int64(c.Model.KVHeads)
-	perTable, ok1 := mul(int64(blocks), int64(c.Pool.BlockBytes))
-	resBytes, ok2 := mul(int64(slots), int64(c.Pool.ResidualSlotBytes))
-	perTable, ok3 := add(perTable, resBytes)
-	if r.TotalBytes, ok = product(perTable, tables, int64(batch)); !ok || !ok1 || !ok2 || !ok3 {
+	_, r.Residual, _ = c.Pool.Table(r.Kept)
+	if r.TotalBytes, ok = mul(perSeq, int64(batch)); !ok {
 		return Row{}, errTooLarge
 	}
-	if r.Blocks, ok = mul(int64(blocks), tables); !ok {
-		return Row{}, errTooLarge
-	}
-	if r.KVMemBytes, ok = product(int64(c.Pool.AdmitBlocks(r.Kept)), int64(c.Pool.BlockBytes), tables, int64(batch)); !ok {
+	r.WindowBytes = window * int64(batch)
+	r.Blocks = blocks
+	if r.KVMemBytes, ok = mul(admit, int64(batch)); !ok {
 		return Row{}, errTooLarge
 	}
 	r.BytesPerToken = c.BytesPerToken()

@@ -11,7 +11,12 @@ import (
 )
 
 // MassHook lets a policy collect the attention mass each stored slot
-// receives.
+// receives. layer is a cache layer, asked once per model layer that reads
+// it, in layer order. In the last pass of Layer-Condensed KV's iterative
+// prompt encoding, a layer reading a later layer's KV also attends the
+// chunk's entries of the pass before, which its owner appends later in the
+// step: the model extends each Out[head] by their count, so Done gets
+// their mass after the table's slots.
 type MassHook interface {
 	// Request returns what to collect at layer for the queries of this
 	// forward step, which are tokens [start, start+n) of the sequence's
@@ -20,6 +25,16 @@ type MassHook interface {
 	// Done is called after the layer's attention has filled the request,
 	// with the layer's queries ([n][heads·headDim], rotated) and positions.
 	Done(layer int, req *attention.MassRequest, q []float32, pos []int32)
+}
+
+// PromptRows is what a MassHook may also implement: how many of the last
+// rows of a forward step of n tokens (history [start, start+n)) it scores
+// the attention or the queries of. The prefill early exit (see step) runs
+// the layers above the last KV owner for those rows too, since those layers
+// read a cache layer as the layers below do and the policy aggregates all
+// its readers; a hook that does not implement it gets every row.
+type PromptRows interface {
+	PromptRows(start, n int) int
 }
 
 // RowPruner lets a policy drop tokens (rows of the residual stream) between
@@ -391,9 +406,11 @@ func grow(b []float32, n int) []float32 {
 // Prefill early exit: when not every token's logits are wanted, the layers
 // above the last KV owner (Config.LastOwner) run for the last row only, or
 // not at all when no logits are wanted: no later token reads anything they
-// produce, so this is exact. NoEarlyExit or a Prune hook turns it off.
-// With LCKVPasses > 1 on a Layer-Condensed KV model, the chunk runs that
-// many passes (see LCKVPasses).
+// produce, so this is exact. A mass hook's scored rows run there too
+// (PromptRows): a policy scoring every prompt query's attention (H2O) keeps
+// them all, one that scores none (a window) none. NoEarlyExit or a Prune
+// hook turns it off. With LCKVPasses > 1 on a Layer-Condensed KV model,
+// the chunk runs that many passes (see LCKVPasses).
 func (s *Sequence) step(tokens []int, dst []float32) error {
 	m, c := s.m, s.m.Config
 	n := len(tokens)
@@ -437,14 +454,28 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 				break
 			}
 			if li > last && !all && !s.NoEarlyExit && s.Prune == nil {
-				if len(dst) == 0 {
+				// The rows still needed above the last owner: the last one
+				// for its logits, and those whose attention a mass hook
+				// scores (PromptRows); a dry pass needs none.
+				rows := 0
+				if !p.dry {
+					if len(dst) > 0 {
+						rows = 1
+					}
+					rows = max(rows, s.hookRows(n))
+				}
+				if rows == 0 {
 					break // nothing above the last owner is needed
 				}
-				if r := p.spans[0].hi; r > 1 {
-					if err := p.compactRows(c, []int{r - 1}, r); err != nil {
+				if r := p.spans[0].hi; r > rows {
+					keep := make([]int, rows)
+					for i := range keep {
+						keep[i] = r - rows + i
+					}
+					if err := p.compactRows(c, keep, r); err != nil {
 						return err
 					}
-					p.spans[0].hi, p.spans[0].start = 1, s.hist+n-1
+					p.spans[0].hi, p.spans[0].start = rows, s.hist+n-rows
 				}
 			}
 			if err := m.layer(li, p); err != nil {
@@ -480,6 +511,19 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		m.Output.MatMul(dst, p.x, n)
 	}
 	return nil
+}
+
+// hookRows is how many of the last rows of a step of n tokens the mass
+// hook scores (PromptRows; every row for a hook that does not say, none
+// without a hook).
+func (s *Sequence) hookRows(n int) int {
+	switch h := s.Mass.(type) {
+	case nil:
+		return 0
+	case PromptRows:
+		return min(n, max(0, h.PromptRows(s.hist, n)))
+	}
+	return n
 }
 
 // compactRows keeps rows keep (ascending indexes below n, the last row

@@ -146,6 +146,18 @@ func (m *Model) layer(li int, p *pass) error {
 	case !later && p.dry:
 		extra = p.cur[cl]
 	}
+	// The chunk's entries outside the cache are slots-to-be of the cache
+	// layer (its owner appends them later in this step, in the same order),
+	// so a mass request also gets their mass, after the table's slots.
+	if extra != nil {
+		for i := range p.spans {
+			if req := p.mass[i]; req != nil {
+				for h := range req.Out {
+					req.Out[h] = append(req.Out[h], make([]float32, extra[h].N)...)
+				}
+			}
+		}
+	}
 	// Attention per span, the spans in parallel (then each Run runs its
 	// heads on the calling worker; one span runs its heads in parallel).
 	norm := float32(math.Sqrt(float64(c.HeadDim)))

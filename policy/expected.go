@@ -19,12 +19,18 @@ import (
 // The queries reach it through the mass hook's Done, rotated; it undoes
 // the rotation at each query's position. It asks for no attention mass
 // (From past the step's queries).
+//
+// On a layer that several model layers read (CLA, YOCO), the query heads of
+// all its readers are the group: each reader's queries have their own mean
+// and covariance, and a key's expected score is averaged over the G query
+// heads of each of the R readers.
 type expected struct {
 	scorerBase
-	sum   [][]float64 // [layer][query head·d] Σ q
-	outer [][]float64 // [layer][query head·d·d] Σ q qᵀ
-	count []int       // [layer] queries summed
-	start []int       // [layer] history index of the current step's first query
+	sum   [][][]float64 // [layer][reader][query head·d] Σ q
+	outer [][][]float64 // [layer][reader][query head·d·d] Σ q qᵀ
+	count [][]int       // [layer][reader] queries summed
+	start []int         // [layer] history index of the current call's first query
+	cur   []int         // [layer] the current call's reader
 }
 
 var pNFuture = &Param{Name: "n-future", Kind: IntParam, Doc: "future positions the RoPE rotation of the queries is averaged over", Default: "512",
@@ -40,7 +46,12 @@ func init() {
 			return c, nil
 		},
 		NewScorer: func(st *State) Scorer {
-			return &expected{sum: make([][]float64, st.L), outer: make([][]float64, st.L), count: make([]int, st.L), start: make([]int, st.L)}
+			e := &expected{sum: make([][][]float64, st.L), outer: make([][][]float64, st.L), count: make([][]int, st.L),
+				start: make([]int, st.L), cur: make([]int, st.L)}
+			for l, r := range st.readers {
+				e.sum[l], e.outer[l], e.count[l] = make([][]float64, r), make([][]float64, r), make([]int, r)
+			}
+			return e
 		}})
 }
 
@@ -50,7 +61,16 @@ func (e *expected) Mass(st *State, layer, start, n int) *attention.MassRequest {
 		return nil
 	}
 	e.start[layer] = start
+	e.cur[layer] = min(st.reader(layer), len(e.count[layer])-1)
 	return &attention.MassRequest{From: n}
+}
+
+// Rows: the prompt's queries (their mean and covariance).
+func (e *expected) Rows(st *State, _, n int) int {
+	if st.prefT == 0 {
+		return 0
+	}
+	return n
 }
 
 // Done adds the step's prompt queries, past the sinks, unrotated.
@@ -59,9 +79,10 @@ func (e *expected) Done(st *State, layer int, _ *attention.MassRequest, q []floa
 	d := m.HeadDim
 	qd := len(q) / len(pos)
 	heads := qd / d
-	if e.sum[layer] == nil {
-		e.sum[layer] = make([]float64, qd)
-		e.outer[layer] = make([]float64, qd*d)
+	r := e.cur[layer]
+	if e.sum[layer][r] == nil {
+		e.sum[layer][r] = make([]float64, qd)
+		e.outer[layer][r] = make([]float64, qd*d)
 	}
 	rot := st.rotator()
 	row := make([]float32, d)
@@ -77,8 +98,8 @@ func (e *expected) Done(st *State, layer int, _ *attention.MassRequest, q []floa
 			for i, v := range row {
 				x[i] = float64(v)
 			}
-			s := e.sum[layer][g*d : (g+1)*d]
-			o := e.outer[layer][g*d*d : (g+1)*d*d]
+			s := e.sum[layer][r][g*d : (g+1)*d]
+			o := e.outer[layer][r][g*d*d : (g+1)*d*d]
 			for i, xi := range x {
 				s[i] += xi
 				for j, xj := range x {
@@ -86,7 +107,7 @@ func (e *expected) Done(st *State, layer int, _ *attention.MassRequest, q []floa
 				}
 			}
 		}
-		e.count[layer]++
+		e.count[layer][r]++
 	}
 }
 
@@ -126,30 +147,14 @@ func (e *expected) Scores(st *State, l, _ int) [][]float32 {
 	m := st.seq.Model()
 	d := m.HeadDim
 	G := m.Heads / m.KVHeads
+	R := len(e.count[l])
 	pairs, cs, sn := avgRotation(m, st.seq.Pos(), int(st.cfg.Opts.Get("n-future")))
-	// μ' = R̄μ and Σ' = R̄ΣR̄ᵀ of each query head.
+	// μ' = R̄μ and Σ' = R̄ΣR̄ᵀ of each query head of each reader.
 	heads := G * st.H
-	mu := make([]float64, heads*d)
-	cov := make([]float64, heads*d*d)
-	if n := float64(e.count[l]); n > 0 {
-		for g := 0; g < heads; g++ {
-			mg, cg := mu[g*d:(g+1)*d], cov[g*d*d:(g+1)*d*d]
-			for i := range mg {
-				mg[i] = e.sum[l][g*d+i] / n
-			}
-			for i := 0; i < d; i++ {
-				for j := 0; j < d; j++ {
-					cg[i*d+j] = e.outer[l][g*d*d+i*d+j]/n - mg[i]*mg[j]
-				}
-			}
-			rotate(mg, 1, pairs, cs, sn)
-			for j := 0; j < d; j++ { // R̄Σ: each column
-				rotate(cg[j:], d, pairs, cs, sn)
-			}
-			for i := 0; i < d; i++ { // (R̄Σ)R̄ᵀ: each row
-				rotate(cg[i*d:], 1, pairs, cs, sn)
-			}
-		}
+	mu := make([][]float64, R)
+	cov := make([][]float64, R)
+	for r := range mu {
+		mu[r], cov[r] = e.moments(l, r, heads, d, pairs, cs, sn)
 	}
 	scores := make([][]float32, st.H)
 	for h := range scores {
@@ -165,30 +170,32 @@ func (e *expected) Scores(st *State, l, _ int) [][]float32 {
 		sinks := min(st.cfg.Sinks, n)
 		avg := make([]float64, n)
 		z := make([]float64, n)
-		for g := h * G; g < (h+1)*G; g++ {
-			mg, cg := mu[g*d:(g+1)*d], cov[g*d*d:(g+1)*d*d]
-			mx := math.Inf(-1)
-			for i := sinks; i < n; i++ {
-				k := keys[i]
-				var a, b float64
-				for r := 0; r < d; r++ {
-					a += k[r] * mg[r]
-					var row float64
-					for c := 0; c < d; c++ {
-						row += cg[r*d+c] * k[c]
+		for rd := range mu {
+			for g := h * G; g < (h+1)*G; g++ {
+				mg, cg := mu[rd][g*d:(g+1)*d], cov[rd][g*d*d:(g+1)*d*d]
+				mx := math.Inf(-1)
+				for i := sinks; i < n; i++ {
+					k := keys[i]
+					var a, b float64
+					for r := 0; r < d; r++ {
+						a += k[r] * mg[r]
+						var row float64
+						for c := 0; c < d; c++ {
+							row += cg[r*d+c] * k[c]
+						}
+						b += k[r] * row
 					}
-					b += k[r] * row
+					z[i] = a/math.Sqrt(float64(d)) + b/(2*float64(d))
+					mx = math.Max(mx, z[i])
 				}
-				z[i] = a/math.Sqrt(float64(d)) + b/(2*float64(d))
-				mx = math.Max(mx, z[i])
-			}
-			var sum float64
-			for i := sinks; i < n; i++ {
-				z[i] = math.Exp(z[i] - mx)
-				sum += z[i]
-			}
-			for i := sinks; i < n; i++ {
-				avg[i] += z[i] / sum / float64(G)
+				var sum float64
+				for i := sinks; i < n; i++ {
+					z[i] = math.Exp(z[i] - mx)
+					sum += z[i]
+				}
+				for i := sinks; i < n; i++ {
+					avg[i] += z[i] / sum / float64(G*R)
+				}
 			}
 		}
 		out := make([]float32, n)
@@ -206,4 +213,35 @@ func (e *expected) Scores(st *State, l, _ int) [][]float32 {
 		scores[h] = out
 	}
 	return scores
+}
+
+// moments is R̄μ and R̄ΣR̄ᵀ of each of the heads query heads of reader r
+// of layer l ([heads·d], [heads·d·d]; zero when it summed no query).
+func (e *expected) moments(l, r, heads, d int, pairs [][2]int, cs, sn []float64) (mu, cov []float64) {
+	mu = make([]float64, heads*d)
+	cov = make([]float64, heads*d*d)
+	n := float64(e.count[l][r])
+	if n == 0 {
+		return mu, cov
+	}
+	sum, outer := e.sum[l][r], e.outer[l][r]
+	for g := 0; g < heads; g++ {
+		mg, cg := mu[g*d:(g+1)*d], cov[g*d*d:(g+1)*d*d]
+		for i := range mg {
+			mg[i] = sum[g*d+i] / n
+		}
+		for i := 0; i < d; i++ {
+			for j := 0; j < d; j++ {
+				cg[i*d+j] = outer[g*d*d+i*d+j]/n - mg[i]*mg[j]
+			}
+		}
+		rotate(mg, 1, pairs, cs, sn)
+		for j := 0; j < d; j++ { // R̄Σ: each column
+			rotate(cg[j:], d, pairs, cs, sn)
+		}
+		for i := 0; i < d; i++ { // (R̄Σ)R̄ᵀ: each row
+			rotate(cg[i*d:], 1, pairs, cs, sn)
+		}
+	}
+	return mu, cov
 }

@@ -13,6 +13,9 @@ func (h2o) Mass(st *State, _, _, _ int) *attention.MassRequest {
 
 func (h2o) Scores(st *State, l, _ int) [][]float32 { return st.scores[l*st.H : (l+1)*st.H] }
 
+// Rows: every query's attention.
+func (h2o) Rows(_ *State, _, n int) int { return n }
+
 func init() {
 	Register(Method{Name: "h2o", Order: 4, Doc: "H2O: accumulated attention (heavy hitters) + recent",
 		Params:       []string{"budget", "ratio", "window", "sinks", "agg", "every", "positions"},

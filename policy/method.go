@@ -85,6 +85,10 @@ type Scorer interface {
 	Pruned(st *State)
 	// Step runs before each decode step, after the schedule's prune.
 	Step(st *State, incoming int) error
+	// Rows is how many of the last queries of a step of n tokens
+	// (history [start, start+n)) the method scores, their attention or the
+	// queries themselves (State.PromptRows).
+	Rows(st *State, start, n int) int
 }
 
 // Runner is a method with its own schedule: the State hands it the
@@ -109,6 +113,7 @@ func (scorerBase) Scores(*State, int, int) [][]float32              { return nil
 func (scorerBase) Budgets(*State, int, int, int, [][]float32) []int { return nil }
 func (scorerBase) Pruned(*State)                                    {}
 func (scorerBase) Step(*State, int) error                           { return nil }
+func (scorerBase) Rows(*State, int, int) int                        { return 0 }
 
 // registry holds the methods by name; Methods lists them in Order.
 var registry = map[string]*Method{}
@@ -160,8 +165,53 @@ func check(c Config, m *Method, l kvcache.Layout, keys codec.Codec) error {
 	if keys != nil && !keys.PerToken() && c.Positions == PosReindex {
 		return fmt.Errorf("policy: re-indexed positions need per-token keys; %s keys are sealed in groups", keys.Name())
 	}
+	if a, b := unevenBounds(l); b >= 0 && c.Positions == PosReindex {
+		return perr("positions", "policy: %s re-indexes positions (every layer's tokens renumbered 0…n−1 from one next position), but cache layer %d keeps %s and cache layer %d %s (a window-bounded layer frees the tokens that slide out of it), so the layers hold different numbers of tokens; use %s original",
+			c.Method, a, boundText(l, a), b, boundText(l, b), ref("positions"))
+	}
 	if m.Check != nil {
 		return m.Check(c, l, keys)
 	}
 	return nil
+}
+
+// boundedLayer is the first cache layer of l bounded by a window
+// (Layout.Windows), or −1.
+func boundedLayer(l kvcache.Layout) int {
+	for c, w := range l.Windows {
+		if w > 0 {
+			return c
+		}
+	}
+	return -1
+}
+
+// unevenBounds is two cache layers of l with different window bounds
+// (Layout.Windows; 0: unbounded), or −1, −1 when all have the same.
+func unevenBounds(l kvcache.Layout) (int, int) {
+	for c, w := range l.Windows {
+		if w != l.Windows[0] {
+			return 0, c
+		}
+	}
+	return -1, -1
+}
+
+// boundText says what cache layer c of l keeps.
+func boundText(l kvcache.Layout, c int) string {
+	if w := l.Windows[c]; w > 0 {
+		return fmt.Sprintf("the last %d positions", w)
+	}
+	return "every token"
+}
+
+// sharedLayer is the first cache layer of l that several model layers
+// read (Layout.Readers), or −1.
+func sharedLayer(l kvcache.Layout) int {
+	for c, r := range l.Readers {
+		if r > 1 {
+			return c
+		}
+	}
+	return -1
 }

@@ -13,6 +13,12 @@ package policy
 // merge-from parameter, Layers/2 by default (the paper merges from the
 // middle layer up). With an odd number of layers from f on, the top
 // layer stays unmerged: stories260K (5 layers) merges (2, 3) and keeps 4.
+//
+// The layers are the cache's: on a model whose layers share KV (CLA, YOCO,
+// Layer-Condensed KV) a pair is two adjacent KV owners, f and Layers/2
+// count owners (CLA2 on 6 layers has 3 cache layers, owners 0, 2, 4, and
+// merges cache layers (1, 2), the KV of model layers 2 and 4), and a pair
+// with a window-bounded cache layer is refused (checkMiniCache).
 
 import (
 	"errors"
@@ -31,7 +37,7 @@ var (
 		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.6}
 	pGamma = &Param{Name: "gamma", Kind: FloatParam, Doc: "share of tokens retained unmerged in both layers", Default: "0.05",
 		Lo: 0, LoOpen: true, Hi: 1, Fill: 0.05}
-	pMergeFrom = &Param{Name: "merge-from", Kind: IntParam, Doc: "lower layer of the first merged pair", Default: "layers/2"}
+	pMergeFrom = &Param{Name: "merge-from", Kind: IntParam, Doc: "lower (cache) layer of the first merged pair", Default: "layers/2"}
 )
 
 func init() {
@@ -49,13 +55,39 @@ func init() {
 		Describe: func(c Config) string {
 			return fmt.Sprintf(" t=%g gamma=%g from=%d", pInterp.Float(c), pGamma.Float(c), pMergeFrom.Int(c))
 		},
-		Check: func(c Config, l kvcache.Layout, _ codec.Codec) error {
-			if len(c.MergedPairs(l.Layers)) == 0 {
-				return fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(pMergeFrom.Int(c), l.Layers/2), l.Layers)
+		Check:      checkMiniCache,
+		Run:        func(st *State) (Runner, error) { return &miniCache{st}, nil },
+		PrefixTail: anyTail})
+}
+
+// checkMiniCache refuses a layout with no pair to merge, or a pair with a
+// window-bounded layer: a pair is merged token by token, so both layers
+// must hold the same tokens, and a layer read by sliding-window attention
+// frees the tokens that slide out of its window (Layout.Windows) while
+// merged tokens are stored once for both layers, in blocks that never slide
+// out.
+func checkMiniCache(c Config, l kvcache.Layout, _ codec.Codec) error {
+	ups := c.MergedPairs(l.Layers)
+	if len(ups) == 0 {
+		return fmt.Errorf("policy: minicache has no %s pair to merge from %s %d of %d", layerWord(l), layerWord(l), max(pMergeFrom.Int(c), l.Layers/2), l.Layers)
+	}
+	for _, u := range ups {
+		for _, x := range []int{u - 1, u} {
+			if l.Windows != nil && l.Windows[x] > 0 {
+				return perr("merge-from", "policy: minicache merges cache layers %d and %d token by token, but cache layer %d is read by sliding-window attention (window %d) and frees the tokens that slide out, which merged tokens cannot; choose %s so that no pair holds a window-bounded layer", u-1, u, x, l.Windows[x], ref("merge-from"))
 			}
-			return nil
-		},
-		Run: func(st *State) (Runner, error) { return &miniCache{st}, nil }, PrefixTail: anyTail})
+		}
+	}
+	return nil
+}
+
+// layerWord is what the layers of l are called in errors: cache layers on
+// a model whose layers share KV (they are its KV owners), layers otherwise.
+func layerWord(l kvcache.Layout) string {
+	if sharedLayer(l) >= 0 {
+		return "cache layer"
+	}
+	return "layer"
 }
 
 // MergedPairs lists the merged layer pairs as their upper layers, for a
@@ -79,11 +111,14 @@ func (m *miniCache) Begin(int) {}
 
 // Request tracks the new slots' origins; merging needs no attention.
 func (m *miniCache) Request(layer, start, n int) *attention.MassRequest {
-	m.st.track(layer, start, n)
+	m.st.sync(layer, start, n)
 	return nil
 }
 
 func (m *miniCache) Done(int, *attention.MassRequest, []float32, []int32) {}
+
+// PromptRows: merging scores no attention.
+func (m *miniCache) PromptRows(int, int) int { return 0 }
 
 // Compress merges the prompt.
 func (m *miniCache) Compress() error { return m.merge(false) }
@@ -94,7 +129,7 @@ func (m *miniCache) merge(decode bool) error {
 	st := m.st
 	ups := st.cfg.MergedPairs(st.L)
 	if len(ups) == 0 {
-		return fmt.Errorf("policy: minicache has no layer pair to merge from layer %d of %d", max(pMergeFrom.Int(st.cfg), st.L/2), st.L)
+		return checkMiniCache(st.cfg, st.cache.Layout(), nil)
 	}
 	mc, ok := st.cache.(kvcache.Merging)
 	if !ok {

@@ -5,6 +5,8 @@ import (
 	"math"
 
 	"github.com/kvlm/kvlm/attention"
+	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvcache/codec"
 )
 
 // PyramidInfer (arXiv 2405.12532) prunes the tokens themselves during the
@@ -72,11 +74,32 @@ func init() {
 			}
 			return c, nil
 		},
+		Check: checkPyramid,
 		Run: func(st *State) (Runner, error) {
 			p := &pyramid{st: st, qrows: make([][][]float32, st.L)}
 			st.seq.Prune = p
 			return p, nil
 		}})
+}
+
+// checkPyramid refuses the layouts PyramidInfer's definition does not
+// fit. It prunes the tokens (rows) between layers so that the next layer
+// computes its keys and values for the survivors only: every layer's KV is
+// the pivotal context chosen by the layers below it. On a model whose
+// layers read another layer's KV (CLA, YOCO, Layer-Condensed KV), a reader
+// above a pruning point attends the owner's KV, tokens it pruned included,
+// and an owner read by earlier layers (LCKV) has not run when they score;
+// and a sliding-window layer's queries see only its window, so its
+// attention cannot rank the older tokens that deeper full-attention layers
+// still read (it would prune them all).
+func checkPyramid(_ Config, l kvcache.Layout, _ codec.Codec) error {
+	if c := sharedLayer(l); c >= 0 {
+		return fmt.Errorf("policy: pyramidinfer prunes tokens between layers so that each layer computes and stores KV for the survivors only, but cache layer %d is read by %d model layers (KV shared across layers): a reader would attend tokens pruned below it", c, l.Readers[c])
+	}
+	if c := boundedLayer(l); c >= 0 {
+		return fmt.Errorf("policy: pyramidinfer ranks each layer's whole context by its attention, but cache layer %d is read by sliding-window attention (window %d), which cannot see the older tokens it would prune for every deeper layer", c, l.Windows[c])
+	}
+	return nil
 }
 
 // pyrSchedule is the cosine retention of layer l of L falling from 1 at the

@@ -28,6 +28,14 @@ func (snap) Mass(st *State, _, start, n int) *attention.MassRequest {
 	return &attention.MassRequest{From: from, Agg: st.cfg.Agg}
 }
 
+// Rows: the queries of the observation window the step holds.
+func (s snap) Rows(st *State, start, n int) int {
+	if req := s.Mass(st, 0, start, n); req != nil {
+		return n - req.From
+	}
+	return 0
+}
+
 // Scores is each slot's pooled attention mass from the observation
 // window; window slots score +Inf (they are kept anyway).
 func (snap) Scores(st *State, l, window int) [][]float32 {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"math"
 
 	"github.com/kvlm/kvlm/attention"
@@ -19,6 +20,14 @@ import (
 // position of every stored slot, compacted along with the cache. What it
 // does at each call is the method's: the shared prune of a Scorer, or a
 // Runner's own schedule.
+//
+// Layers are the cache's (owner) layers. On a model whose layers share KV
+// (CLA, YOCO, Layer-Condensed KV) the model calls Request and Done once per
+// model layer that reads a cache layer, in layer order, so a cache layer c
+// gets Layout.Readers[c] calls a step; their attention is aggregated like
+// the query heads of a group (Config.Agg: the mean by default, see
+// addMass), and a cache layer's new slots are tracked once, whichever
+// reader comes first (sync).
 type State struct {
 	cfg    Config
 	method *Method
@@ -36,7 +45,20 @@ type State struct {
 
 	rot *model.Rotator // re-rotates keys (re-indexing, LM-Infinite's cap)
 
+	readers []int       // [layer] model layers reading each cache layer (Layout.Readers; 1 each when nil)
+	calls   []stepCalls // [layer] the hook's calls for the current step
+	stepMax [][]float32 // [layer·H + head][slot] Agg max over several readers: this step's maximum so far
+	err     error       // the origins lost track of the cache (reported by Compress and Before)
+
 	Pruned int // prunes applied
+}
+
+// stepCalls counts the mass hook's calls for one cache layer in one
+// forward step: the k-th Request of a step is the k-th reader's.
+type stepCalls struct {
+	step      int // the sequence's Computed count during that step (it moves after every step)
+	req, done int // Requests and Dones of the step so far
+	added     int // slots of the step's tokens tracked so far (sync)
 }
 
 // New attaches a policy to a sequence whose cache can be compacted
@@ -57,7 +79,15 @@ func New(cfg Config, seq *model.Sequence) (*State, error) {
 		return nil, err
 	}
 	st := &State{cfg: cfg, method: m, seq: seq, cache: cache, L: l.Layers, H: l.KVHeads,
-		scores: make([][]float32, l.Layers*l.KVHeads), orig: make([][]int32, l.Layers*l.KVHeads), seen: seq.Pos()}
+		scores: make([][]float32, l.Layers*l.KVHeads), orig: make([][]int32, l.Layers*l.KVHeads), seen: seq.Pos(),
+		readers: make([]int, l.Layers), calls: make([]stepCalls, l.Layers)}
+	for c := range st.readers {
+		st.readers[c] = 1
+		if l.Readers != nil {
+			st.readers[c] = max(1, l.Readers[c])
+		}
+		st.calls[c].step = -1
+	}
 	for i := range st.orig {
 		st.orig[i] = cache.Positions(i/st.H, i%st.H)
 	}
@@ -106,21 +136,62 @@ func (st *State) BeginPrefill(n int) {
 	}
 }
 
-// Request implements model.MassHook.
+// Request implements model.MassHook: layer is a cache layer, asked once
+// per model layer that reads it.
 func (st *State) Request(layer, start, n int) *attention.MassRequest {
+	c := &st.calls[layer]
+	if c.step != st.seq.Computed {
+		*c = stepCalls{step: st.seq.Computed}
+	}
+	c.req++
+	if c.req > st.readers[layer] && st.err == nil {
+		st.err = fmt.Errorf("policy: cache layer %d was asked %d times in one forward step, but %d model layers read it (Layout.Readers)", layer, c.req, st.readers[layer])
+	}
 	return st.run.Request(layer, start, n)
 }
 
 // Done implements model.MassHook.
 func (st *State) Done(layer int, req *attention.MassRequest, q []float32, pos []int32) {
+	st.calls[layer].done++
 	st.run.Done(layer, req, q, pos)
 }
+
+// PromptRows is how many of the last rows of a forward step of n tokens
+// (history [start, start+n)) the method scores the attention (or the
+// queries) of: a model that computes only a prompt chunk's last row in the
+// layers above its last KV owner (prefill early exit), or none of them when
+// no logits are wanted, must compute these rows there too, or the
+// attention of those layers, which read a cache layer as much as the layers
+// below, is missing from its scores. 0 for a method that scores no
+// attention (window, streaming, knorm, keydiff, minicache).
+func (st *State) PromptRows(start, n int) int {
+	switch r := st.run.(type) {
+	case nil:
+		return 0
+	case *pruner:
+		return min(n, max(0, r.sc.Rows(st, start, n)))
+	case interface{ PromptRows(start, n int) int }:
+		return min(n, max(0, r.PromptRows(start, n)))
+	}
+	return n
+}
+
+// reader is which reader of cache layer layer the current call is (0 for
+// the first model layer reading it in this step), from its Requests.
+func (st *State) reader(layer int) int { return st.calls[layer].req - 1 }
+
+// doneIndex is how many Dones of cache layer layer preceded the current
+// one in this step.
+func (st *State) doneIndex(layer int) int { return st.calls[layer].done - 1 }
 
 // Compress prunes the cache once, after a prefill, to the budget.
 func (st *State) Compress() error {
 	defer func() { st.prefT = 0 }()
 	if st.run == nil {
 		return nil
+	}
+	if st.err != nil {
+		return st.err
 	}
 	err := st.run.Compress()
 	if herr := st.cache.HoldSeal(false); err == nil {
@@ -137,22 +208,64 @@ func (st *State) Before(incoming int) error {
 	if st.run == nil {
 		return nil
 	}
+	if st.err != nil {
+		return st.err
+	}
 	return st.run.Before(incoming)
 }
 
-// track records the origins of n new slots that layer appended for tokens
-// [start, start+n).
-func (st *State) track(layer, start, n int) {
+// sync brings the origins (and scores) of layer's tables in line with the
+// cache when a reader of layer is about to run the queries of tokens
+// [start, start+n), the last of the step (a reader above the last KV
+// owner may run only the step's last rows during a prefill). The step's
+// new slots are those at positions from the sequence's next position on
+// (every slot stored before the step lies before it): the layer's owner
+// appended them before its own call, which comes first for an owner read
+// by later layers and last for one read by earlier layers (Layer-Condensed
+// KV), so a call may find them there or not yet. A window-bounded layer
+// may have freed its oldest slots as the owner appended (Layout.Windows):
+// they leave the front of the tables. Called at every reader's Request; a
+// later reader of the step finds nothing new.
+func (st *State) sync(layer, start, n int) {
+	st.seen = max(st.seen, start+n)
+	p0 := int32(st.seq.Pos())
+	added := st.calls[layer].added
 	for h := 0; h < st.H; h++ {
 		t := layer*st.H + h
-		for i := 0; i < n; i++ {
-			st.orig[t] = append(st.orig[t], int32(start+i))
+		s, m := st.cache.Slots(layer, h), len(st.orig[t])
+		a := 0 // trailing slots at positions of this step
+		segs := st.cache.Segments(layer, h)
+	scan:
+		for i := len(segs) - 1; i >= 0; i-- {
+			for j := segs[i].N - 1; j >= 0; j-- {
+				if segs[i].Pos[j] < p0 {
+					break scan
+				}
+				a++
+			}
 		}
+		fresh := a - st.calls[layer].added // not tracked by an earlier reader of the step
+		if fresh > n || fresh < 0 || m+fresh < s {
+			st.err = fmt.Errorf("policy: cache layer %d head %d holds %d slots, %d of them new, for %d tracked and a step of %d tokens: the policy lost track of the cache", layer, h, s, a, m, n)
+			continue
+		}
+		if d := m + fresh - s; d > 0 {
+			st.orig[t] = st.orig[t][d:]
+			st.scores[t] = dropFront(st.scores[t], d)
+			if st.stepMax != nil {
+				st.stepMax[t] = dropFront(st.stepMax[t], d)
+			}
+		}
+		for i := 0; i < fresh; i++ {
+			st.orig[t] = append(st.orig[t], int32(start+n-fresh+i))
+		}
+		added = max(added, a)
 	}
-	if layer == st.L-1 {
-		st.seen = start + n
-	}
+	st.calls[layer].added = added
 }
+
+// dropFront drops the first d entries of x (as many as it has).
+func dropFront(x []float32, d int) []float32 { return x[min(d, len(x)):] }
 
 // massRequest is a request with Out sized to layer's tables.
 func (st *State) massRequest(layer int, req *attention.MassRequest) *attention.MassRequest {
@@ -163,12 +276,64 @@ func (st *State) massRequest(layer int, req *attention.MassRequest) *attention.M
 	return req
 }
 
-// addMass adds a filled request's mass to the layer's scores.
+// addMass adds a filled request's mass to the layer's scores. With
+// several readers of the layer, their attention is aggregated as the query
+// heads of a group are (Config.Agg): the mean (each reader adds its mass
+// divided by the number of readers), the sum, or the maximum over the
+// step's readers of each reader's mass for the step (a running maximum:
+// each reader adds what it raises the step's maximum by). For a step of
+// one query (decoding) that is the maximum over every query head of every
+// reader; for a step of several queries it is the maximum over readers of
+// their per-reader sums over the step's queries (the kernel returns no
+// per-query rows).
 func (st *State) addMass(layer int, req *attention.MassRequest) {
-	for h, m := range req.Out {
-		sc := st.grow(layer*st.H+h, len(m))
-		for i, v := range m {
-			sc[i] += v
+	R := st.readers[layer]
+	if R == 1 {
+		for h, m := range req.Out {
+			sc := st.grow(layer*st.H+h, len(m))
+			for i, v := range m {
+				sc[i] += v
+			}
+		}
+		return
+	}
+	switch st.cfg.Agg {
+	case attention.AggMax:
+		first := st.doneIndex(layer) == 0
+		if st.stepMax == nil {
+			st.stepMax = make([][]float32, len(st.scores))
+		}
+		for h, m := range req.Out {
+			t := layer*st.H + h
+			sc := st.grow(t, len(m))
+			if first {
+				st.stepMax[t] = st.stepMax[t][:0]
+			}
+			for len(st.stepMax[t]) < len(m) {
+				st.stepMax[t] = append(st.stepMax[t], 0)
+			}
+			top := st.stepMax[t]
+			for i, v := range m {
+				if v > top[i] {
+					sc[i] += v - top[i]
+					top[i] = v
+				}
+			}
+		}
+	case attention.AggSum:
+		for h, m := range req.Out {
+			sc := st.grow(layer*st.H+h, len(m))
+			for i, v := range m {
+				sc[i] += v
+			}
+		}
+	default:
+		r := float32(R)
+		for h, m := range req.Out {
+			sc := st.grow(layer*st.H+h, len(m))
+			for i, v := range m {
+				sc[i] += v / r
+			}
 		}
 	}
 }
@@ -205,7 +370,7 @@ type pruner struct {
 func (p *pruner) Begin(int) {}
 
 func (p *pruner) Request(layer, start, n int) *attention.MassRequest {
-	p.st.track(layer, start, n)
+	p.st.sync(layer, start, n)
 	req := p.sc.Mass(p.st, layer, start, n)
 	if req == nil {
 		return nil

@@ -9,7 +9,7 @@ import (
 // fly, as llama.cpp does, so that the weight blocks are multiplied with
 // integer dot products:
 //
-//   - for Q8_0 and Q4_0 weights, blocks of 32 (xb32 bytes each): qx[32]
+//   - for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL weights, blocks of 32 (xb32 bytes each): qx[32]
 //     int8, corr[8] int32, d[8] float32: a scale for each lane of four
 //     values (x[j] ≈ d[j/4]·qx[j]), which costs the kernels nothing over one
 //     scale per block (they multiply eight lanes by a vector of scales
@@ -17,7 +17,7 @@ import (
 //     several times smaller. corr[l] = -c·Σ qx[4l..4l+3], with c = 128 for
 //     Q8_0 and 8 for Q4_0: the correction for kernels that offset the
 //     weights to unsigned bytes.
-//   - for Q4_K and Q6_K weights, blocks of 256 (xbK bytes each, ggml's
+//   - for Q4_K, Q6_K, Q5_K, Q3_K, Q2_K and IQ4_XS weights, blocks of 256 (xbK bytes each, ggml's
 //     Q8_K): qx[256] int8, bs[16] int16 (bs[k] = Σ qx[16k..16k+15]),
 //     d float32 (and padding).
 //
@@ -41,7 +41,7 @@ const (
 // actLayout returns the activation block size (values) and bytes for
 // weights of type t.
 func actLayout(t DType) (bs, xb int) {
-	if t == Q4_K || t == Q6_K {
+	if t == Q4_K || t == Q6_K || moreKType(t) {
 		return QK_K, xbK
 	}
 	return 32, xb32

@@ -11,7 +11,7 @@ import (
 // Bytes/s is weight bytes read per second.
 func BenchmarkMatMul(b *testing.B) {
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, typ := range []DType{F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K} {
+	for _, typ := range []DType{F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS} {
 		var m *Matrix // made on first use: quantizing K-quants takes seconds
 		for _, n := range []int{1, 16, 64} {
 			for l := levelGo; l <= cpuLevel; l++ {

@@ -714,6 +714,12 @@ func qQ4_0Arows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float3
 func qQ4_KArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
+func qQ5_KArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qIQ4_XSArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
 func qQ6_KArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
@@ -724,6 +730,9 @@ func qQ4_0Vrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float3
 
 //go:noescape
 func qQ4_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qQ5_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
 func qQ6_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
@@ -750,10 +759,22 @@ func qQ4_0Ar1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float3
 func qQ4_KAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
+func qQ5_KAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qIQ4_XSAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
 func qQ6_KAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
 func qQ4_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ5_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qIQ4_XSAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
 func qQ6_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
@@ -768,6 +789,9 @@ func qQ4_0Vr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float3
 func qQ4_KVr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
+func qQ5_KVr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
 func qQ6_KVr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
@@ -780,6 +804,9 @@ func qQ4_0Vr4t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float3
 func qQ4_KVr4t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
+func qQ5_KVr4t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
 func qQ6_KVr4t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
@@ -790,6 +817,9 @@ func qQ4_0Vr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float3
 
 //go:noescape
 func qQ4_KVr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ5_KVr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
 func qQ6_KVr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)

@@ -242,7 +242,7 @@ func (m *Matrix) MatMul(dst, x []float32, n int) {
 			m.matmulFloat(fk, dst, x, n)
 			return
 		}
-	case Q8_0, Q4_0, Q4_K, Q6_K:
+	case Q8_0, Q4_0, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS:
 		if m.matmulP8(dst, x, n) || m.matmulKP(dst, x, n) {
 			return
 		}

@@ -34,7 +34,7 @@ func MatMulMany(dsts [][]float32, ws []*Matrix, x []float32, n int) {
 		}
 		_ = dsts[i][n*w.Rows-1]
 		switch w.Type {
-		case Q8_0, Q4_0, Q4_K, Q6_K:
+		case Q8_0, Q4_0, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS:
 			if w.kpApplies(n) {
 				// 16-row K-quant kernels: one set of activations for Q4_K
 				// and Q6_K (quantizeActsK), tiles in the row-tile region.

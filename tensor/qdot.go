@@ -47,6 +47,7 @@ func qkernGo(t DType, R, T int) qkernFunc {
 		}
 		xs := unsafe.Slice((*byte)(x), nb*T*xb)
 		_ = bs
+		more := moreDot(t)
 		for r := 0; r < R; r++ {
 			row := unsafe.Slice((*byte)(unsafe.Add(w, r*ldw)), nb*bb)
 			for j := 0; j < T; j++ {
@@ -63,6 +64,8 @@ func qkernGo(t DType, R, T int) qkernFunc {
 						dotQ4_K(wb, xblk, lanes)
 					case Q6_K:
 						dotQ6_K(wb, xblk, lanes)
+					default:
+						more(wb, xblk, lanes)
 					}
 				}
 			}

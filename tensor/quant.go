@@ -10,7 +10,7 @@ import (
 
 // This file holds the scalar (pure Go) conversions between float32 and the
 // stored element types: the plain floats F32, F16 and BF16 and the ggml block
-// formats Q8_0, Q4_0, Q4_K and Q6_K. Every layout follows ggml's block
+// formats Q8_0, Q4_0, Q4_K and Q6_K (the others: quant_more.go). Every layout follows ggml's block
 // structs byte for byte (all multi-byte fields little-endian):
 //
 //	block_q8_0 (34 B / 32 values): f16 d; int8 qs[32]            x = d*q
@@ -102,7 +102,9 @@ func Dequantize(t DType, src []byte, dst []float32) error {
 			dequantQ6_K((*[210]byte)(src[210*i:]), (*[QK_K]float32)(dst[QK_K*i:]))
 		}
 	default:
-		return fmt.Errorf("tensor: dequantize %s: unsupported type", t)
+		if !moreDequant(t, src, dst) {
+			return fmt.Errorf("tensor: dequantize %s: unsupported type", t)
+		}
 	}
 	return nil
 }
@@ -239,7 +241,9 @@ func Quantize(t DType, src []float32, dst []byte) error {
 			quantQ6_K((*[QK_K]float32)(src[QK_K*i:]), (*[210]byte)(dst[210*i:]))
 		}
 	default:
-		return fmt.Errorf("tensor: quantize %s: unsupported type", t)
+		if !moreQuantize(t, src, dst) {
+			return fmt.Errorf("tensor: quantize %s: unsupported type", t)
+		}
 	}
 	return nil
 }

@@ -7,6 +7,9 @@ var quantKernA = map[DType]*quantKernels{
 	Q4_0: {rd: 1, rp: 2, tp: 4, dec: qQ4_0Ar1t1, dec1: qQ4_0Ar1t1, pre: qQ4_0Ar2t4, pre1: qQ4_0Ar1t4, rows: qQ4_0Arows},
 	Q4_K: {rd: 1, rp: 1, tp: 4, dec: qQ4_KAr1t1, dec1: qQ4_KAr1t1, pre: qQ4_KAr1t4, pre1: qQ4_KAr1t4, rows: qQ4_KArows},
 	Q6_K: {rd: 1, rp: 1, tp: 4, dec: qQ6_KAr1t1, dec1: qQ6_KAr1t1, pre: qQ6_KAr1t4, pre1: qQ6_KAr1t4, rows: qQ6_KArows},
+	Q5_K: {rd: 1, rp: 1, tp: 4, dec: qQ5_KAr1t1, dec1: qQ5_KAr1t1, pre: qQ5_KAr1t4, pre1: qQ5_KAr1t4, rows: qQ5_KArows},
+	// IQ4_XS: AVX2 only, also run at the AVX-512 level (quantKern).
+	IQ4_XS: {rd: 1, rp: 1, tp: 4, dec: qIQ4_XSAr1t1, dec1: qIQ4_XSAr1t1, pre: qIQ4_XSAr1t4, pre1: qIQ4_XSAr1t4, rows: qIQ4_XSArows},
 }
 
 var quantKernV = map[DType]*quantKernels{
@@ -14,18 +17,25 @@ var quantKernV = map[DType]*quantKernels{
 	Q4_0: {rd: 1, rp: 4, tp: 4, dec: qQ4_0Vr1t1, dec1: qQ4_0Vr1t1, pre: qQ4_0Vr4t4, pre1: qQ4_0Vr1t4, rows: qQ4_0Vrows},
 	Q4_K: {rd: 1, rp: 4, tp: 4, dec: qQ4_KVr1t1, dec1: qQ4_KVr1t1, pre: qQ4_KVr4t4, pre1: qQ4_KVr1t4, rows: qQ4_KVrows},
 	Q6_K: {rd: 1, rp: 4, tp: 4, dec: qQ6_KVr1t1, dec1: qQ6_KVr1t1, pre: qQ6_KVr4t4, pre1: qQ6_KVr1t4, rows: qQ6_KVrows},
+	Q5_K: {rd: 1, rp: 4, tp: 4, dec: qQ5_KVr1t1, dec1: qQ5_KVr1t1, pre: qQ5_KVr4t4, pre1: qQ5_KVr1t4, rows: qQ5_KVrows},
 }
 
 // quantKern returns the integer kernels for weights of type t at the level
 // in use (the Go twins at levelGo, and for AVX-512 without VNNI).
 func quantKern(t DType) *quantKernels {
+	var k *quantKernels
 	switch {
 	case level == levelAVX512 && cpuVNNI:
-		return quantKernV[t]
+		if k = quantKernV[t]; k == nil {
+			k = quantKernA[t] // a type with AVX2 kernels only
+		}
 	case level >= levelAVX2:
-		return quantKernA[t]
+		k = quantKernA[t]
 	}
-	return quantKernGo[t]
+	if k == nil { // the types without assembly (qdot_more.go)
+		k = quantKernGo[t]
+	}
+	return k
 }
 
 // qpanelV are the AVX-512 VNNI one-token kernels over 16-row panels.

@@ -274,6 +274,14 @@ func TestQuantizeRoundTrip(t *testing.T) {
 		{Q4_0, 0.13, 1.0/8 + 1e-3}, // the side opposite the extreme value clamps at 7d
 		{Q4_K, 0.11, 0.2},          // least squares may clip an outlier
 		{Q6_K, 0.045, 0.5/32 + 0.01},
+		{Q4_1, 0.09, 1.0/15 + 1e-3}, // half a step of (max-min)/15
+		{Q5_0, 0.05, 1.0/16 + 1e-3}, // as Q4_0: the positive side clamps at 15d
+		{Q5_1, 0.045, 1.0/31 + 1e-3},
+		{IQ4_NL, 0.09, 0.2}, // the levels' widest gap is 24/254 of the range; the refitted scale may clip
+		{Q2_K, 0.3, 0.6},    // four levels; least squares clips outliers
+		{Q3_K, 0.16, 0.4},
+		{Q5_K, 0.045, 0.1},
+		{IQ4_XS, 0.09, 0.25},
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	inputs := map[string][]float32{
@@ -301,10 +309,7 @@ func TestQuantizeRoundTrip(t *testing.T) {
 			if err := Dequantize(c.t, q, y); err != nil {
 				t.Fatalf("%v %s: %v", c.t, name, err)
 			}
-			bs := 32
-			if c.t == Q4_K || c.t == Q6_K {
-				bs = 256
-			}
+			bs := max(32, c.t.BlockSize())
 			var se, sx float64
 			for b := 0; b < len(x); b += bs {
 				var amax float64
@@ -372,7 +377,7 @@ func TestQuantizeMatchesReference(t *testing.T) {
 
 func TestQuantizeSpecialValues(t *testing.T) {
 	// NaN and Inf must not panic; constant blocks must round trip closely.
-	for _, typ := range []DType{Q8_0, Q4_0, Q4_K, Q6_K} {
+	for _, typ := range []DType{Q8_0, Q4_0, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS} {
 		for _, v := range []float32{float32(math.NaN()), float32(math.Inf(1)), -7, 3} {
 			x := make([]float32, 256)
 			for i := range x {
@@ -412,7 +417,8 @@ func TestConversionErrors(t *testing.T) {
 		{"q4k partial", Q4_K, 128, 72, "block size 256"},
 		{"q6k bytes", Q6_K, 256, 209, "take 210 bytes"},
 		{"f16 bytes", F16, 3, 5, "take 6 bytes"},
-		{"unsupported", Q5_K, 256, 176, "Q5_K: unsupported type"},
+		{"unsupported", IQ2_XXS, 256, 66, "IQ2_XXS: unsupported type"},
+		{"q5k bytes", Q5_K, 256, 175, "take 176 bytes"},
 		{"unknown", DType(99), 1, 1, "unknown type 99"},
 	}
 	for _, c := range cases {

@@ -96,7 +96,7 @@ func qpanelVia(t DType, k qkernFunc) qpanelFunc {
 // quantKernGo are the plain Go twins, tiled like the AVX-512 kernels.
 var quantKernGo = func() map[DType]*quantKernels {
 	k := map[DType]*quantKernels{}
-	for _, t := range []DType{Q8_0, Q4_0, Q4_K, Q6_K} {
+	for _, t := range []DType{Q8_0, Q4_0, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS} {
 		k[t] = &quantKernels{rd: 1, rp: 4, tp: 4,
 			dec: qkernGo(t, 1, 1), dec1: qkernGo(t, 1, 1), pre: qkernGo(t, 4, 4), pre1: qkernGo(t, 1, 4),
 			rows: qrowsGo(qkernGo(t, 1, 1))}
@@ -154,8 +154,8 @@ func (a *quantActs) release() { byteBufs.Put(a.buf) }
 // actKey names the activation format of weights of type t with kernels qk:
 // matrices with equal keys can multiply the same quantized activations.
 func actKey(t DType, qk *quantKernels) [2]int {
-	if t == Q6_K {
-		t = Q4_K // Q8_K-style activations for both
+	if t == Q6_K || moreKType(t) {
+		t = Q4_K // Q8_K-style activations for all
 	}
 	return [2]int{int(t), qk.tp}
 }

@@ -25,6 +25,14 @@ func randRawMatrix(r *rand.Rand, typ DType, rows, cols int) *Matrix {
 		dOffs = []int{0, 2}
 	case Q6_K:
 		dOffs = []int{208}
+	case Q5_0, IQ4_NL, IQ4_XS:
+		dOffs = []int{0}
+	case Q4_1, Q5_1, Q5_K:
+		dOffs = []int{0, 2}
+	case Q2_K:
+		dOffs = []int{80, 82}
+	case Q3_K:
+		dOffs = []int{108}
 	}
 	for b := 0; b < len(data)/bb; b++ {
 		for _, o := range dOffs {
@@ -38,7 +46,7 @@ func randRawMatrix(r *rand.Rand, typ DType, rows, cols int) *Matrix {
 	return m
 }
 
-var quantTypes = []DType{Q8_0, Q4_0, Q4_K, Q6_K}
+var quantTypes = []DType{Q8_0, Q4_0, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS}
 
 // TestQuantMatMulExact: every kernel set gives the plain Go twin's results
 // bit for bit, for every tile shape and remainder.

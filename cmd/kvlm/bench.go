@@ -665,14 +665,24 @@ func printBench(cmd *cobra.Command, f *benchFlags, res benchJSON) {
 
 // kvBytesPerToken is the cache bytes one token takes in the codecs of opt
 // (blocks of opt.BlockTokens; metadata and positions included): the pool's
-// kvcache.Footprint, as kvcalc and inspect report it.
+// kvcache.Footprint, as kvcalc and inspect report it. Only the cache layers
+// that grow with every token count: the KV owners that are not
+// window-bounded (a window-bounded layer holds a fixed amount once past its
+// window, kvcalc's window_bound_bytes).
 func kvBytesPerToken(m *model.Model, opt model.KVOptions) int64 {
 	B := max(opt.BlockTokens, 1)
 	f, err := kvcache.FootprintOf(kvcache.PoolConfig{Layout: m.KVLayout(), BlockTokens: B, K: opt.K, V: opt.V})
 	if err != nil {
 		return 0 // the pool itself refuses these options, with the error
 	}
-	return int64(f.BlockBytes) * int64(m.KVLayout().Layers*m.KVHeads) / int64(B) // the cache layers: the KV owners
+	l := m.KVLayout()
+	growing := 0
+	for c := 0; c < l.Layers; c++ {
+		if l.Windows == nil || l.Windows[c] == 0 {
+			growing++
+		}
+	}
+	return int64(f.BlockBytes) * int64(growing*m.KVHeads) / int64(B)
 }
 
 // benchCompare runs --compare-kv: see benchCompareKV.

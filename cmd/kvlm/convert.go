@@ -48,7 +48,7 @@ func newConvert() *cobra.Command {
 	l2c.Flags().StringVar(&modelPath, "model", "", "llama2.c checkpoint")
 	l2c.Flags().StringVar(&tokPath, "tokenizer", "", "llama2.c tokenizer.bin")
 	l2c.Flags().StringVarP(&out, "out", "o", "", "output GGUF file")
-	l2c.Flags().StringVar(&typ, "type", "F32", "type of the weight matrices: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K")
+	l2c.Flags().StringVar(&typ, "type", "F32", "type of the weight matrices: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS")
 	l2c.Flags().StringVar(&name, "name", "", "general.name (default: the checkpoint's base name)")
 	c.AddCommand(l2c, newConvertKVHeads())
 	return c

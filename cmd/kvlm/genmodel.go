@@ -66,6 +66,11 @@ func (sh genShape) arch() string {
 var genShapes = map[string]genShape{
 	// For tests: small, every dimension a multiple of 256 (K-quants).
 	"tiny": {Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 512, RopeTheta: 10000},
+	// For tests against llama.cpp: the smallest llama whose matrices are
+	// whole K-quant blocks, with 4 query heads per KV head (the threshold of
+	// llama.cpp's GQA rules); with stories260K's 512-token vocabulary its
+	// quantized files are about half a megabyte.
+	"quant-tiny": {Dim: 256, Layers: 2, Heads: 4, KVHeads: 1, Hidden: 256, Ctx: 256, RopeTheta: 10000},
 	// For tests: Llama 3.2's format at width 64 (head dim 16): tied
 	// classifier, theta 500000, Llama 3.2's rope_scaling as rope_freqs, the
 	// 128K vocabulary, EOS <|eot_id|>, the Llama 3.1 chat template.
@@ -111,48 +116,20 @@ var genShapes = map[string]genShape{
 }
 
 // genTypes are the weight types gen-model writes: every type the loader
-// computes with, plus llama.cpp's Q4_K_M mix.
-var genTypes = []string{"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "Q4_K_M"}
+// computes with, plus llama.cpp's mixes (convert.MixNames).
+var genTypes = convert.MixNames()
 
-// genFileType is llama.cpp's general.file_type (llama_ftype) of a mix.
-func genFileType(mix string) uint32 {
-	return map[string]uint32{"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K": 14, "Q4_K_M": 15, "Q6_K": 18, "BF16": 32}[mix]
+// genMixModel is what the mixes' rules look at of a shape.
+func genMixModel(sh genShape) convert.MixModel {
+	return convert.MixModel{Layers: sh.Layers, GQA: sh.Heads / sh.KVHeads, Tied: sh.Tied}
 }
 
-// genTensorType is the type of a 2-D weight in a mix. Q4_K_M follows
-// llama.cpp's llama_tensor_get_type: Q6_K for output.weight, and for
-// attn_v and ffn_down of the first and last eighth of the layers and of
-// every third layer in between; Q4_K elsewhere.
-func genTensorType(mix, name string, layer, layers int) tensor.DType {
-	if mix != "Q4_K_M" {
-		t, _ := tensor.ParseDType(mix)
-		return t
-	}
-	if name == "output.weight" {
-		return tensor.Q6_K
-	}
-	if strings.HasSuffix(name, "attn_v.weight") || strings.HasSuffix(name, "ffn_down.weight") {
-		if layer < layers/8 || layer >= 7*layers/8 || (layer-layers/8)%3 == 2 {
-			return tensor.Q6_K
-		}
-	}
-	return tensor.Q4_K
-}
-
-// genFallback is the type a matrix of rows of cols values is written in
-// when its type's blocks do not divide the rows (K-quants' 256 values in a
-// model of width 64), as llama.cpp's quantizer falls back: Q6_K becomes
-// Q8_0 there; Q4_K becomes Q5_0 there, which kvlm does not compute, so
-// Q8_0 here (at least as many bits as llama.cpp's choice); a row that the
-// fallback's 32-value blocks do not divide either becomes F16.
-func genFallback(t tensor.DType, cols int) tensor.DType {
-	if cols%t.BlockSize() == 0 {
-		return t
-	}
-	if cols%tensor.Q8_0.BlockSize() == 0 {
-		return tensor.Q8_0
-	}
-	return tensor.F16
+// genTensorType is the type of the 2-D weight name (layer: its block)
+// with rows of cols values in mix (rule: before llama.cpp's fallback for
+// rows that are not whole blocks, convert.Fallback).
+func genTensorType(mix convert.Mix, sh genShape, name string, layer, cols int) (rule, typ tensor.DType) {
+	rule = mix.RuleType(name, layer, cols, genMixModel(sh))
+	return rule, convert.Fallback(rule, cols)
 }
 
 type genOptions struct {
@@ -178,10 +155,12 @@ func newGenModel() *cobra.Command {
 			"ChatML). cla2, cla3, cla2-mqa, yoco, lckv and local-global share KV across layers or\n" +
 			"window layers one by one (a KV source map, docs/ARCHITECTURES.md).\n" +
 			"Shapes: " + strings.Join(names, ", ") + ".\n" +
-			"Types: " + strings.Join(genTypes, ", ") + " (norms and biases stay F32). A matrix\n" +
-			"whose rows the type's blocks do not divide is written as Q8_0 where 32-value\n" +
-			"blocks divide them, else as F16 (llama.cpp's quantizer falls back from Q6_K to\n" +
-			"Q8_0 too, but from Q4_K to Q5_0, which kvlm does not compute).",
+			"Types: " + strings.Join(genTypes, ", ") + " (norms and biases stay F32):\n" +
+			"a plain type writes every matrix in it; Q4_K_M, Q5_K_M, Q3_K_M, Q2_K and IQ4_XS are\n" +
+			"llama.cpp's mixes, with llama-quantize's per-tensor choices (docs/QUANTIZATION.md).\n" +
+			"A matrix whose rows the type's blocks do not divide takes llama.cpp's fallback\n" +
+			"(Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K and Q3_K → Q4_0, IQ4_XS → IQ4_NL),\n" +
+			"or F16 where that does not divide them either.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			n, fb, err := genModel(o)
@@ -222,14 +201,9 @@ func genModel(o genOptions) (int64, map[string]tensor.DType, error) {
 	if !ok {
 		return 0, nil, fmt.Errorf("unknown shape %q (try kvlm gen-model --help)", o.shape)
 	}
-	mix := ""
-	for _, t := range genTypes {
-		if strings.EqualFold(t, o.typ) {
-			mix = t
-		}
-	}
-	if mix == "" {
-		return 0, nil, fmt.Errorf("unknown type %q (one of %s)", o.typ, strings.Join(genTypes, ", "))
+	mix, err := convert.ParseMix(o.typ)
+	if err != nil {
+		return 0, nil, err
 	}
 	if o.out == "" {
 		return 0, nil, errors.New("no output file: use -o X.gguf")
@@ -369,7 +343,7 @@ func genLoadVocab(kind, path string) (genVocab, error) {
 // genWriter lays out the model; the tensors are drawn, quantized and
 // written row block by row block when the file is written. It returns the
 // matrices that a fallback type (genFallback) holds.
-func genWriter(sh genShape, mix, name string, voc genVocab, seed uint64) (*gguf.Writer, map[string]tensor.DType, error) {
+func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uint64) (*gguf.Writer, map[string]tensor.DType, error) {
 	vocab := voc.size
 	hd := sh.Dim / sh.Heads
 	a := sh.arch()
@@ -380,8 +354,8 @@ func genWriter(sh genShape, mix, name string, voc genVocab, seed uint64) (*gguf.
 	w := gguf.NewWriter()
 	kvs := []genKV{
 		{"general.architecture", a},
-		{"general.name", fmt.Sprintf("kvlm random %s %s", name, mix)},
-		{"general.file_type", genFileType(mix)},
+		{"general.name", fmt.Sprintf("kvlm random %s %s", name, mix.Name)},
+		{"general.file_type", mix.FileType},
 		{a + ".vocab_size", uint32(vocab)},
 		{a + ".context_length", uint32(sh.Ctx)},
 		{a + ".embedding_length", uint32(sh.Dim)},
@@ -409,9 +383,9 @@ func genWriter(sh genShape, mix, name string, voc genVocab, seed uint64) (*gguf.
 	// scale before every block), σ = 1 for the embedding; norms are 1;
 	// biases N(0, 0.5²), large enough to change every attention score.
 	mat := func(name string, layer, rows, cols int, std float64) error {
-		typ := genTensorType(mix, name, layer, sh.Layers)
-		if fb := genFallback(typ, cols); fb != typ {
-			fallbacks[name], typ = fb, fb
+		rule, typ := genTensorType(mix, sh, name, layer, cols)
+		if typ != rule {
+			fallbacks[name] = typ
 		}
 		return w.AddTensorFunc(name, typ, []uint64{uint64(cols), uint64(rows)}, func(out io.Writer) error {
 			return genMatrix(out, typ, rows, cols, std, seed, name)

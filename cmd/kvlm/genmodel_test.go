@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kvlm/kvlm/chat"
+	"github.com/kvlm/kvlm/convert"
 
 	"github.com/kvlm/kvlm/gguf"
 	"github.com/kvlm/kvlm/internal/shared"
@@ -30,7 +31,7 @@ func TestGenModel(t *testing.T) {
 	tok := shared.Path(t, "models/llama2-tokenizer/tokenizer.bin")
 	dir := t.TempDir()
 	sh := genShapes["tiny"]
-	for _, typ := range genTypes {
+	for _, typ := range genTestTypes() {
 		t.Run(typ, func(t *testing.T) {
 			out := filepath.Join(dir, typ+".gguf")
 			if o, e, code := kvlm(t, "gen-model", "--shape", "tiny", "--type", typ, "--tokenizer", tok, "-o", out); code != 0 {
@@ -60,7 +61,11 @@ func TestGenModel(t *testing.T) {
 				if !ok {
 					t.Fatalf("no %s", c.name)
 				}
-				want := genTensorType(typ, c.name, c.layer, sh.Layers)
+				mix, err := convert.ParseMix(typ)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, want := genTensorType(mix, sh, c.name, c.layer, int(ti.Shape[0]))
 				if ti.Type != want {
 					t.Errorf("%s is %s, want %s", c.name, ti.Type, want)
 				}
@@ -88,6 +93,23 @@ func TestGenModel(t *testing.T) {
 			checkLogits(t, logits)
 		})
 	}
+}
+
+// genTestTypes are the types the tests of the 32,000- and 128,000-token
+// shapes write: every type but the plain ones whose products are still
+// plain Go (their 32000×256 classifier alone would take most of the
+// package's time); TestMatchesLlamaCppKvlmFiles writes and runs every type
+// on quant-tiny, and TestMixesMatchLlamaQuantize checks the fallbacks.
+func genTestTypes() []string {
+	var ts []string
+	for _, t := range genTypes {
+		switch t {
+		case "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q3_K", "Q5_K":
+			continue
+		}
+		ts = append(ts, t)
+	}
+	return ts
 }
 
 // TestGenModelQuantizes: a matrix written as Q8_0 dequantizes to within
@@ -155,21 +177,6 @@ func genTiny(t *testing.T, dir, shape, typ string) (string, string) {
 	return out, e
 }
 
-func TestGenFallback(t *testing.T) {
-	for _, c := range []struct {
-		typ  tensor.DType
-		cols int
-		want tensor.DType
-	}{
-		{tensor.Q4_K, 256, tensor.Q4_K}, {tensor.Q4_K, 64, tensor.Q8_0}, {tensor.Q6_K, 128, tensor.Q8_0},
-		{tensor.Q4_0, 64, tensor.Q4_0}, {tensor.Q4_0, 48, tensor.F16}, {tensor.Q6_K, 48, tensor.F16}, {tensor.F32, 5, tensor.F32},
-	} {
-		if got := genFallback(c.typ, c.cols); got != c.want {
-			t.Errorf("genFallback(%s, %d) = %s, want %s", c.typ, c.cols, got, c.want)
-		}
-	}
-}
-
 // TestGenModelTinyArchs writes llama3-tiny and qwen2-tiny in every type and
 // checks that each loads with its architecture and vocabulary, stores each
 // matrix in the type asked for or llama.cpp's fallback (said on stderr),
@@ -179,7 +186,7 @@ func TestGenModelTinyArchs(t *testing.T) {
 	dir := t.TempDir()
 	for _, shape := range []string{"llama3-tiny", "qwen2-tiny"} {
 		sh := genShapes[shape]
-		for _, typ := range genTypes {
+		for _, typ := range genTestTypes() {
 			if testing.Short() && typ != "F16" && typ != "Q4_K_M" {
 				continue // -short: one plain type and the fallback mix
 			}
@@ -231,8 +238,11 @@ func TestGenModelTinyArchs(t *testing.T) {
 					if ti.Name == "token_embd.weight" {
 						layer = 0
 					}
-					mixType := genTensorType(typ, ti.Name, layer, sh.Layers)
-					want := genFallback(mixType, int(ti.Shape[0]))
+					mix, err := convert.ParseMix(typ)
+					if err != nil {
+						t.Fatal(err)
+					}
+					mixType, want := genTensorType(mix, sh, ti.Name, layer, int(ti.Shape[0]))
 					fellBack = fellBack || want != mixType
 					if ti.Type != want {
 						t.Errorf("%s is %s, want %s", ti.Name, ti.Type, want)
@@ -690,20 +700,18 @@ func checkLogits(t *testing.T, logits []float32) {
 	}
 }
 
-// TestGenModelHelpFallback: the help names the fallback gen-model writes
-// (Q8_0, else F16), and does not pass it off as llama.cpp's for Q4_K.
+// TestGenModelHelpFallback: the help names the fallbacks gen-model
+// writes (llama.cpp's, else F16) and the llama.cpp mixes.
 func TestGenModelHelpFallback(t *testing.T) {
 	out, errOut, code := kvlm(t, "gen-model", "--help")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	help := strings.Join(strings.Fields(out), " ")
-	for _, want := range []string{"written as Q8_0 where 32-value blocks divide them, else as F16", "from Q4_K to Q5_0"} {
+	for _, want := range []string{"takes llama.cpp's fallback (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K and Q3_K → Q4_0, IQ4_XS → IQ4_NL), or F16",
+		"Q4_K_M, Q5_K_M, Q3_K_M, Q2_K and IQ4_XS are llama.cpp's mixes"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("gen-model --help does not say %q:\n%s", want, out)
 		}
-	}
-	if strings.Contains(help, "as llama.cpp falls back") {
-		t.Errorf("gen-model --help calls its fallback llama.cpp's:\n%s", out)
 	}
 }

@@ -34,6 +34,7 @@ type inspectJSON struct {
 	KVContextBytes map[string]int64 `json:"kv_context_bytes"`
 
 	kivi kvcache.Footprint // a KIVI table (for the residual note)
+	grow int               // cache layers that grow per token (KV owners without a window)
 }
 
 type tensorJSON struct {
@@ -105,7 +106,7 @@ func newInspect() *cobra.Command {
 // definition (kvcache.Footprint).
 func (info *inspectJSON) kvSizes() error {
 	c := info.Config
-	m := kvcalc.Model{Name: c.Arch, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Context: c.CtxLen}
+	m := kvcalc.FromConfig(c.Arch, c) // the map's owners and windows included
 	info.KVBlockTokens = kvcache.DefaultBlockTokens
 	info.KVBytesPerToken, info.KVFormulaBytesPerToken, info.KVContextBytes = map[string]float64{}, map[string]float64{}, map[string]int64{}
 	for _, cd := range kvcalc.Codecs() {
@@ -122,6 +123,7 @@ func (info *inspectJSON) kvSizes() error {
 		if cd == kvcalc.KIVI2 {
 			info.kivi = calc.Pool
 		}
+		info.grow = calc.GrowingLayers()
 	}
 	return nil
 }
@@ -171,7 +173,10 @@ func printInspect(w io.Writer, path string, info inspectJSON) {
 	printKVMap(w, c)
 	fmt.Fprintf(w, "weights %s\n", human(info.WeightsBytes))
 	fmt.Fprintf(w, "KV cache per token, keys and values in one codec: in a kvlm pool (blocks of %d tokens; codec metadata and each slot's 4-byte position included; as kvcalc, --kv-mem), and by the formula 2 · %d layers · %d KV heads · %d dims · bits/8:\n",
-		info.KVBlockTokens, c.Layers, c.KVHeads, c.HeadDim)
+		info.KVBlockTokens, info.grow, c.KVHeads, c.HeadDim)
+	if info.grow != c.Layers {
+		fmt.Fprintf(w, "  (%d layers: the KV owners the map leaves growing with every token; a window-bounded one stops at its bound, which \"pool at\" counts)\n", info.grow)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "  codec\tpool B/token\tformula B/token\tpool at %d tokens\t\n", c.CtxLen)
 	for _, cd := range kvcalc.Codecs() {

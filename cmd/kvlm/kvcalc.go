@@ -11,8 +11,125 @@ import (
 
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcalc"
+	"github.com/kvlm/kvlm/model"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
+
+// mapFlags describe a preset's KV source map (docs/KVCALC.md): one
+// architecture (--cla, --yoco, --lckv, --local-global, or the map itself
+// with --kv-source), windows over it (--window, --layer-window).
+type mapFlags struct {
+	cla, yoco, lckv, window int
+	localGlobal             string
+	kvSource, layerWindow   string
+}
+
+var (
+	mapFlagNames = []string{"kv-source", "cla", "yoco", "lckv", "local-global", "layer-window", "window"}
+	mapFlagArchs = []string{"--kv-source", "--cla", "--yoco", "--lckv", "--local-global"}
+)
+
+func (mf *mapFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&mf.kvSource, "kv-source", "", "KV source of every layer, comma-separated (layer i reads layer src[i]'s KV), as the GGUF's attention.kv_source")
+	f.IntVar(&mf.cla, "cla", 0, "Cross-Layer Attention: groups of N layers read their first layer's KV (CLA2: 2)")
+	f.IntVar(&mf.yoco, "yoco", 0, "YOCO with self-decoder window W: the first half of the layers slide a window of W, one global KV for the rest")
+	f.IntVar(&mf.lckv, "lckv", 0, "Layer-Condensed KV with N warmup layers at the bottom: the others read the top layer's KV")
+	f.StringVar(&mf.localGlobal, "local-global", "", "N:W: interleaved layers, N local ones of window W then one global (Gemma-style 5:1024)")
+	f.StringVar(&mf.layerWindow, "layer-window", "", "attention window of every layer, comma-separated (0: full), as the GGUF's attention.layer_window")
+	f.IntVar(&mf.window, "window", 0, "sliding window of every layer (Mistral's sliding_window)")
+}
+
+// given is the first map flag set, "" if none.
+func (mf *mapFlags) given(f *pflag.FlagSet) string {
+	for _, n := range mapFlagNames {
+		if f.Changed(n) {
+			return n
+		}
+	}
+	return ""
+}
+
+// apply puts the map the flags describe on preset m.
+func (mf *mapFlags) apply(f *pflag.FlagSet, m kvcalc.Model) (kvcalc.Model, error) {
+	var arch []string
+	for _, n := range mapFlagNames[:5] {
+		if f.Changed(n) {
+			arch = append(arch, "--"+n)
+		}
+	}
+	if len(arch) > 1 {
+		return m, fmt.Errorf("give one of %s, not %s together", strings.Join(mapFlagArchs, ", "), strings.Join(arch, " and "))
+	}
+	if f.Changed("window") && f.Changed("layer-window") {
+		return m, errors.New("give --window or --layer-window, not both")
+	}
+	var mp kvcalc.Map
+	var err error
+	switch {
+	case f.Changed("kv-source"):
+		if mp.Source, err = layerList("--kv-source", mf.kvSource, m.Layers, true); err != nil {
+			return m, err
+		}
+	case f.Changed("cla"):
+		mp, err = kvcalc.CLA(m.Layers, mf.cla)
+	case f.Changed("yoco"):
+		mp, err = kvcalc.YOCO(m.Layers, mf.yoco)
+	case f.Changed("lckv"):
+		mp, err = kvcalc.LCKV(m.Layers, mf.lckv)
+	case f.Changed("local-global"):
+		n, w, ok := strings.Cut(mf.localGlobal, ":")
+		a, err1 := strconv.Atoi(strings.TrimSpace(n))
+		b, err2 := strconv.Atoi(strings.TrimSpace(w))
+		if !ok || err1 != nil || err2 != nil {
+			return m, fmt.Errorf("--local-global %q: want N:W, N local layers of window W per global layer (e.g. 5:1024)", mf.localGlobal)
+		}
+		mp, err = kvcalc.LocalGlobal(m.Layers, a, b)
+	}
+	if err != nil {
+		return m, err
+	}
+	if f.Changed("window") || f.Changed("layer-window") {
+		if mp.Windows != nil {
+			return m, fmt.Errorf("%s sets the windows itself: drop --window and --layer-window", arch[0])
+		}
+		if f.Changed("window") {
+			if mf.window <= 0 {
+				return m, fmt.Errorf("--window %d must be positive", mf.window)
+			}
+			mp.Windows = make([]int, m.Layers)
+			for i := range mp.Windows {
+				mp.Windows[i] = mf.window
+			}
+		} else if mp.Windows, err = layerList("--layer-window", mf.layerWindow, m.Layers, false); err != nil {
+			return m, err
+		}
+	}
+	if mp.Source == nil && mp.Windows == nil {
+		return m, nil
+	}
+	return kvcalc.WithMap(m, mp)
+}
+
+// layerList parses one non-negative integer per layer.
+func layerList(flag, s string, layers int, isLayer bool) ([]int, error) {
+	parts := strings.Split(s, ",")
+	if len(parts) != layers {
+		return nil, fmt.Errorf("%s has %d entries; the model has %d layers", flag, len(parts), layers)
+	}
+	out := make([]int, layers)
+	for i, p := range parts {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%s: entry %d, %q, is not a non-negative integer", flag, i, strings.TrimSpace(p))
+		}
+		if isLayer && n >= layers {
+			return nil, fmt.Errorf("%s: entry %d reads layer %d; the model has layers 0…%d", flag, i, n, layers-1)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
 
 // kvcalcJSON is what kvcalc --json prints: for one (batch, seq) point the
 // row's fields sit at the top level; for a grid they are in "rows".
@@ -30,6 +147,13 @@ type kvcalcJSON struct {
 	// bytes per (layer, KV head): keys, values and positions.
 	KVBlockTokens int `json:"kv_block_tokens"`
 	BlockBytes    int `json:"block_bytes"`
+	// The cache layers (KV owners) and, per cache layer, the window that
+	// bounds it (absent when none does); the chunk appends arrive in and
+	// the most bytes the bounded layers of a sequence hold.
+	KVLayers         int   `json:"kv_layers"`
+	KVWindows        []int `json:"kv_windows,omitempty"`
+	Chunk            int   `json:"chunk"`
+	WindowBoundBytes int64 `json:"window_bound_bytes,omitempty"`
 	*kvcalc.Row
 	Rows []kvcalc.Row `json:"rows,omitempty"`
 }
@@ -54,8 +178,9 @@ func newKVCalc() *cobra.Command {
 		preset, modelPath, batchList, seqList string
 		kvType, kvTypeK, kvTypeV, weightsType string
 		ratio                                 float64
-		budget, block                         int
+		budget, block, chunk                  int
 		asJSON, list                          bool
+		mf                                    mapFlags
 	)
 	c := &cobra.Command{
 		Use:   "kvcalc --preset NAME | -m MODEL [--batch B,... --seq S,... --kv-type T]",
@@ -88,7 +213,13 @@ KV codecs: f32 f16 bf16 q8 q4 kivi2 kivi4.`,
 				if m, err = kvcalc.Preset(preset); err != nil {
 					return err
 				}
+				if m, err = mf.apply(flags, m); err != nil {
+					return err
+				}
 			case modelPath != "":
+				if f := mf.given(flags); f != "" {
+					return fmt.Errorf("--%s describes a preset's KV map; -m reads the map from the file", f)
+				}
 				p, err := resolveModel(modelPath)
 				if err != nil {
 					return err
@@ -137,6 +268,10 @@ KV codecs: f32 f16 bf16 q8 q4 kivi2 kivi4.`,
 				return fmt.Errorf("--kv-block %d must be positive", block)
 			}
 			opt.BlockTokens = block
+			if chunk <= 0 {
+				return fmt.Errorf("--chunk %d must be positive", chunk)
+			}
+			opt.Chunk = chunk
 			batches, err := intList("--batch", batchList)
 			if err != nil {
 				return err
@@ -164,6 +299,7 @@ KV codecs: f32 f16 bf16 q8 q4 kivi2 kivi4.`,
 					Model: m, KVTypeK: calc.K, KVTypeV: calc.V, BitsK: calc.KBits, BitsV: calc.VBits,
 					KIVIResidual: max(calc.K.Residual(), calc.V.Residual()), WeightsType: calc.Weights,
 					KVRatio: opt.Ratio, KVBudget: opt.Budget, KVBlockTokens: calc.Pool.BlockTokens, BlockBytes: calc.Pool.BlockBytes,
+					KVLayers: calc.Layout.Layers, KVWindows: calc.Layout.Windows, Chunk: calc.Chunk, WindowBoundBytes: calc.BoundBytes(),
 				}
 				if len(rows) == 1 {
 					out.Row = &rows[0]
@@ -188,6 +324,8 @@ KV codecs: f32 f16 bf16 q8 q4 kivi2 kivi4.`,
 	f.Float64Var(&ratio, "kv-ratio", 0, "fraction of tokens each sequence keeps, in (0, 1]: ⌈R·seq⌉")
 	f.IntVar(&budget, "kv-budget", 0, "tokens each sequence keeps: min(N, seq)")
 	f.IntVar(&block, "kv-block", kvcache.DefaultBlockTokens, "pool block size in tokens, as generate/serve --kv-block")
+	f.IntVar(&chunk, "chunk", model.DefaultChunk, "tokens one append brings (prefill chunk, as generate/serve --chunk): a window-bounded layer holds at most window + chunk + block tokens")
+	mf.register(f)
 	f.BoolVar(&asJSON, "json", false, "print JSON: one object (a grid's rows in \"rows\")")
 	f.BoolVar(&list, "list", false, "list the presets and codecs")
 	return c
@@ -228,14 +366,18 @@ func printKVCalc(w io.Writer, c *kvcalc.Calc, opt kvcalc.Options, rows []kvcalc.
 	}
 	fmt.Fprintf(w, "KV codecs  K %s (%s bits/value), V %s (%s bits/value), metadata included, by the formula\n", c.K, num(c.KBits), c.V, num(c.VBits))
 	f := c.Pool
-	tables := int64(m.Layers) * int64(m.KVHeads)
+	tables := int64(c.Layout.Layers) * int64(m.KVHeads)
+	if m.Shared() {
+		printKVCalcMap(w, c)
+	}
 	bpt := c.BytesPerToken()
+	grow := c.GrowingLayers()
 	fmt.Fprintf(w, "per token  %s B = %s = %s in a kvlm pool  (%d layers · %d KV heads · %s B per block of %d: keys %s + values %s + positions %d)\n",
-		bytesStr(bpt), binUnit(bpt), decUnit(bpt), m.Layers, m.KVHeads, commas(int64(f.BlockBytes)), f.BlockTokens,
+		bytesStr(bpt), binUnit(bpt), decUnit(bpt), grow, m.KVHeads, commas(int64(f.BlockBytes)), f.BlockTokens,
 		commas(int64(f.KBytes)), commas(int64(f.VBytes)), kvcache.PosBytes*f.BlockTokens)
 	fbpt := c.FormulaBytesPerToken()
 	fmt.Fprintf(w, "formula    %s B = %s = %s  (2 · %d layers · %d KV heads · %d dims · (%s + %s) bits / 16; no positions, no blocks)\n",
-		bytesStr(fbpt), binUnit(fbpt), decUnit(fbpt), m.Layers, m.KVHeads, m.HeadDim, num(c.KBits), num(c.VBits))
+		bytesStr(fbpt), binUnit(fbpt), decUnit(fbpt), grow, m.KVHeads, m.HeadDim, num(c.KBits), num(c.VBits))
 	if res := max(c.K.Residual(), c.V.Residual()); res > 0 {
 		fmt.Fprintf(w, "KIVI       the pool seals %d tokens at a time once %d wait; the newest (%d to %d past %d) stay in an f16 residual buffer of %d slots × %s B per (layer, KV head) (%s B per sequence); per token above is the sealed rate\n",
 			f.SealTokens, f.Residual+f.SealTokens, f.Residual, f.Residual+f.SealTokens-1, f.Residual, f.Residual+f.SealTokens, commas(int64(f.ResidualSlotBytes)),
@@ -290,6 +432,28 @@ func printKVCalc(w io.Writer, c *kvcalc.Calc, opt kvcalc.Options, rows []kvcalc.
 	if beyond {
 		fmt.Fprintf(w, "* beyond the trained context of %d tokens\n", m.Context)
 	}
+}
+
+// printKVCalcMap says which layers keep KV and which of them a window bounds.
+func printKVCalcMap(w io.Writer, c *kvcalc.Calc) {
+	m, l := c.Model, c.Layout
+	fmt.Fprintf(w, "KV map     %d of %d layers keep KV", l.Layers, m.Layers)
+	if l.Layers < m.Layers {
+		fmt.Fprint(w, " (the others read them)")
+	}
+	if b := l.Layers - c.GrowingLayers(); b > 0 {
+		var ws []string
+		seen := map[int]bool{}
+		for _, x := range l.Windows {
+			if x > 0 && !seen[x] {
+				seen[x] = true
+				ws = append(ws, strconv.Itoa(x))
+			}
+		}
+		bb := c.BoundBytes()
+		fmt.Fprintf(w, "; %d of them window-bounded (window %s): at most %s B = %s per sequence in appends of %d tokens", b, strings.Join(ws, ", "), commas(bb), decUnit(float64(bb)), c.Chunk)
+	}
+	fmt.Fprintln(w)
 }
 
 func printKVCalcList(w io.Writer, asJSON bool) error {

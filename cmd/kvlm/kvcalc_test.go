@@ -53,6 +53,48 @@ func TestKVCalcJSONPoint(t *testing.T) {
 	}
 }
 
+// TestKVCalcMaps: the map flags on a preset give the bytes of the layers
+// that keep KV: CLA2 halves Llama 3 8B's cache, YOCO keeps one global layer
+// growing and bounds the self-decoder's 16 layers, local-global (5:1024)
+// bounds 27 layers of 32; --chunk sets the bound; the JSON names the cache
+// layers and their windows.
+func TestKVCalcMaps(t *testing.T) {
+	plain := kvcalcJSONRun(t, "--preset", "llama3-8b", "--seq", "8192")
+	cla := kvcalcJSONRun(t, "--preset", "llama3-8b", "--seq", "8192", "--cla", "2")
+	if cla.TotalBytes*2 != plain.TotalBytes || cla.BytesPerToken*2 != plain.BytesPerToken || cla.KVLayers != 16 || cla.KVWindows != nil {
+		t.Errorf("CLA2: %d B (%v per token, %d layers), plain %d (%v)", cla.TotalBytes, cla.BytesPerToken, cla.KVLayers, plain.TotalBytes, plain.BytesPerToken)
+	}
+	// 8 KV heads · 8,256 B per block of 16 tokens.
+	const table = 8 * 8256
+	for _, c := range []struct {
+		args    []string
+		layers  int
+		perTok  float64
+		bounded int // layers
+		bound   int // blocks per bounded table
+	}{
+		{[]string{"--yoco", "1024"}, 17, table / 16, 16, (1024 + 128 + 14 + 15) / 16},
+		{[]string{"--yoco", "1024", "--chunk", "1"}, 17, table / 16, 16, (1024 + 1 + 14 + 15) / 16},
+		{[]string{"--local-global", "5:1024"}, 32, 5 * table / 16, 27, (1024 + 128 + 14 + 15) / 16},
+		{[]string{"--window", "4096"}, 32, 0, 32, (4096 + 128 + 14 + 15) / 16},
+	} {
+		r := kvcalcJSONRun(t, append([]string{"--preset", "llama3-8b", "--seq", "32768"}, c.args...)...)
+		bounded := 0
+		for _, w := range r.KVWindows {
+			if w > 0 {
+				bounded++
+			}
+		}
+		if r.KVLayers != c.layers || bounded != c.bounded || r.BytesPerToken != c.perTok || r.WindowBoundBytes != int64(c.bounded*c.bound*table) {
+			t.Errorf("%v: %d layers (%d bounded), %v B per token, bound %d B; want %d (%d), %v, %d", c.args, r.KVLayers, bounded, r.BytesPerToken, r.WindowBoundBytes,
+				c.layers, c.bounded, c.perTok, c.bounded*c.bound*table)
+		}
+		if r.WindowBytes <= 0 || r.WindowBytes > r.WindowBoundBytes || r.KVMemBytes < r.TotalBytes {
+			t.Errorf("%v: window bytes %d of bound %d, --kv-mem %d for %d", c.args, r.WindowBytes, r.WindowBoundBytes, r.KVMemBytes, r.TotalBytes)
+		}
+	}
+}
+
 func TestKVCalcJSONGrid(t *testing.T) {
 	r := kvcalcJSONRun(t, "--preset", "gpt3-175b", "--batch", "4,16,64", "--seq", "4096")
 	if r.Row != nil || len(r.Rows) != 3 {
@@ -187,6 +229,19 @@ func TestKVCalcBadInput(t *testing.T) {
 		{"block zero", []string{"--preset", "llama2-7b", "--kv-block", "0"}, "--kv-block 0 must be positive"},
 		{"block too large", []string{"--preset", "llama2-7b", "--kv-block", "70000"}, "block size must be between 1 and 65536"},
 		{"kivi block", []string{"--preset", "llama2-7b", "--kv-type", "kivi4", "--kv-block", "48"}, "key groups of 32 tokens must be a multiple of the block size 48"},
+		{"chunk zero", []string{"--preset", "llama2-7b", "--chunk", "0"}, "--chunk 0 must be positive"},
+		{"two architectures", []string{"--preset", "llama2-7b", "--cla", "2", "--yoco", "64"}, "not --cla and --yoco together"},
+		{"cla zero", []string{"--preset", "llama2-7b", "--cla", "0"}, "CLA groups of 0 layers"},
+		{"yoco with window", []string{"--preset", "llama2-7b", "--yoco", "64", "--window", "8"}, "--yoco sets the windows itself"},
+		{"window and list", []string{"--preset", "tinyllama-1.1b", "--window", "8", "--layer-window", "1"}, "not both"},
+		{"window zero", []string{"--preset", "llama2-7b", "--window", "0"}, "--window 0 must be positive"},
+		{"short source", []string{"--preset", "llama2-7b", "--kv-source", "0,0"}, "--kv-source has 2 entries; the model has 32 layers"},
+		{"source not a layer", []string{"--preset", "llama2-7b", "--kv-source", "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,99"}, "entry 31 reads layer 99"},
+		{"source chain", []string{"--preset", "llama2-7b", "--kv-source", "0,0,1,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31"}, "must read its own"},
+		{"bad window list", []string{"--preset", "llama2-7b", "--cla", "2", "--layer-window", "x"}, "--layer-window has 1 entries"},
+		{"local-global form", []string{"--preset", "llama2-7b", "--local-global", "5"}, "want N:W"},
+		{"lckv too many", []string{"--preset", "llama2-7b", "--lckv", "32"}, "LCKV warmup of 32 layers"},
+		{"map on a file", []string{"-m", missing, "--cla", "2"}, "-m reads the map from the file"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -42,6 +42,14 @@ func genQuantKernels(e *emitter) {
 	e.data("qconst80", 32, 0x80)
 	e.data16("qones16", 16, 1)
 	e.data("qmask03", 32, 0x03)
+	e.data("qmask01", 32, 0x01)
+	// kvalues_iq4nl in both 128-bit lanes (genIQ4XS's VPSHUFB table).
+	kv := []int8{-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+	var kvb [32]byte
+	for i := range kvb {
+		kvb[i] = byte(kv[i%16])
+	}
+	e.dataBytes("kvIQ4", kvb[:])
 	e.data("qmask0C", 32, 0x0C)
 	e.data("qmask30", 32, 0x30)
 	e.data("qmaskC0", 32, 0xC0)
@@ -59,7 +67,11 @@ func genQuantKernels(e *emitter) {
 	for _, isa := range []string{"A", "V"} {
 		genQ32Rows(e, "Q8_0", isa)
 		genQ32Rows(e, "Q4_0", isa)
-		genQ4K(e, isa, 1, 1)
+		genQ4K(e, "Q4_K", isa, 1, 1)
+		genQ4K(e, "Q5_K", isa, 1, 1)
+		if isa == "A" {
+			genIQ4XS(e, 1, 1)
+		}
 		genQ6K(e, isa, 1, 1)
 	}
 	rowsMode = false
@@ -68,13 +80,16 @@ func genQuantKernels(e *emitter) {
 		genQ32(e, "Q4_0", "A", s.r, s.t)
 	}
 	for _, s := range qshapesAK {
-		genQ4K(e, "A", s.r, s.t)
+		genQ4K(e, "Q4_K", "A", s.r, s.t)
+		genQ4K(e, "Q5_K", "A", s.r, s.t)
+		genIQ4XS(e, s.r, s.t)
 		genQ6K(e, "A", s.r, s.t)
 	}
 	for _, s := range qshapesV {
 		genQ32(e, "Q8_0", "V", s.r, s.t)
 		genQ32(e, "Q4_0", "V", s.r, s.t)
-		genQ4K(e, "V", s.r, s.t)
+		genQ4K(e, "Q4_K", "V", s.r, s.t)
+		genQ4K(e, "Q5_K", "V", s.r, s.t)
 		genQ6K(e, "V", s.r, s.t)
 	}
 	for _, typ := range []string{"Q8_0", "Q4_0"} {
@@ -351,20 +366,35 @@ func genQ32(e *emitter, typ, isa string, R, T int) {
 //	I = Σ_j sc_j Σ_{e=4l..4l+3} q[32j+e]·qx[32j+e]   (j = 0..7 sub-blocks)
 //	M = m_l · (bs[2l] + bs[2l+1])
 //	acc[l] += float32(I)*(d*dx) - float32(M)*(dmin*dx)
-func genQ4K(e *emitter, isa string, R, T int) {
+//
+// typ "Q5_K": the same with 176-byte super-blocks (qh[32] at 16, qs at 48)
+// and q in 0..31: bit j of qh[e] is the fifth bit of value 32j+e.
+func genQ4K(e *emitter, typ, isa string, R, T int) {
 	vr := 16
 	if isa == "V" {
 		vr = 32
 	}
 	rg := &regs{max: vr}
 	op := opsFor(isa)
-	name := qname("Q4_K", isa, R, T)
+	name := qname(typ, isa, R, T)
+	q5 := typ == "Q5_K"
+	qsOff, bb, por := 16, 144, "VPOR"
+	if q5 {
+		qsOff, bb = 48, 176
+	}
+	if isa == "V" {
+		por = "VPORD"
+	}
 	e.frame = 64 // scales as int16 [8] at 0(SP)
 	A := qprologue(e, name, R, T, rg)
 	mask := rg.get()
 	e.in("%s qmask0F<>(SB), Y%d", op.movdqu, mask)
 	ysc, ymin, yq, ylo, yhi, yp, yi, yd := rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
 	ydm := rg.get()
+	yqh := -1
+	if q5 {
+		yqh = rg.get()
+	}
 	ym := yq    // free once the integer sums are done
 	var I []int // integer accumulators per token for the current row
 	if isa == "V" && T > 1 && rg.max-rg.next >= T {
@@ -429,11 +459,27 @@ func genQ4K(e *emitter, isa string, R, T int) {
 			for _, ia := range append(append([]int{}, accs...), accs2...) {
 				e.in("%s Y%d, Y%d, Y%d", op.pxor, ia, ia, ia)
 			}
+			if q5 {
+				e.in("%s %s, Y%d", op.movdqu, rowAddr(r, 16), yqh)
+			}
 			for c := 0; c < 4; c++ {
-				e.in("%s %s, Y%d", op.movdqu, rowAddr(r, 16+32*c), yq)
+				e.in("%s %s, Y%d", op.movdqu, rowAddr(r, qsOff+32*c), yq)
 				e.in("%s Y%d, Y%d, Y%d", op.pand, mask, yq, ylo)
 				e.in("VPSRLW $4, Y%d, Y%d", yq, yhi)
 				e.in("%s Y%d, Y%d, Y%d", op.pand, mask, yhi, yhi)
+				if q5 {
+					// fifth bits: bit 2c (low nibbles) and 2c+1 (high) of qh
+					for h, yn := range []int{ylo, yhi} {
+						if k := 2*c + h; k > 0 {
+							e.in("VPSRLW $%d, Y%d, Y%d", k, yqh, yp)
+						} else {
+							e.in("%s Y%d, Y%d", op.movdqu, yqh, yp)
+						}
+						e.in("%s qmask01<>(SB), Y%d, Y%d", op.pand, yp, yp)
+						e.in("VPSLLW $4, Y%d, Y%d", yp, yp)
+						e.in("%s Y%d, Y%d, Y%d", por, yp, yn, yn)
+					}
+				}
 				for h, yn := range []int{ylo, yhi} {
 					j := 2*c + h
 					e.in("VPBROADCASTW %d(SP), Y%d", 2*j, ysc)
@@ -474,7 +520,7 @@ func genQ4K(e *emitter, isa string, R, T int) {
 		}
 		kTokenSums(T, I, yi, yi2, tokenSums)
 	}
-	qepilogue(e, R, T, A, 144, T*xbK)
+	qepilogue(e, R, T, A, bb, T*xbK)
 	e.frame = 0
 }
 
@@ -1225,4 +1271,76 @@ func rowsEpilogue(e *emitter, a int) {
 	e.label("end")
 	e.in("VZEROUPPER")
 	e.in("RET")
+}
+
+// genIQ4XS: IQ4_XS weights (136-byte super-blocks: f16 d, uint16
+// scales_h, uint8 scales_l[4], qs[128]) with Q8_K activations, AVX2 only
+// (VPSIGNB has no EVEX form; AVX-512 machines run these). Per super-block
+// and lane l, with s_j = the 6-bit scale of sub-block j minus 32 and v the
+// level kvalues_iq4nl[nibble] (signed):
+//
+//	I = Σ_j s_j Σ_{e=4l..4l+3} v[32j+e]·qx[32j+e]
+//	acc[l] += float32(I) * (d*dx)
+//
+// A sub-block's 16 bytes are loaded into both 128-bit lanes, the low
+// nibbles kept in the low lane and the high ones in the high lane (its
+// values 0..15 and 16..31), looked up with VPSHUFB, then |v| · (qx·sign v)
+// by VPMADDUBSW (at most 2·127·127, no saturation) and VPMADDWD by s_j.
+func genIQ4XS(e *emitter, R, T int) {
+	rg := &regs{max: 16}
+	op := opsFor("A")
+	name := qname("IQ4_XS", "A", R, T)
+	e.frame = 64 // s_j as int16 [8] at 0(SP)
+	A := qprologue(e, name, R, T, rg)
+	mask, ytab := rg.get(), rg.get()
+	e.in("%s qmask0F<>(SB), Y%d", op.movdqu, mask)
+	e.in("%s kvIQ4<>(SB), Y%d", op.movdqu, ytab)
+	ysc, yq, yh, yv, yabs, ysx, yp, yi, yd := rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
+	e.label("loop")
+	for r := 0; r < R; r++ {
+		e.in("MOVL %s, R9", rowAddr(r, 4))
+		e.in("MOVWLZX %s, R10", rowAddr(r, 2))
+		for j := 0; j < 8; j++ {
+			e.in("MOVL R9, R11")
+			if j > 0 {
+				e.in("SHRL $%d, R11", 4*j)
+			}
+			e.in("ANDL $15, R11")
+			e.in("MOVL R10, R12")
+			if j > 0 {
+				e.in("SHRL $%d, R12", 2*j)
+			}
+			e.in("ANDL $3, R12")
+			e.in("SHLL $4, R12")
+			e.in("ORL R12, R11")
+			e.in("SUBL $32, R11")
+			e.in("MOVW R11, %d(SP)", 2*j)
+		}
+		e.in("VPBROADCASTW %s, X%d", rowAddr(r, 0), yd)
+		e.in("VCVTPH2PS X%d, X%d", yd, yd)
+		for t := 0; t < T; t++ {
+			e.in("VPXOR Y%d, Y%d, Y%d", yi, yi, yi)
+			for j := 0; j < 8; j++ {
+				e.in("VBROADCASTI128 %s, Y%d", rowAddr(r, 8+16*j), yq)
+				e.in("VPSRLW $4, Y%d, Y%d", yq, yh)
+				e.in("VPBLENDD $0xF0, Y%d, Y%d, Y%d", yh, yq, yq)
+				e.in("VPAND Y%d, Y%d, Y%d", mask, yq, yq)
+				e.in("VPSHUFB Y%d, Y%d, Y%d", yq, ytab, yv)
+				e.in("VPSIGNB Y%d, Y%d, Y%d", yv, yv, yabs)
+				e.in("VPBROADCASTW %d(SP), Y%d", 2*j, ysc)
+				e.in("VMOVDQU %d(DI), Y%d", t*xbK+32*j, ysx)
+				e.in("VPSIGNB Y%d, Y%d, Y%d", yv, ysx, ysx)
+				e.in("VPMADDUBSW Y%d, Y%d, Y%d", ysx, yabs, yp)
+				e.in("VPMADDWD Y%d, Y%d, Y%d", ysc, yp, yp)
+				e.in("VPADDD Y%d, Y%d, Y%d", yp, yi, yi)
+			}
+			e.in("VCVTDQ2PS Y%d, Y%d", yi, yi)
+			e.in("VMULSS %d(DI), X%d, X%d", t*xbK+xbKD, yd, yp)
+			e.in("VBROADCASTSS X%d, Y%d", yp, yp)
+			e.in("VMULPS Y%d, Y%d, Y%d", yp, yi, yi)
+			e.in("VADDPS Y%d, Y%d, Y%d", yi, A[t][r], A[t][r])
+		}
+	}
+	qepilogue(e, R, T, A, 136, T*xbK)
+	e.frame = 0
 }

@@ -1,0 +1,278 @@
+#!/usr/bin/python3
+"""Train a tiny Llama-family model of one KV-source-map architecture on the
+TinyStories split (data.py), then evaluate it, record what kvlm must
+reproduce, and export it to GGUF.
+
+    /usr/bin/python3 train/train.py --arch cla2 --out train/zoo/cla2 --steps 600
+
+Writes into --out:
+  ckpt.pt       model, optimizer and step (every --ckpt-every steps and at
+                the end); --resume continues from it, bit for bit as if
+                never stopped (each step's batch is drawn from (seed, step))
+  train.log     one line per --log-every steps: step, loss, lr, tokens/s
+  record.json   the trainer's exact held-out NLL on fixed windows of the
+                held-out part (their token ids included), and its logits
+                on a fixed prompt: what cmd/kvlm's TestZoo checks kvlm against
+  model.gguf    the model in kvlm's layout (export.py)
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+# OpenMP's default busy-waiting makes two threads four times slower than one
+# on a loaded machine (measured: 258 against 930 tokens/s); passive waiting
+# costs nothing when the cores are free. Must be set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import data  # noqa: E402
+import export  # noqa: E402
+from model import ARCHS, Config, Transformer, arch_config  # noqa: E402
+
+# The fixed prompt whose logits kvlm must reproduce: longer than the zoo's
+# window (64), so that the windowed layers' masks take part.
+PROMPT = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her red ball. "
+          "One day, the ball rolled under a big tree and a small dog found it. The dog wagged its tail and brought "
+          "the ball back to Lily. Lily smiled and said, \"Thank you, dog! Do you want to play with me?\" The dog")
+
+
+def f32list(t):
+    """A float32 tensor as a nested list of the shortest decimals that read
+    back as the same float32 values."""
+    return [[float(str(np.float32(v))) for v in row] for row in t.numpy()]
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", required=True, choices=ARCHS)
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=192)
+    p.add_argument("--ctx", type=int, default=256, help="training context (tokens per sample, BOS included)")
+    p.add_argument("--window", type=int, default=64, help="sliding window of YOCO's self-decoder and the local layers")
+    p.add_argument("--passes", type=int, default=7, help="Layer-Condensed KV: parallel training passes m")
+    p.add_argument("--grad-passes", type=int, default=2, help="Layer-Condensed KV: passes b with gradients")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup", type=int, default=0, help="warmup steps (default 5%% of --steps)")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--init", help="start from this GGUF's weights (e.g. an MHA model converted by kvlm convert kv-heads)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --ctx tokens to evaluate")
+    p.add_argument("--ckpt-every", type=int, default=200)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--resume", action="store_true", help="continue from --out/ckpt.pt")
+    p.add_argument("--no-export", action="store_true", help="stop after training and the checkpoint")
+    p.add_argument("--stop-after", type=int, default=0, help="stop after this step (checkpointed; --resume continues)")
+    a = p.parse_args(argv)
+    for name in ("steps", "batch", "ctx", "threads", "eval_windows", "ckpt_every", "log_every"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    if a.ctx < 2:
+        p.error("--ctx must be at least 2")
+    return a
+
+
+def lr_at(a, step):
+    """Linear warmup to --lr, then cosine decay to --lr/10 at --steps."""
+    warm = a.warmup or max(1, a.steps // 20)
+    if step < warm:
+        return a.lr * (step + 1) / warm
+    t = (step - warm) / max(1, a.steps - warm)
+    return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def batch(a, ids, step):
+    """The batch of step `step`: --batch samples [BOS, s[o], …, s[o+ctx−2]]
+    with targets s[o … o+ctx−1], offsets o drawn from (seed, step) alone."""
+    rng = np.random.default_rng([a.seed, step])
+    off = rng.integers(0, len(ids) - a.ctx, size=a.batch)
+    rows = np.stack([ids[o:o + a.ctx] for o in off])  # [B, ctx]
+    x = np.concatenate([np.full((a.batch, 1), data.BOS, dtype=np.int64), rows[:, :-1]], axis=1)
+    return torch.from_numpy(x), torch.from_numpy(rows.astype(np.int64))
+
+
+def mean_nll(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), targets.reshape(-1), reduction="mean").item()
+
+
+def evaluate(model, windows):
+    """Exact mean NLL (nats/prediction) of the windows' ctx−1 predictions."""
+    t = torch.tensor(windows, dtype=torch.int64)
+    logits = model.exact_logits(t[:, :-1])
+    return mean_nll(logits, t[:, 1:])
+
+
+class Progress:
+    """A one-line progress bar on a terminal (stderr); nothing otherwise."""
+
+    def __init__(self, total):
+        self.total, self.on = total, sys.stderr.isatty()
+
+    def show(self, step, loss, tps):
+        if not self.on:
+            return
+        w = 30
+        done = int(w * step / self.total)
+        sys.stderr.write(f"\r[{'=' * done}{' ' * (w - done)}] {step}/{self.total}  loss {loss:.4f}  {tps:,.0f} tok/s ")
+        sys.stderr.flush()
+
+    def end(self):
+        if self.on:
+            sys.stderr.write("\n")
+
+
+def config_of(a):
+    return arch_config(a.arch, dim=a.dim, layers=a.layers, heads=a.heads, hidden=a.hidden, ctx=a.ctx,
+                       window=a.window, passes=a.passes, grad_passes=a.grad_passes)
+
+
+def optimizer(model, a):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    keep = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                              {"params": keep, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+RECIPE_KEYS = ("arch", "dim", "layers", "heads", "hidden", "ctx", "window", "passes", "grad_passes", "batch",
+               "steps", "lr", "warmup", "weight_decay", "seed")
+
+
+def main(argv=None):
+    a = parse(argv)
+    torch.set_num_threads(a.threads)
+    torch.use_deterministic_algorithms(True)
+    os.makedirs(a.out, exist_ok=True)
+    ckpt_path = os.path.join(a.out, "ckpt.pt")
+    c = config_of(a)
+    recipe = {k: getattr(a, k) for k in RECIPE_KEYS}
+    if a.init:
+        recipe["init"] = a.init
+    train_ids, held_ids = data.split_ids()
+    train_ids = np.asarray(train_ids, dtype=np.int64)
+    windows = data.heldout_windows(held_ids, a.ctx, a.eval_windows)
+
+    torch.manual_seed(a.seed)
+    model = Transformer(c)
+    model.init_weights(torch.Generator().manual_seed(a.seed))
+    init_nll = None
+    if a.init:
+        export.load(a.init, model)
+        model.eval()
+        init_nll = evaluate(model, windows)
+        model.train()
+    opt = optimizer(model, a)
+    step, seconds = 0, 0.0
+    if a.resume:
+        if not os.path.exists(ckpt_path):
+            raise SystemExit(f"--resume: {ckpt_path} does not exist")
+        ck = torch.load(ckpt_path)
+        if ck["recipe"] != recipe:
+            diff = {k: (ck["recipe"].get(k), v) for k, v in recipe.items() if ck["recipe"].get(k) != v}
+            raise SystemExit(f"--resume: the checkpoint was trained with another recipe: {diff}")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, seconds = ck["step"], ck["seconds"]
+    elif os.path.exists(ckpt_path):
+        raise SystemExit(f"{ckpt_path} exists: give --resume to continue it, or another --out")
+
+    log = open(os.path.join(a.out, "train.log"), "a")
+    try:
+        run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log, init_nll)
+    finally:
+        log.close()
+
+
+def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log, init_nll):
+    def say(line):
+        log.write(line + "\n")
+        log.flush()
+        if not sys.stderr.isatty():
+            print(line, flush=True)
+
+    if step == 0:
+        say(f"# arch {a.arch}  params {model.param_count()}  kv_source {c.kv_source}  layer_window {c.layer_window}  "
+            f"recipe {json.dumps(recipe)}  torch {torch.__version__} threads {a.threads}")
+        if init_nll is not None:
+            say(f"# initialized from {a.init}: held-out NLL {init_nll:.6f}")
+    else:
+        say(f"# resumed at step {step}  torch {torch.__version__} threads {a.threads}")
+
+    def save():
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": seconds,
+                    "recipe": recipe, "config": c.to_dict()}, ckpt_path + ".tmp")
+        os.replace(ckpt_path + ".tmp", ckpt_path)
+
+    bar = Progress(a.steps)
+    tok_per_step = a.batch * a.ctx
+    t_win, n_win, loss_sum = time.time(), 0, 0.0
+    model.train()
+    while step < a.steps:
+        t0 = time.time()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(a, step)
+        x, y = batch(a, train_ids, step)
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, c.vocab), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        seconds += time.time() - t0
+        loss_sum, n_win = loss_sum + loss.item(), n_win + 1
+        tps = n_win * tok_per_step / max(time.time() - t_win, 1e-9)
+        bar.show(step, loss.item(), tps)
+        if step % a.log_every == 0 or step == a.steps:
+            say(f"step {step} loss {loss_sum / n_win:.4f} lr {lr_at(a, step - 1):.2e} tok/s {tps:.0f} tokens {step * tok_per_step}")
+            t_win, n_win, loss_sum = time.time(), 0, 0.0
+        if step % a.ckpt_every == 0 or step == a.steps or step == a.stop_after:
+            save()
+        if step == a.stop_after:
+            say(f"# stopped after step {step} (--stop-after)")
+            bar.end()
+            return
+    bar.end()
+    if a.no_export:
+        return
+    model.eval()
+    nll = evaluate(model, windows)
+    prompt_ids = ([data.BOS] + data.tokenize(PROMPT.encode()))[:a.ctx]  # at most the context
+    with torch.no_grad():
+        plog = model.exact_logits(torch.tensor([prompt_ids]))[0]
+    rec = {
+        "arch": a.arch,
+        "config": c.to_dict(),
+        "recipe": recipe,
+        "params": model.param_count(),
+        "kv_bytes_per_token_f32": c.kv_bytes(1 << 30) / (1 << 30),
+        "kv_bytes_at_ctx_f32": c.kv_bytes(a.ctx),
+        "tokens_seen": step * tok_per_step,
+        "train_seconds": round(seconds, 1),
+        "data": {"file": data.TEXT, "train_bytes": list(data.TRAIN), "heldout_bytes": list(data.HELDOUT)},
+        "heldout": {"windows": windows, "mean_nll": nll},
+        "init": a.init,
+        "init_heldout_nll": init_nll,
+        "prompt": {"text": PROMPT, "ids": prompt_ids, "logits": f32list(plog)},
+    }
+    with open(os.path.join(a.out, "record.json"), "w") as f:
+        json.dump(rec, f)
+    export.write(os.path.join(a.out, "model.gguf"), model, rec)
+    say(f"# done: steps {step} tokens {step * tok_per_step} train minutes {seconds / 60:.2f} held-out NLL {nll:.6f} "
+        f"({a.eval_windows} windows of {a.ctx})")
+
+
+if __name__ == "__main__":
+    main()
