@@ -394,8 +394,10 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 	if r.PrefixTokens != 0 && pol.Method == "full" {
 		return nil, invalid("kv: a prefix to compress needs a compression policy (without one, the prefix cache reuses it as it is)")
 	}
-	if r.Slot != nil && pol.Method != "full" {
-		return nil, invalid("kv: a slot keeps only uncompressed sequences; drop the policy or the slot")
+	if r.Slot != nil {
+		if err := policy.SlotSavable(pol); err != nil {
+			return nil, invalid("kv: a slot cannot keep this sequence: %v", err)
+		}
 	}
 	// What policy.New would refuse for this pool (re-indexed positions
 	// with grouped keys, …) is refused now.

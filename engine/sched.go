@@ -73,6 +73,7 @@ type seqState struct {
 
 	hist       []int     // prompt, then the tokens generated
 	restored   []float32 // [vocab] the last prompt token's logits, when the prompt came from a compressed prefix
+	lastLogits []float32 // [vocab] the logits the last token was sampled from (requests keeping a slot), valid until the next step
 	gen        int       // tokens generated
 	fed        int       // leading tokens of hist in the cache
 	prefilling bool      // the next run is a prefill of hist[fed:]
@@ -233,9 +234,8 @@ func (e *Engine) finish(s *seqState, why FinishReason, err error) {
 			if q.registers() {
 				s.cache.RegisterPrefix(s.hist[:s.fed], 0)
 			}
-			if q.r.Slot != nil && s.choice == 0 && q.r.Policy.Method == "full" {
-				e.keepSlot(*q.r.Slot, s)
-				kept = true
+			if q.r.Slot != nil && s.choice == 0 {
+				kept = e.keepSlot(*q.r.Slot, s)
 			}
 		}
 		if !kept {
@@ -350,7 +350,7 @@ func (e *Engine) start(s *seqState) {
 	q := s.req
 	cache := q.pool.NewSequence()
 	k := s.compressedLen()
-	if q.prefix() && q.r.Policy.Method != "full" && e.startCompressed(s, cache, k) {
+	if q.prefix() && q.r.Policy.Method != "full" && (e.startFromSlot(s, cache, k) || e.startCompressed(s, cache, k)) {
 		return
 	}
 	matched := 0
@@ -719,6 +719,10 @@ func (e *Engine) emit(s *seqState, logits []float32) {
 		return
 	}
 	q := s.req
+	if q.r.Slot != nil {
+		s.lastLogits = logits // for keepSlot, if this token ends the sample
+		defer func() { s.lastLogits = nil }()
+	}
 	tok := s.smp.Sample(logits, s.hist)
 	if tok < 0 {
 		e.finish(s, FinishError, errors.New("engine: no token can be sampled: every logit is NaN or -Inf"))

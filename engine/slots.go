@@ -8,15 +8,18 @@ package engine
 // starts with them skips their prefill. Slots give their blocks back (to
 // the prefix cache) when the pool needs room.
 //
-// File format (little-endian):
+// Slots are written in the version 2 format (slotv2.go): the tables as
+// the pool holds them, any policy's compression, KIVI residual and
+// MiniCache merge included, with the policy's state. Version 1 files
+// (little-endian) still restore:
 //
 //	"KVLMSLOT" | u32 version (1) | u32 header length | header (JSON)
 //	| u32 tokens[n]
 //	| for each layer, KV head: i32 pos[n] | f32 keys[n][headDim] | f32 values[n][headDim]
 //	| sha256 of everything before it
 //
-// Keys and values are stored decoded to float32, whatever the pool's codecs,
-// and re-encoded on restore (lossless for f32, f16 and bf16).
+// (keys and values decoded to float32 and re-encoded on restore, whole
+// uncompressed sequences only).
 
 import (
 	"bufio"
@@ -40,6 +43,7 @@ import (
 
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/model"
+	"github.com/kvlm/kvlm/policy"
 	"github.com/kvlm/kvlm/tensor"
 )
 
@@ -51,7 +55,15 @@ const slotMagic = "KVLMSLOT"
 type slot struct {
 	cache  kvcache.Scheduled
 	pool   *kvcache.Pool // the cache's
-	tokens []int
+	tokens []int         // the tokens the sequence ran
+
+	// A sequence under a policy (slotv2.go): a request whose prompt is
+	// tokens (or whose kv.prefix is) with the same kv settings continues
+	// from it (startFromSlot).
+	cfg    policy.Config    // normalized; Method "" or "full": none
+	snap   *policy.Snapshot // the policy's state; nil without a policy
+	logits []float32        // [vocab] after the last of tokens; nil if unknown
+	pos    int              // the sequence's next position (with snap)
 }
 
 // SlotInfo describes a slot's content.
@@ -241,11 +253,27 @@ func computeFingerprint(m *model.Model, stop *atomic.Bool) (string, error) {
 
 func (e *Engine) fingerprint() string { return Fingerprint(e.m) }
 
-// keepSlot moves a finished sample's cache into slot id. Scheduler only.
-func (e *Engine) keepSlot(id int, s *seqState) {
+// keepSlot moves a finished sample's cache into slot id, with its policy's
+// state and the logits after its last token (so that a request continuing
+// from it samples what the sample would have next). It reports whether it
+// kept it (false: the policy's state cannot be kept; Submit refuses such
+// requests). Scheduler only.
+func (e *Engine) keepSlot(id int, s *seqState) bool {
+	sl := &slot{cache: s.cache, pool: s.req.pool, tokens: slices.Clone(s.hist[:s.fed]), cfg: s.req.r.Policy}
+	if s.lastLogits != nil {
+		sl.logits = slices.Clone(s.lastLogits)
+	}
+	if s.pol != nil && sl.cfg.Method != "full" {
+		snap, err := s.pol.SlotSnapshot()
+		if err != nil {
+			return false
+		}
+		sl.snap, sl.pos = snap, s.seq.Pos()
+	}
 	e.dropSlot(id)
 	e.ref(s.req.pool, 1)
-	e.slots[id] = &slot{cache: s.cache, pool: s.req.pool, tokens: slices.Clone(s.hist[:s.fed])}
+	e.slots[id] = sl
+	return true
 }
 
 // dropSlot frees slot id, if it holds anything. Scheduler only.
@@ -326,7 +354,7 @@ func (e *Engine) SaveSlot(id int, w io.Writer) (SlotInfo, error) {
 	if err := checkSlot(id); err != nil {
 		return SlotInfo{}, err
 	}
-	var d *slotData
+	var body []byte
 	var info SlotInfo
 	var err error
 	if derr := e.do(func() {
@@ -336,16 +364,19 @@ func (e *Engine) SaveSlot(id int, w io.Writer) (SlotInfo, error) {
 			return
 		}
 		info = e.slotInfo(id, s)
-		d, err = e.snapshot(s)
+		body, err = e.encodeSlotV2(s)
 	}); derr != nil {
 		return info, derr
 	}
 	if err != nil {
 		return info, err
 	}
-	return info, d.write(w)
+	return info, writeSlotV2(w, body)
 }
 
+// snapshot is the version 1 encoder (keys and values decoded to float32),
+// kept so that tests write the files an older kvlm wrote; SaveSlot writes
+// version 2.
 func (e *Engine) snapshot(s *slot) (*slotData, error) {
 	l := e.m.KVLayout()
 	kc, vc := s.pool.Codecs()
@@ -426,11 +457,26 @@ func (d *slotData) write(w io.Writer) error {
 
 // readSlot parses and verifies a slot file against the model. limit bounds
 // what is read.
-func (e *Engine) readSlot(r io.Reader) (*slotData, error) {
+func (e *Engine) readSlot(r io.Reader) (*slotData, *slotV2, error) {
+	d, err := e.readSlotFile(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	if v2, ok := d.(*slotV2); ok {
+		return nil, v2, nil
+	}
+	return d.(*slotData), nil, nil
+}
+
+// readSlotFile is readSlot: a *slotData (version 1) or a *slotV2.
+func (e *Engine) readSlotFile(r io.Reader) (any, error) {
 	l := e.m.KVLayout()
 	// The whole file is needed to verify the checksum before anything is
-	// trusted; its size is bounded by the model's context.
+	// trusted; its size is bounded by the model's context (version 1), or
+	// by the KV budget and the tokens a window method may have run past
+	// the context (version 2: 64 MiB of tokens and policy state).
 	maxBytes := int64(len(slotMagic)+8+4096) + int64(e.m.CtxLen)*(4+int64(e.tables)*(4+8*int64(l.HeadDim))) + sha256.Size
+	maxBytes = max(maxBytes, 2*e.budget+4*int64(e.m.Vocab)+1<<26)
 	buf, err := io.ReadAll(io.LimitReader(r, maxBytes+1))
 	if err != nil {
 		return nil, err
@@ -448,9 +494,12 @@ func (e *Engine) readSlot(r io.Reader) (*slotData, error) {
 	br := bytes.NewReader(body[len(slotMagic):])
 	var ver, hlen uint32
 	binary.Read(br, binary.LittleEndian, &ver)
+	if ver == slotVersion {
+		return e.readSlotV2(body[len(slotMagic)+4:])
+	}
 	binary.Read(br, binary.LittleEndian, &hlen)
 	if ver != 1 {
-		return nil, invalid("slot file version %d is not supported", ver)
+		return nil, invalid("slot file version %d is not supported (this kvlm reads versions 1 and %d)", ver, slotVersion)
 	}
 	if int(hlen) > br.Len() {
 		return nil, invalid("slot file header is truncated")
@@ -512,9 +561,12 @@ func (e *Engine) RestoreSlot(id int, r io.Reader) (SlotInfo, error) {
 	if err := checkSlot(id); err != nil {
 		return SlotInfo{}, err
 	}
-	d, err := e.readSlot(r)
+	d, d2, err := e.readSlot(r)
 	if err != nil {
 		return SlotInfo{}, err
+	}
+	if d2 != nil {
+		return e.restoreSlotV2(id, d2)
 	}
 	pool, err := e.pool(d.hdr.K, d.hdr.V)
 	if err != nil {

@@ -20,6 +20,7 @@ type StreamResult struct {
 	PPLResult
 	KVBytesPeak int64     // the most KV memory held
 	NLLByWindow []float64 // mean NLL of each run of `every` predictions
+	Argmax      []int     // [predictions] the most likely next token after ids[:i+1] (teacher-forced greedy path)
 }
 
 // CompressAfter prefills ids[:n], compresses, then scores the
@@ -75,7 +76,9 @@ func Stream(seq *model.Sequence, pol *policy.State, ids []int, every int) (Strea
 		}
 		out.KVBytesPeak = max(out.KVBytesPeak, seq.Cache().Bytes())
 		for i := p; i < hi; i++ {
-			nll := NLL(logits[(i-p)*V:(i-p+1)*V], ids[i+1])
+			row := logits[(i-p)*V : (i-p+1)*V]
+			out.Argmax = append(out.Argmax, argmax(row))
+			nll := NLL(row, ids[i+1])
 			total += nll
 			win += nll
 			nwin++
@@ -93,6 +96,25 @@ func Stream(seq *model.Sequence, pol *policy.State, ids []int, every int) (Strea
 	out.PPL = math.Exp(out.MeanNLL)
 	if math.IsNaN(out.MeanNLL) || math.IsInf(out.MeanNLL, 0) {
 		return out, fmt.Errorf("mean NLL is %v", out.MeanNLL)
+	}
+	return out, nil
+}
+
+// StreamGreedy goes on from a sequence Stream left (every token of ids fed
+// but the last): it feeds ids' last token, then n greedy tokens one at a
+// time, each a step of the policy's schedule as in Stream, and returns the
+// n tokens (the first index of the maximum logit, as sample's greedy
+// choice).
+func StreamGreedy(seq *model.Sequence, ids []int, n int) ([]int, error) {
+	next := ids[len(ids)-1]
+	var out []int
+	for range n {
+		logits, err := seq.Forward([]int{next}, false)
+		if err != nil {
+			return out, fmt.Errorf("greedy token %d: %w", len(out), err)
+		}
+		next = argmax(logits)
+		out = append(out, next)
 	}
 	return out, nil
 }

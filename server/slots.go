@@ -21,7 +21,8 @@ import (
 // a save is written to a temporary file, synced and renamed, so a crash
 // never leaves half a file under the name; the file ends with a SHA-256 of
 // its content and names the model it came from, and restore refuses a
-// corrupt file or one from another model.
+// corrupt file or one from another model. A slot holds a sequence under
+// any policy and codecs, compressed as it is (engine/slotv2.go).
 
 var slotName = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$`)
 
@@ -194,8 +195,8 @@ func slotError(err error, op string) *apiError {
 	}
 	switch {
 	case errno == nil:
-		// An engine error about the slot's state (e.g. a compressed
-		// sequence cannot be saved); engine messages hold no paths.
+		// An engine error about the slot's state (its tables could not
+		// be read); engine messages hold no paths.
 		return &apiError{status: http.StatusConflict, msg: err.Error(), typ: "invalid_request_error"}
 	case errors.Is(errno, syscall.EISDIR), errors.Is(errno, syscall.ENOTDIR), errors.Is(errno, syscall.EEXIST), errors.Is(errno, syscall.ENOTEMPTY):
 		return &apiError{status: http.StatusConflict, msg: fmt.Sprintf("cannot %s the slot file: %v", op, errno), typ: "invalid_request_error", param: "filename"}

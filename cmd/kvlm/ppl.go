@@ -20,6 +20,8 @@ type pplJSON struct {
 	KeptPerLayer []int       `json:"kept_per_layer"`          // tokens each layer holds at the end, over its heads
 	Kept         [][][]int32 `json:"kept,omitempty"`          // after --compress-after: per layer, per KV head, sorted original positions
 	NLLByWindow  []float64   `json:"nll_by_window,omitempty"` // --stream: mean NLL of each --report-every predictions
+	Argmax       []int       `json:"argmax,omitempty"`        // --stream: [predictions] the most likely token after each prefix of the text (teacher-forced)
+	Greedy       []int       `json:"greedy,omitempty"`        // --greedy N: the N greedy tokens after the whole text
 	KVType       string      `json:"kv_type"`                 // codecs of the keys and values, "K/V"
 	KeyShift     bool        `json:"kv_key_shift"`            // keys stored around the model's mean keys
 }
@@ -27,7 +29,7 @@ type pplJSON struct {
 func newPPL() *cobra.Command {
 	var mf modelFlags
 	var file string
-	var ctx, maxBytes, compressAfter, reportEvery int
+	var ctx, maxBytes, compressAfter, reportEvery, greedy int
 	var stream, asJSON bool
 	c := &cobra.Command{
 		Use:   "ppl -m MODEL -f FILE [--ctx N]",
@@ -40,7 +42,10 @@ With a --kv-policy:
   --stream             feed the tokens one by one with the cache bounded by the policy:
                        the whole file, or its first --ctx tokens; --ctx may exceed the
                        model's context (with --kv-policy full, dense attention runs past
-                       the trained positions)`,
+                       the trained positions); --json carries the argmax of every
+                       prediction, and --greedy N goes on after the text with N greedy
+                       tokens, fed the same way (what a server request with the same
+                       prompt and policy generates at temperature 0)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file == "" {
@@ -52,6 +57,12 @@ With a --kv-policy:
 			}
 			if stream && compressAfter > 0 {
 				return errors.New("--stream and --compress-after are different experiments: give one")
+			}
+			if greedy < 0 {
+				return fmt.Errorf("--greedy must be 0 or more, got %d", greedy)
+			}
+			if greedy > 0 && !stream {
+				return errors.New("--greedy continues a streamed run: give --stream")
 			}
 			if reportEvery < 1 {
 				return fmt.Errorf("--report-every must be positive")
@@ -129,7 +140,11 @@ With a --kv-policy:
 				}
 				var r eval.StreamResult
 				r, err = eval.Stream(seq, pol, ids, reportEvery)
-				out.PPLResult, out.KVBytesPeak, out.NLLByWindow = r.PPLResult, r.KVBytesPeak, r.NLLByWindow
+				out.PPLResult, out.KVBytesPeak, out.NLLByWindow, out.Argmax = r.PPLResult, r.KVBytesPeak, r.NLLByWindow, r.Argmax
+				if err == nil && greedy > 0 {
+					out.Greedy, err = eval.StreamGreedy(seq, ids, greedy)
+					out.KVBytesPeak = max(out.KVBytesPeak, seq.Cache().Bytes())
+				}
 			default:
 				out.PPLResult, err = eval.Perplexity(seq, ids)
 				out.KVBytesPeak = seq.Cache().Bytes()
@@ -150,6 +165,13 @@ With a --kv-policy:
 			}
 			fmt.Fprintf(w, "tokens %d  predictions %d  mean NLL %.6f nats  perplexity %.4f  (%s, %s, kv %s%s, peak KV %s)\n",
 				out.Tokens, out.Predictions, out.MeanNLL, out.PPL, out.Mode, out.Policy, out.KVType, shift, human(out.KVBytesPeak))
+			if greedy > 0 {
+				text, prev := "", ids[len(ids)-1]
+				for _, t := range out.Greedy {
+					text, prev = text+tok.Decode(prev, t), t
+				}
+				fmt.Fprintf(w, "greedy %v %q\n", out.Greedy, text)
+			}
 			for i, v := range out.NLLByWindow {
 				fmt.Fprintf(w, "  predictions %6d-%6d  mean NLL %.4f\n", i*reportEvery+1, min((i+1)*reportEvery, out.Predictions), v)
 			}
@@ -165,6 +187,7 @@ With a --kv-policy:
 	c.Flags().IntVar(&compressAfter, "compress-after", 0, "prefill N tokens, compress the cache, then score the rest")
 	c.Flags().BoolVar(&stream, "stream", false, "feed tokens one by one with the cache bounded by the policy")
 	c.Flags().IntVar(&reportEvery, "report-every", 1000, "--stream: report the mean NLL of each run of this many predictions")
+	c.Flags().IntVar(&greedy, "greedy", 0, "--stream: go on after the text with N greedy tokens and print them")
 	c.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	return c
 }

@@ -1,0 +1,171 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+)
+
+// A policy's state in a file (engine's slot files): the Snapshot the
+// compressed prefix cache keeps, as bytes, and the configuration it was
+// taken under as the value of every parameter.
+
+// SlotSnapshot is Snapshot for a slot file: it also takes the state of
+// full (nothing but the history) and of minicache (whose runner keeps
+// nothing of its own: the merged tables are the cache's). Methods whose
+// runner or scorer keeps per-sequence state (expected's query statistics,
+// pyramidinfer's schedule) are refused with an error that names them.
+func (st *State) SlotSnapshot() (*Snapshot, error) {
+	if st.prefT != 0 {
+		return nil, errors.New("policy: the state is inside a prompt")
+	}
+	if err := SlotSavable(st.cfg); err != nil {
+		return nil, err
+	}
+	sn := &Snapshot{cfg: st.cfg, seen: st.seen, steps: st.steps, pruned: st.Pruned, pos: st.seq.Pos(),
+		scores: make([][]float32, len(st.scores)), orig: make([][]int32, len(st.orig))}
+	for i := range st.scores {
+		sn.scores[i] = slices.Clone(st.scores[i])
+		sn.orig[i] = slices.Clone(st.orig[i])
+	}
+	return sn, nil
+}
+
+// SlotSavable says whether SlotSnapshot takes the state of c's method
+// (nil), or why not.
+func SlotSavable(c Config) error {
+	m, ok := registry[c.Method]
+	if !ok {
+		return fmt.Errorf("policy: unknown method %q", c.Method)
+	}
+	if c.Method == "minicache" || (!m.prunes() && m.Run == nil) || (m.Scorer != nil && m.NewScorer == nil && m.Run == nil) {
+		return nil
+	}
+	return fmt.Errorf("policy: the state of a %s sequence cannot be saved (the method keeps per-sequence state of its own)", c.Method)
+}
+
+// Config is the configuration the snapshot was taken under (normalized).
+func (sn *Snapshot) Config() Config { return sn.cfg }
+
+// ConfigParams is c's method and the value of every parameter it takes
+// (ints, floats and strings), what ConfigFromParams reads back.
+func ConfigParams(c Config) map[string]any {
+	out := map[string]any{}
+	for _, name := range Params(c.Method) {
+		out[name] = params[name].Value(c)
+	}
+	return out
+}
+
+// ConfigFromParams is the normalized configuration of method with the
+// parameter values of ConfigParams (JSON-decoded: numbers as float64).
+func ConfigFromParams(method string, vals map[string]any) (Config, error) {
+	m, ok := registry[method]
+	if !ok {
+		return Config{}, fmt.Errorf("policy: unknown method %q", method)
+	}
+	c := Config{Method: method}
+	for name, v := range vals {
+		p, ok := params[name]
+		if !ok || !slices.Contains(m.Params, name) {
+			return c, fmt.Errorf("policy: %s takes no parameter %q", method, name)
+		}
+		if f, ok := v.(float64); ok && p.Kind == IntParam {
+			if f != math.Trunc(f) || math.Abs(f) > math.MaxInt32 {
+				return c, fmt.Errorf("policy: %s %v is not an integer", name, f)
+			}
+			v = int(f)
+		}
+		if s, ok := v.(string); ok && s == "" {
+			continue
+		}
+		if err := p.Set(&c, v); err != nil {
+			return c, err
+		}
+	}
+	return c.Normalize()
+}
+
+const snapshotVersion = 1
+
+// MarshalBinary encodes the snapshot's numbers (not its configuration:
+// the caller stores ConfigParams beside it): little-endian u32 version,
+// i64 seen, steps, pruned, pos, u32 tables, then per table u32 n, i32
+// orig[n], u32 m, f32 scores[m].
+func (sn *Snapshot) MarshalBinary() ([]byte, error) {
+	var b bytes.Buffer
+	put := func(v any) { binary.Write(&b, binary.LittleEndian, v) }
+	put(uint32(snapshotVersion))
+	put([]int64{int64(sn.seen), int64(sn.steps), int64(sn.pruned), int64(sn.pos)})
+	put(uint32(len(sn.orig)))
+	for i := range sn.orig {
+		put(uint32(len(sn.orig[i])))
+		put(sn.orig[i])
+		put(uint32(len(sn.scores[i])))
+		put(sn.scores[i])
+	}
+	return b.Bytes(), nil
+}
+
+// UnmarshalSnapshot decodes MarshalBinary's bytes for cfg (normalized),
+// of tables tables each of at most maxSlots slots; a malformed input is an
+// error.
+func UnmarshalSnapshot(data []byte, cfg Config, tables, maxSlots int) (*Snapshot, error) {
+	r := bytes.NewReader(data)
+	bad := errors.New("policy: the saved state is malformed")
+	var ver, nt uint32
+	hdr := make([]int64, 4)
+	if binary.Read(r, binary.LittleEndian, &ver) != nil || ver != snapshotVersion {
+		return nil, fmt.Errorf("policy: saved state version %d is not supported", ver)
+	}
+	if binary.Read(r, binary.LittleEndian, hdr) != nil || binary.Read(r, binary.LittleEndian, &nt) != nil || int(nt) != tables {
+		return nil, bad
+	}
+	for _, x := range hdr {
+		if x < 0 || x > math.MaxInt32 {
+			return nil, bad
+		}
+	}
+	sn := &Snapshot{cfg: cfg, seen: int(hdr[0]), steps: int(hdr[1]), pruned: int(hdr[2]), pos: int(hdr[3]),
+		scores: make([][]float32, nt), orig: make([][]int32, nt)}
+	count := func() (int, error) {
+		var n uint32
+		if binary.Read(r, binary.LittleEndian, &n) != nil || int64(n)*4 > int64(r.Len()) {
+			return 0, bad
+		}
+		if int(n) > maxSlots {
+			return 0, fmt.Errorf("policy: the saved state names %d slots of a table; the tables hold at most %d", n, maxSlots)
+		}
+		return int(n), nil
+	}
+	for i := range sn.orig {
+		n, err := count()
+		if err != nil {
+			return nil, err
+		}
+		sn.orig[i] = make([]int32, n)
+		binary.Read(r, binary.LittleEndian, sn.orig[i])
+		for _, p := range sn.orig[i] {
+			if p < 0 || int(p) >= sn.seen {
+				return nil, fmt.Errorf("policy: the saved state holds position %d of %d tokens", p, sn.seen)
+			}
+		}
+		if n, err = count(); err != nil {
+			return nil, err
+		}
+		sn.scores[i] = make([]float32, n)
+		binary.Read(r, binary.LittleEndian, sn.scores[i])
+		for _, x := range sn.scores[i] {
+			if math.IsNaN(float64(x)) {
+				return nil, errors.New("policy: the saved state holds a NaN score")
+			}
+		}
+	}
+	if r.Len() != 0 {
+		return nil, bad
+	}
+	return sn, nil
+}
