@@ -24,6 +24,10 @@ type Arch struct {
 	// attention window of every layer (Config.SlidingWindow). Without it
 	// the key is read but not applied (Config.IgnoredSlidingWindow).
 	Window bool
+	// QKNorm: every query and key head is RMS-normalised (weights
+	// blk.N.attn_q_norm / attn_k_norm, [HeadDim] each) after its projection
+	// and before RoPE (Qwen 3).
+	QKNorm bool
 }
 
 // Archs are the supported architectures. SmolLM, TinyLlama and Mistral
@@ -40,6 +44,7 @@ var Archs = map[string]Arch{
 	"llama":   {Name: "llama", Rope: RopeInterleaved, Window: true},
 	"mistral": {Name: "mistral", Rope: RopeInterleaved, Window: true},
 	"qwen2":   {Name: "qwen2", Rope: RopeNeoX, Biases: true},
+	"qwen3":   {Name: "qwen3", Rope: RopeNeoX, QKNorm: true},
 }
 
 // ArchNames lists the supported architectures, sorted.
@@ -120,6 +125,7 @@ func Llama3RopeFactors(headDim int, theta, factor, lowFreq, highFreq float64, or
 // RoPE scaling and the sliding window. c.HeadDim and c.RopeTheta must be set.
 func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 	c.Rope = a.Rope
+	c.QKNorm = a.QKNorm
 	k := func(s string) string { return a.Name + "." + s }
 	has := func(key string) bool { _, ok := f.Lookup(k(key)); return ok }
 	float := func(key string, def float64) (float64, error) {

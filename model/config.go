@@ -41,6 +41,9 @@ type Config struct {
 	NormEps   float32   // RMSNorm epsilon
 	RopeTheta float32   // RoPE base frequency
 	Rope      RopeStyle // which dimension pairs RoPE rotates
+	// QKNorm: each query and key head is RMS-normalised by its layer's
+	// QNorm / KNorm ([HeadDim]) before RoPE (qwen3; Arch.QKNorm).
+	QKNorm bool `json:",omitempty"`
 
 	// RoPE scaling (see RopeFreqs): Llama 3.1's per-pair frequency divisors
 	// (GGUF tensor rope_freqs.weight, or rope.scaling.type "llama3"), nil

@@ -65,7 +65,7 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 		if !own {
 			// A layer that reads another's KV has no K/V projection: a file
 			// that has one anyway is refused rather than half ignored.
-			for _, name := range []string{"attn_k.weight", "attn_v.weight", "attn_k.bias", "attn_v.bias"} {
+			for _, name := range []string{"attn_k.weight", "attn_v.weight", "attn_k.bias", "attn_v.bias", "attn_k_norm.weight"} {
 				if _, ok := f.Tensor(p + name); ok {
 					return nil, nil, fmt.Errorf("model: tensor %s%s present, but layer %d reads layer %d's KV (%s.%s), so it has no K/V projection",
 						p, name, i, cfg.Source(i), cfg.Arch, KeyKVSource)
@@ -106,6 +106,15 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 			{&L.Bq, "attn_q.bias", cfg.QDim(), !Archs[cfg.Arch].Biases, false},
 			{&L.Bk, "attn_k.bias", cfg.KVDim(), !Archs[cfg.Arch].Biases, true},
 			{&L.Bv, "attn_v.bias", cfg.KVDim(), !Archs[cfg.Arch].Biases, true},
+		}
+		if cfg.QKNorm {
+			vecs = append(vecs, []struct {
+				dst      *[]float32
+				name     string
+				n        int
+				optional bool
+				kv       bool
+			}{{&L.QNorm, "attn_q_norm.weight", cfg.HeadDim, false, false}, {&L.KNorm, "attn_k_norm.weight", cfg.HeadDim, false, true}}...)
 		}
 		for _, v := range vecs {
 			if v.kv && !own {

@@ -109,10 +109,12 @@ func (m *Model) layer(li int, p *pass) error {
 		L.Wq.MatMul(p.q, p.xb, n)
 	}
 	addBias(p.q, L.Bq, n)
+	headNorm(p.q, L.QNorm, c, n*c.Heads) // Q/K norm (qwen3): every head of every row
 	m.ropeRows(p.q, p.cos, p.sin, n, c.Heads)
 	if own {
 		addBias(p.k, L.Bk, n)
 		addBias(p.v, L.Bv, n)
+		headNorm(p.k, L.KNorm, c, n*c.KVHeads)
 		m.ropeRows(p.k, p.cos, p.sin, n, c.KVHeads)
 	}
 	for i, sp := range p.spans {
@@ -207,6 +209,15 @@ func chunkSegments(segs []kvcache.Segment, c Config, pos []int32, k, v []float32
 		sg.KC, sg.VC, sg.Cap, sg.N, sg.Pos = codec.F32, codec.F32, n, n, slices.Clone(pos)
 	}
 	return segs
+}
+
+// headNorm RMS-normalises heads heads of x ([heads][HeadDim], in place)
+// by w ([HeadDim]); nothing when w is nil.
+func headNorm(x, w []float32, c Config, heads int) {
+	if w == nil {
+		return
+	}
+	tensor.RMSNormRows(x, x, w, c.NormEps, heads, c.HeadDim)
 }
 
 func addBias(x, b []float32, n int) {

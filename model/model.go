@@ -16,6 +16,8 @@ type Layer struct {
 	Bq       []float32      // [Heads·HeadDim] or nil (Qwen 2 has Q/K/V biases)
 	Bk       []float32      // [KVHeads·HeadDim] or nil
 	Bv       []float32      // [KVHeads·HeadDim] or nil
+	QNorm    []float32      // [HeadDim] RMSNorm weight of every query head (Config.QKNorm), or nil
+	KNorm    []float32      // [HeadDim] RMSNorm weight of every key head, or nil; nil in a layer that reads another's KV
 	FFNNorm  []float32      // [Dim] RMSNorm weight before the FFN
 	WGate    *tensor.Matrix // [HiddenDim][Dim] (llama2.c w1)
 	WUp      *tensor.Matrix // [HiddenDim][Dim] (llama2.c w3)
@@ -62,7 +64,7 @@ func (m *Model) WeightsBytes() int64 {
 		for _, t := range []*tensor.Matrix{l.Wq, l.Wk, l.Wv, l.Wo, l.WGate, l.WUp, l.WDown} {
 			add(t)
 		}
-		n += 4 * int64(len(l.AttnNorm)+len(l.FFNNorm)+len(l.Bq)+len(l.Bk)+len(l.Bv))
+		n += 4 * int64(len(l.AttnNorm)+len(l.FFNNorm)+len(l.Bq)+len(l.Bk)+len(l.Bv)+len(l.QNorm)+len(l.KNorm))
 	}
 	return n
 }
@@ -112,6 +114,17 @@ func (m *Model) check() error {
 	}
 	for i, l := range m.Layers {
 		p := fmt.Sprintf("blk.%d.", i)
+		if c.QKNorm {
+			errs = append(errs, vec(p+"attn_q_norm", l.QNorm, c.HeadDim, false))
+			if c.Owns(i) {
+				errs = append(errs, vec(p+"attn_k_norm", l.KNorm, c.HeadDim, false))
+			}
+		} else if l.QNorm != nil || l.KNorm != nil {
+			errs = append(errs, fmt.Errorf("model: layer %d has Q/K norm weights, but %s has no Q/K norm", i, c.Arch))
+		}
+		if !c.Owns(i) && l.KNorm != nil {
+			errs = append(errs, fmt.Errorf("model: layer reads another layer's KV but has tensor %sattn_k_norm", p))
+		}
 		errs = append(errs,
 			vec(p+"attn_norm", l.AttnNorm, c.Dim, false),
 			want(p+"attn_q", l.Wq, c.QDim(), c.Dim),

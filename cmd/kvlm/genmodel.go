@@ -31,6 +31,12 @@ type genShape struct {
 	Eps                                      float32 // RMSNorm epsilon; 0 is 1e-5
 	Tied                                     bool    // no output.weight: the classifier is the embedding
 	Biases                                   bool    // Q/K/V biases (qwen2), drawn N(0, 0.5²)
+	// HeadDim, if set, is the head width (written as attention.key_length
+	// and value_length); 0 is Dim/Heads.
+	HeadDim int
+	// QKNorm: per-head RMSNorm weights of queries and keys (qwen3's
+	// attn_q_norm / attn_k_norm, [head dim]), drawn N(1, 0.3²).
+	QKNorm bool
 	// Llama3Rope, if set, is Llama 3.1's rope_scaling (type llama3), written
 	// as the rope_freqs.weight tensor llama.cpp's converter stores.
 	Llama3Rope *genLlama3Rope
@@ -81,6 +87,12 @@ var genShapes = map[string]genShape{
 	// template.
 	"qwen2-tiny": {Arch: "qwen2", Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 128, Ctx: 512, RopeTheta: 1e6, Eps: 1e-6,
 		Biases: true, Vocab: "qwen2"},
+	// For tests against llama.cpp: a qwen3 model whose matrices are whole
+	// K-quant blocks: Q/K norms, head dim 128 (Q width 512 against the
+	// embedding's 256, as Qwen3-0.6B's 2048 against 1024), NEOX RoPE, θ 1e6,
+	// eps 1e-6, untied classifier; with stories260K's vocabulary.
+	"qwen3-tiny": {Arch: "qwen3", Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 128, Hidden: 512, Ctx: 256, RopeTheta: 1e6, Eps: 1e-6,
+		QKNorm: true},
 	// Architectures that share KV across layers (docs/ARCHITECTURES.md),
 	// for tests and benchmarks: width 256 (head dim 64), GQA 4:2 unless
 	// named otherwise, context 4096, the llama2 vocabulary.
@@ -346,6 +358,9 @@ func genLoadVocab(kind, path string) (genVocab, error) {
 func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uint64) (*gguf.Writer, map[string]tensor.DType, error) {
 	vocab := voc.size
 	hd := sh.Dim / sh.Heads
+	if sh.HeadDim > 0 {
+		hd = sh.HeadDim
+	}
 	a := sh.arch()
 	eps := sh.Eps
 	if eps == 0 {
@@ -367,6 +382,9 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 		{a + ".attention.layer_norm_rms_epsilon", eps},
 		{a + ".rope.freq_base", sh.RopeTheta},
 		{"general.quantization_version", uint32(2)},
+	}
+	if sh.HeadDim > 0 {
+		kvs = append(kvs, genKV{a + ".attention.key_length", uint32(hd)}, genKV{a + ".attention.value_length", uint32(hd)})
 	}
 	kvmap := model.Config{Layers: sh.Layers, KVSource: sh.KVSource, LayerWindows: sh.LayerWindows}
 	for _, m := range convert.KVMapMetadata(a, kvmap) {
@@ -405,6 +423,25 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 		}
 		return f32vec(name, ones)
 	}
+	// norm is a norm weight of n values drawn N(1, 0.3²), for the norms an
+	// architecture adds (so that a reader that skips one is seen).
+	norm := func(name string, n int) error {
+		return w.AddTensorFunc(name, tensor.F32, []uint64{uint64(n)}, func(out io.Writer) error {
+			h := fnv.New64a()
+			h.Write([]byte(name))
+			rng := rand.New(rand.NewPCG(seed, h.Sum64()))
+			v := make([]float32, n)
+			for i := range v {
+				v[i] = float32(1 + 0.3*rng.NormFloat64())
+			}
+			data := make([]byte, 4*n)
+			if err := tensor.Quantize(tensor.F32, v, data); err != nil {
+				return err
+			}
+			_, err := out.Write(data)
+			return err
+		})
+	}
 	bias := func(name string, n int) error {
 		if !sh.Biases {
 			return nil
@@ -438,6 +475,12 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 			}
 			return bias(name, n)
 		}
+		qkNorm := func(name string, kv bool) error {
+			if !sh.QKNorm || (kv && !own) {
+				return nil
+			}
+			return norm(name, hd)
+		}
 		for _, err := range []error{
 			vec(p+"attn_norm.weight", sh.Dim),
 			mat(p+"attn_q.weight", i, qdim, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
@@ -446,6 +489,8 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 			kvBias(p+"attn_k.bias", kvdim),
 			kvMat(p+"attn_v.weight", kvdim),
 			kvBias(p+"attn_v.bias", kvdim),
+			qkNorm(p+"attn_q_norm.weight", false),
+			qkNorm(p+"attn_k_norm.weight", true),
 			mat(p+"attn_output.weight", i, sh.Dim, qdim, 0.5/math.Sqrt(float64(qdim))),
 			vec(p+"ffn_norm.weight", sh.Dim),
 			mat(p+"ffn_gate.weight", i, sh.Hidden, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
