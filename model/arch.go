@@ -28,6 +28,12 @@ type Arch struct {
 	// blk.N.attn_q_norm / attn_k_norm, [HeadDim] each) after its projection
 	// and before RoPE (Qwen 3).
 	QKNorm bool
+	// Gemma: Gemma 3's steps (Config.EmbedScale, PostNorms, GELU), its
+	// query scale, its local/global layers (attention.sliding_window on
+	// the layers attention.sliding_window_pattern (default 6) leaves local:
+	// i % pattern < pattern − 1, with rope.freq_base_swa (default 10000))
+	// and an optional final_logit_softcapping, as llama.cpp reads them.
+	Gemma bool
 }
 
 // Archs are the supported architectures. SmolLM, TinyLlama and Mistral
@@ -45,6 +51,7 @@ var Archs = map[string]Arch{
 	"mistral": {Name: "mistral", Rope: RopeInterleaved, Window: true},
 	"qwen2":   {Name: "qwen2", Rope: RopeNeoX, Biases: true},
 	"qwen3":   {Name: "qwen3", Rope: RopeNeoX, QKNorm: true},
+	"gemma3":  {Name: "gemma3", Rope: RopeNeoX, QKNorm: true, Gemma: true},
 }
 
 // ArchNames lists the supported architectures, sorted.
@@ -121,6 +128,48 @@ func Llama3RopeFactors(headDim int, theta, factor, lowFreq, highFreq float64, or
 	return out
 }
 
+// gemmaLayers sets Gemma 3's local/global layers from its window w (0:
+// every layer global): layer i is local (window w, RoPE base
+// rope.freq_base_swa) when i % pattern < pattern − 1, as llama.cpp's
+// set_swa_pattern; pattern is attention.sliding_window_pattern, default 6.
+func gemmaLayers(f *gguf.File, a Arch, c *Config, w int) error {
+	if w == 0 {
+		return nil
+	}
+	key := a.Name + ".attention.sliding_window_pattern"
+	pattern := 6
+	if _, ok := f.Lookup(key); ok {
+		v, err := f.Uint(key)
+		if err != nil {
+			return fmt.Errorf("model: %s: %w (a per-layer array is not supported)", key, err)
+		}
+		if v > 1<<20 {
+			return fmt.Errorf("model: %s = %d is out of range", key, v)
+		}
+		pattern = int(v)
+	}
+	c.LayerWindows = make([]int, c.Layers)
+	for i := range c.LayerWindows {
+		if pattern == 0 || i%pattern < pattern-1 {
+			c.LayerWindows[i] = w
+		}
+	}
+	c.LocalRopeTheta = 10000
+	if key := a.Name + ".rope.freq_base_swa"; hasKey(f, key) {
+		v, err := f.Float(key)
+		if err != nil {
+			return err
+		}
+		if !(v > 1) || math.IsInf(v, 0) {
+			return fmt.Errorf("model: %s = %g must be > 1", key, v)
+		}
+		c.LocalRopeTheta = float32(v)
+	}
+	return nil
+}
+
+func hasKey(f *gguf.File, key string) bool { _, ok := f.Lookup(key); return ok }
+
 // archFromGGUF reads the architecture-dependent settings: the RoPE style,
 // RoPE scaling and the sliding window. c.HeadDim and c.RopeTheta must be set.
 func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
@@ -149,11 +198,29 @@ func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 		if w > 1<<30 {
 			return fmt.Errorf("model: %s = %d is out of range", k("attention.sliding_window"), w)
 		}
-		if a.Window {
+		if a.Gemma {
+			if err := gemmaLayers(f, a, c, int(w)); err != nil {
+				return err
+			}
+		} else if a.Window {
 			c.SlidingWindow = int(w)
 		} else {
 			c.IgnoredSlidingWindow = int(w)
 		}
+	}
+	if a.Gemma {
+		c.EmbedScale = float32(math.Sqrt(float64(c.Dim)))
+		c.PostNorms, c.GELU = true, true
+		// llama.cpp's (and gemma_pytorch's) query scale: 1/√(Dim/Heads) for
+		// the 27B (62 layers, query_pre_attn_scalar 168), 1/√HeadDim otherwise.
+		if c.Layers == 62 {
+			c.AttnScale = float32(1 / math.Sqrt(float64(c.Dim/c.Heads)))
+		}
+		v, err := float("final_logit_softcapping", 0)
+		if err != nil {
+			return err
+		}
+		c.FinalSoftcap = float32(v)
 	}
 	typ := ""
 	if has("rope.scaling.type") {

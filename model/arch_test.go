@@ -25,6 +25,7 @@ type tinySpec struct {
 	theta, eps                          float32
 	tied, biases                        bool
 	qkNorm                              bool           // attn_q_norm / attn_k_norm ([head dim]) in every layer
+	postNorms                           bool           // post_attention_norm / post_ffw_norm ([dim]) in every layer
 	ropeFreqs                           []float32      // written as rope_freqs.weight
 	meta                                map[string]any // extra keys, without the arch prefix
 	tok                                 map[string]any // tokenizer.ggml.* keys (full names)
@@ -53,6 +54,7 @@ type tinyLayer struct {
 	wq, wk, wv, wo    [][]float64
 	bq, bk, bv        []float64
 	qNorm, kNorm      []float64 // [head dim] or nil
+	attnPost, ffnPost []float64 // [dim] or nil
 	wGate, wUp, wDown [][]float64
 }
 
@@ -114,6 +116,9 @@ func (s tinySpec) build(t testing.TB) (string, *tinyWeights) {
 		}
 		if s.qkNorm {
 			L.qNorm, L.kNorm = randVec(r, hd, 1, 0.3), randVec(r, hd, 1, 0.3)
+		}
+		if s.postNorms {
+			L.attnPost, L.ffnPost = randVec(r, s.dim, 1, 0.3), randVec(r, s.dim, 1, 0.3)
 		}
 		w.layers = append(w.layers, L)
 	}
@@ -183,6 +188,8 @@ func (s tinySpec) build(t testing.TB) (string, *tinyWeights) {
 		vec(p+"attn_v.bias", L.bv)
 		vec(p+"attn_q_norm.weight", L.qNorm)
 		vec(p+"attn_k_norm.weight", L.kNorm)
+		vec(p+"post_attention_norm.weight", L.attnPost)
+		vec(p+"post_ffw_norm.weight", L.ffnPost)
 		mat(p+"attn_output.weight", L.wo)
 		vec(p+"ffn_norm.weight", L.ffnNorm)
 		mat(p+"ffn_gate.weight", L.wGate)
@@ -693,7 +700,7 @@ func TestArchErrors(t *testing.T) {
 		mod    func(s *tinySpec)
 		substr string
 	}{
-		{"unknown arch", func(s *tinySpec) { s.arch = "gpt-neox" }, `architecture "gpt-neox" is not supported (supported: llama, mistral, qwen2, qwen3)`},
+		{"unknown arch", func(s *tinySpec) { s.arch = "gpt-neox" }, `architecture "gpt-neox" is not supported (supported: gemma3, llama, mistral, qwen2, qwen3)`},
 		{"unknown pre-tokenizer", func(s *tinySpec) { s.tok = bpeTok(270, "tekken", nil, -1, -1) }, `tokenizer.ggml.pre "tekken" is not supported`},
 		{"unknown tokenizer model", func(s *tinySpec) {
 			s.tok = map[string]any{"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": []string{"a"}}

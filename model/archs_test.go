@@ -16,7 +16,14 @@ import (
 // archStep is one architecture-specific step the reference can switch off,
 // to show that the match is that step's doing.
 type archStep struct {
-	qkNorm bool // per-head RMSNorm of queries and keys before RoPE (qwen3)
+	qkNorm    bool    // per-head RMSNorm of queries and keys before RoPE (qwen3, gemma3)
+	embScale  float64 // the embedding times this (gemma3: √dim); 0: 1
+	postNorms bool    // RMSNorm of the attention and FFN outputs before their residual adds (gemma3)
+	gelu      bool    // GeGLU (tanh GELU) instead of SwiGLU (gemma3)
+	attnScale float64 // q·k times this; 0: 1/√head dim
+	win       []int   // each layer's window (0 or nil: full attention)
+	local     float64 // the RoPE base of the windowed layers (gemma3); 0: theta
+	softcap   float64 // final logits c·tanh(x/c); 0: none
 }
 
 // newArch is an architecture's tiny model and its special steps.
@@ -38,6 +45,39 @@ var newArchs = []newArch{
 			theta: 1e6, eps: 1e-6, qkNorm: true, vocab: 300, tok: spmTok(300), seed: 53},
 		steps: archStep{qkNorm: true},
 		off:   map[string]archStep{"Q/K norm": {}}},
+	{name: "gemma3",
+		// Gemma 3's layout on 6 layers: layers 0-4 local (window 8, RoPE
+		// base 10000 from rope.freq_base_swa), layer 5 global (θ 1e6), as
+		// the default sliding_window_pattern 6; embedding × √64, Q/K norms,
+		// post-norms, GeGLU, tied classifier.
+		spec: tinySpec{arch: "gemma3", dim: 64, layers: 6, heads: 4, kvHeads: 2, headDim: 32, hidden: 96, ctx: 256,
+			theta: 1e6, eps: 1e-6, qkNorm: true, postNorms: true, tied: true, vocab: 300, tok: spmTok(300), seed: 59,
+			meta: map[string]any{"attention.sliding_window": uint32(8), "rope.freq_base_swa": float32(10000)}},
+		steps: gemma3Steps(nil),
+		off: map[string]archStep{
+			"Q/K norm": gemma3Steps(func(s *archStep) { s.qkNorm = false }), "embedding scale": gemma3Steps(func(s *archStep) { s.embScale = 0 }),
+			"post-norms": gemma3Steps(func(s *archStep) { s.postNorms = false }), "GeGLU": gemma3Steps(func(s *archStep) { s.gelu = false }),
+			"local RoPE base": gemma3Steps(func(s *archStep) { s.local = 0 }), "windows": gemma3Steps(func(s *archStep) { s.win = nil }),
+		}},
+}
+
+func init() {
+	// gemma3 with final_logit_softcapping (llama.cpp reads it when present).
+	g := newArchs[1]
+	g.name = "gemma3 softcap"
+	g.spec.meta = map[string]any{"attention.sliding_window": uint32(8), "rope.freq_base_swa": float32(10000), "final_logit_softcapping": float32(3)}
+	g.steps = gemma3Steps(func(s *archStep) { s.softcap = 3 })
+	g.off = map[string]archStep{"soft-capping": gemma3Steps(nil)}
+	newArchs = append(newArchs, g)
+}
+
+// gemma3Steps are the gemma3 case's steps, changed by f.
+func gemma3Steps(f func(*archStep)) archStep {
+	s := archStep{qkNorm: true, embScale: 8, postNorms: true, gelu: true, win: []int{8, 8, 8, 8, 8, 0}, local: 10000}
+	if f != nil {
+		f(&s)
+	}
+	return s
 }
 
 // refArchForward is the forward pass in float64, token after token, every
@@ -70,9 +110,16 @@ func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]f
 		}
 		return out
 	}
+	window := func(i int) int {
+		if st.win == nil {
+			return 0
+		}
+		return st.win[i]
+	}
+	theta := float64(s.theta)
 	rotate := func(v []float64, pos int) {
 		for j := 0; j < half; j++ {
-			a := float64(pos) * math.Pow(float64(s.theta), -float64(2*j)/float64(hd))
+			a := float64(pos) * math.Pow(theta, -float64(2*j)/float64(hd))
 			x0, x1 := v[j], v[j+half]
 			v[j] = x0*math.Cos(a) - x1*math.Sin(a)
 			v[j+half] = x0*math.Sin(a) + x1*math.Cos(a)
@@ -92,9 +139,22 @@ func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]f
 	vals := make([][][]float64, L)
 	group := s.heads / s.kvHeads
 	logits := make([][]float64, n)
+	scale := 1 / math.Sqrt(float64(hd))
+	if st.attnScale != 0 {
+		scale = st.attnScale
+	}
 	for t, id := range tokens {
 		x := slices.Clone(w.emb[id])
+		if st.embScale != 0 {
+			for c := range x {
+				x[c] *= st.embScale
+			}
+		}
 		for i, Ly := range w.layers {
+			theta = float64(s.theta)
+			if st.local != 0 && window(i) > 0 {
+				theta = st.local
+			}
 			xb := rms(x, Ly.attnNorm)
 			q, k, v := matvec(Ly.wq, xb), matvec(Ly.wk, xb), matvec(Ly.wv, xb)
 			heads(q, s.heads, Ly.qNorm, t)
@@ -106,11 +166,15 @@ func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]f
 				logit := make([]float64, t+1)
 				mx := math.Inf(-1)
 				for u := 0; u <= t; u++ {
+					if w := window(i); w > 0 && t-u >= w {
+						logit[u] = math.Inf(-1) // outside the window
+						continue
+					}
 					var d float64
 					for c := 0; c < hd; c++ {
 						d += q[h*hd+c] * keys[i][u][kh*hd+c]
 					}
-					logit[u] = d / math.Sqrt(float64(hd))
+					logit[u] = d * scale
 					mx = math.Max(mx, logit[u])
 				}
 				var sum float64
@@ -125,20 +189,36 @@ func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]f
 				}
 			}
 			o := matvec(Ly.wo, att)
+			if st.postNorms {
+				o = rms(o, Ly.attnPost)
+			}
 			for c := 0; c < D; c++ {
 				x[c] += o[c]
 			}
 			xb = rms(x, Ly.ffnNorm)
 			g, up := matvec(Ly.wGate, xb), matvec(Ly.wUp, xb)
 			for c := range g {
-				g[c] = g[c] / (1 + math.Exp(-g[c])) * up[c]
+				if st.gelu {
+					z := g[c]
+					g[c] = 0.5 * z * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(z+0.044715*z*z*z))) * up[c]
+				} else {
+					g[c] = g[c] / (1 + math.Exp(-g[c])) * up[c]
+				}
 			}
 			d := matvec(Ly.wDown, g)
+			if st.postNorms {
+				d = rms(d, Ly.ffnPost)
+			}
 			for c := 0; c < D; c++ {
 				x[c] += d[c]
 			}
 		}
 		logits[t] = matvec(w.out, rms(x, w.outNorm))
+		if st.softcap != 0 {
+			for c := range logits[t] {
+				logits[t][c] = st.softcap * math.Tanh(logits[t][c]/st.softcap)
+			}
+		}
 	}
 	return logits
 }
@@ -159,6 +239,10 @@ func TestArchsMatchReference(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
+			// Local layers are per-layer windows, so the cache bounds them.
+			if a.steps.win != nil && (!slices.Equal(m.LayerWindows, a.steps.win) || m.CacheWindows() == nil) {
+				t.Fatalf("layer windows %v (cache windows %v), want %v", m.LayerWindows, m.CacheWindows(), a.steps.win)
+			}
 			r := rand.New(rand.NewPCG(11, uint64(len(a.name))))
 			prompts := make([][]int, 3)
 			refs := make([][][]float64, 3)

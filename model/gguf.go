@@ -116,6 +116,15 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 				kv       bool
 			}{{&L.QNorm, "attn_q_norm.weight", cfg.HeadDim, false, false}, {&L.KNorm, "attn_k_norm.weight", cfg.HeadDim, false, true}}...)
 		}
+		if cfg.PostNorms {
+			vecs = append(vecs, []struct {
+				dst      *[]float32
+				name     string
+				n        int
+				optional bool
+				kv       bool
+			}{{&L.AttnPost, "post_attention_norm.weight", cfg.Dim, false, false}, {&L.FFNPost, "post_ffw_norm.weight", cfg.Dim, false, false}}...)
+		}
 		for _, v := range vecs {
 			if v.kv && !own {
 				continue
@@ -261,8 +270,14 @@ func kvMapFromGGUF(f *gguf.File, arch string, c *Config) error {
 	if c.KVSource, err = read(KeyKVSource); err != nil {
 		return err
 	}
-	if c.LayerWindows, err = read(KeyLayerWindow); err != nil {
+	// An explicit layer_window takes precedence over the windows an
+	// architecture derives (gemma3's sliding_window_pattern).
+	win, err := read(KeyLayerWindow)
+	if err != nil {
 		return err
+	}
+	if win != nil {
+		c.LayerWindows = win
 	}
 	return nil
 }

@@ -37,6 +37,17 @@ type genShape struct {
 	// QKNorm: per-head RMSNorm weights of queries and keys (qwen3's
 	// attn_q_norm / attn_k_norm, [head dim]), drawn N(1, 0.3²).
 	QKNorm bool
+	// PostNorms: post_attention_norm / post_ffw_norm ([dim], drawn N(1,
+	// 0.3²)) in every layer (gemma3).
+	PostNorms bool
+	// Window, Pattern and LocalTheta, if set, are written as
+	// attention.sliding_window, attention.sliding_window_pattern and
+	// rope.freq_base_swa (gemma3's local layers).
+	Window, Pattern int
+	LocalTheta      float32
+	// EmbStd is the embedding's standard deviation (0: 1); gemma3's 1/√Dim
+	// makes the scaled embedding (×√Dim) of unit size, as Gemma's are.
+	EmbStd float64
 	// Llama3Rope, if set, is Llama 3.1's rope_scaling (type llama3), written
 	// as the rope_freqs.weight tensor llama.cpp's converter stores.
 	Llama3Rope *genLlama3Rope
@@ -93,6 +104,12 @@ var genShapes = map[string]genShape{
 	// eps 1e-6, untied classifier; with stories260K's vocabulary.
 	"qwen3-tiny": {Arch: "qwen3", Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 128, Hidden: 512, Ctx: 256, RopeTheta: 1e6, Eps: 1e-6,
 		QKNorm: true},
+	// For tests against llama.cpp: a gemma3 model of 3 layers, local
+	// (window 16, RoPE base 10000) and global (θ 1e6) as sliding_window_pattern 3
+	// makes them (layers 0-1 local, 2 global); Q/K norms and post-norms,
+	// GeGLU, the embedding times √256; an untied classifier (Gemma ties it: tied, these random weights make every step repeat the last token).
+	"gemma3-tiny": {Arch: "gemma3", Dim: 256, Layers: 3, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 1e6, Eps: 1e-6,
+		QKNorm: true, PostNorms: true, Window: 16, Pattern: 3, LocalTheta: 10000, EmbStd: 1.0 / 16},
 	// Architectures that share KV across layers (docs/ARCHITECTURES.md),
 	// for tests and benchmarks: width 256 (head dim 64), GQA 4:2 unless
 	// named otherwise, context 4096, the llama2 vocabulary.
@@ -386,6 +403,15 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 	if sh.HeadDim > 0 {
 		kvs = append(kvs, genKV{a + ".attention.key_length", uint32(hd)}, genKV{a + ".attention.value_length", uint32(hd)})
 	}
+	if sh.Window > 0 {
+		kvs = append(kvs, genKV{a + ".attention.sliding_window", uint32(sh.Window)})
+	}
+	if sh.Pattern > 0 {
+		kvs = append(kvs, genKV{a + ".attention.sliding_window_pattern", uint32(sh.Pattern)})
+	}
+	if sh.LocalTheta > 0 {
+		kvs = append(kvs, genKV{a + ".rope.freq_base_swa", sh.LocalTheta})
+	}
 	kvmap := model.Config{Layers: sh.Layers, KVSource: sh.KVSource, LayerWindows: sh.LayerWindows}
 	for _, m := range convert.KVMapMetadata(a, kvmap) {
 		kvs = append(kvs, genKV{m.Key, m.Val})
@@ -451,7 +477,11 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 		})
 	}
 	qdim, kvdim := sh.Heads*hd, sh.KVHeads*hd
-	if err := mat("token_embd.weight", 0, vocab, sh.Dim, 1); err != nil {
+	embStd := 1.0
+	if sh.EmbStd > 0 {
+		embStd = sh.EmbStd
+	}
+	if err := mat("token_embd.weight", 0, vocab, sh.Dim, embStd); err != nil {
 		return nil, nil, err
 	}
 	if r := sh.Llama3Rope; r != nil {
@@ -481,6 +511,12 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 			}
 			return norm(name, hd)
 		}
+		postNorm := func(name string) error {
+			if !sh.PostNorms {
+				return nil
+			}
+			return norm(name, sh.Dim)
+		}
 		for _, err := range []error{
 			vec(p+"attn_norm.weight", sh.Dim),
 			mat(p+"attn_q.weight", i, qdim, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
@@ -492,7 +528,9 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 			qkNorm(p+"attn_q_norm.weight", false),
 			qkNorm(p+"attn_k_norm.weight", true),
 			mat(p+"attn_output.weight", i, sh.Dim, qdim, 0.5/math.Sqrt(float64(qdim))),
+			postNorm(p + "post_attention_norm.weight"),
 			vec(p+"ffn_norm.weight", sh.Dim),
+			postNorm(p + "post_ffw_norm.weight"),
 			mat(p+"ffn_gate.weight", i, sh.Hidden, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
 			mat(p+"ffn_down.weight", i, sh.Dim, sh.Hidden, 0.5/math.Sqrt(float64(sh.Hidden))),
 			mat(p+"ffn_up.weight", i, sh.Hidden, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
