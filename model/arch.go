@@ -28,12 +28,25 @@ type Arch struct {
 	// blk.N.attn_q_norm / attn_k_norm, [HeadDim] each) after its projection
 	// and before RoPE (Qwen 3).
 	QKNorm bool
-	// Gemma: Gemma 3's steps (Config.EmbedScale, PostNorms, GELU), its
-	// query scale, its local/global layers (attention.sliding_window on
-	// the layers attention.sliding_window_pattern (default 6) leaves local:
-	// i % pattern < pattern − 1, with rope.freq_base_swa (default 10000))
-	// and an optional final_logit_softcapping, as llama.cpp reads them.
-	Gemma bool
+	// Gemma: Gemma's steps (Config.EmbedScale, PostNorms, GELU), its
+	// query scale, an optional final_logit_softcapping, and local/global
+	// layers: attention.sliding_window (SWADefault when absent; 0: no
+	// local layers) on the layers attention.sliding_window_pattern
+	// (SWAPattern when absent) leaves local, i % pattern < pattern − 1,
+	// with RoPE base rope.freq_base_swa (LocalTheta when absent; 0: the
+	// global base), all as llama.cpp reads them.
+	Gemma      bool
+	SWADefault int
+	SWAPattern int
+	LocalTheta float32
+	// BigLayers is the layer count of the model whose query scale is
+	// 1/√(Dim/Heads) instead of 1/√HeadDim (the 27B's query_pre_attn_scalar,
+	// which GGUF does not carry; llama.cpp tells it by its layer count).
+	BigLayers int
+	// Softcaps: attention logits are soft-capped by attn_logit_softcapping
+	// (default 50) and the final logits by final_logit_softcapping
+	// (default 30), always (Gemma 2).
+	Softcaps bool
 }
 
 // Archs are the supported architectures. SmolLM, TinyLlama and Mistral
@@ -51,7 +64,8 @@ var Archs = map[string]Arch{
 	"mistral": {Name: "mistral", Rope: RopeInterleaved, Window: true},
 	"qwen2":   {Name: "qwen2", Rope: RopeNeoX, Biases: true},
 	"qwen3":   {Name: "qwen3", Rope: RopeNeoX, QKNorm: true},
-	"gemma3":  {Name: "gemma3", Rope: RopeNeoX, QKNorm: true, Gemma: true},
+	"gemma2":  {Name: "gemma2", Rope: RopeNeoX, Gemma: true, SWADefault: 4096, SWAPattern: 2, BigLayers: 46, Softcaps: true},
+	"gemma3":  {Name: "gemma3", Rope: RopeNeoX, QKNorm: true, Gemma: true, SWAPattern: 6, LocalTheta: 10000, BigLayers: 62},
 }
 
 // ArchNames lists the supported architectures, sorted.
@@ -128,16 +142,17 @@ func Llama3RopeFactors(headDim int, theta, factor, lowFreq, highFreq float64, or
 	return out
 }
 
-// gemmaLayers sets Gemma 3's local/global layers from its window w (0:
+// gemmaLayers sets Gemma's local/global layers from its window w (0:
 // every layer global): layer i is local (window w, RoPE base
 // rope.freq_base_swa) when i % pattern < pattern − 1, as llama.cpp's
-// set_swa_pattern; pattern is attention.sliding_window_pattern, default 6.
+// set_swa_pattern; pattern is attention.sliding_window_pattern, default
+// a.SWAPattern.
 func gemmaLayers(f *gguf.File, a Arch, c *Config, w int) error {
 	if w == 0 {
 		return nil
 	}
 	key := a.Name + ".attention.sliding_window_pattern"
-	pattern := 6
+	pattern := a.SWAPattern
 	if _, ok := f.Lookup(key); ok {
 		v, err := f.Uint(key)
 		if err != nil {
@@ -154,7 +169,7 @@ func gemmaLayers(f *gguf.File, a Arch, c *Config, w int) error {
 			c.LayerWindows[i] = w
 		}
 	}
-	c.LocalRopeTheta = 10000
+	c.LocalRopeTheta = a.LocalTheta
 	if key := a.Name + ".rope.freq_base_swa"; hasKey(f, key) {
 		v, err := f.Float(key)
 		if err != nil {
@@ -190,6 +205,7 @@ func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 		}
 		return v, nil
 	}
+	window := a.SWADefault
 	if has("attention.sliding_window") {
 		w, err := f.Uint(k("attention.sliding_window"))
 		if err != nil {
@@ -199,9 +215,7 @@ func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 			return fmt.Errorf("model: %s = %d is out of range", k("attention.sliding_window"), w)
 		}
 		if a.Gemma {
-			if err := gemmaLayers(f, a, c, int(w)); err != nil {
-				return err
-			}
+			window = int(w)
 		} else if a.Window {
 			c.SlidingWindow = int(w)
 		} else {
@@ -209,14 +223,26 @@ func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 		}
 	}
 	if a.Gemma {
+		if err := gemmaLayers(f, a, c, window); err != nil {
+			return err
+		}
 		c.EmbedScale = float32(math.Sqrt(float64(c.Dim)))
 		c.PostNorms, c.GELU = true, true
 		// llama.cpp's (and gemma_pytorch's) query scale: 1/√(Dim/Heads) for
-		// the 27B (62 layers, query_pre_attn_scalar 168), 1/√HeadDim otherwise.
-		if c.Layers == 62 {
+		// the 27B (query_pre_attn_scalar 144 / 168), 1/√HeadDim otherwise.
+		if c.Layers == a.BigLayers {
 			c.AttnScale = float32(1 / math.Sqrt(float64(c.Dim/c.Heads)))
 		}
-		v, err := float("final_logit_softcapping", 0)
+		def := 0.0
+		if a.Softcaps {
+			def = 30
+			v, err := float("attn_logit_softcapping", 50)
+			if err != nil {
+				return err
+			}
+			c.AttnSoftcap = float32(v)
+		}
+		v, err := float("final_logit_softcapping", def)
 		if err != nil {
 			return err
 		}

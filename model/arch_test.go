@@ -700,7 +700,7 @@ func TestArchErrors(t *testing.T) {
 		mod    func(s *tinySpec)
 		substr string
 	}{
-		{"unknown arch", func(s *tinySpec) { s.arch = "gpt-neox" }, `architecture "gpt-neox" is not supported (supported: gemma3, llama, mistral, qwen2, qwen3)`},
+		{"unknown arch", func(s *tinySpec) { s.arch = "gpt-neox" }, `architecture "gpt-neox" is not supported (supported: gemma2, gemma3, llama, mistral, qwen2, qwen3)`},
 		{"unknown pre-tokenizer", func(s *tinySpec) { s.tok = bpeTok(270, "tekken", nil, -1, -1) }, `tokenizer.ggml.pre "tekken" is not supported`},
 		{"unknown tokenizer model", func(s *tinySpec) {
 			s.tok = map[string]any{"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": []string{"a"}}

@@ -24,6 +24,7 @@ type archStep struct {
 	win       []int   // each layer's window (0 or nil: full attention)
 	local     float64 // the RoPE base of the windowed layers (gemma3); 0: theta
 	softcap   float64 // final logits c·tanh(x/c); 0: none
+	attnCap   float64 // scaled attention scores c·tanh(s/c); 0: none (gemma2)
 }
 
 // newArch is an architecture's tiny model and its special steps.
@@ -62,6 +63,20 @@ var newArchs = []newArch{
 }
 
 func init() {
+	// Gemma 2 on 6 layers: local (window 8) and global layers alternate
+	// (the default sliding_window_pattern 2), one RoPE base; embedding ×
+	// √64, post-norms, GeGLU, attention and final soft-capping (small caps,
+	// 2 and 3, so that they bend these scores and logits).
+	newArchs = append(newArchs, newArch{name: "gemma2",
+		spec: tinySpec{arch: "gemma2", dim: 64, layers: 6, heads: 4, kvHeads: 2, headDim: 32, hidden: 96, ctx: 256,
+			theta: 10000, eps: 1e-6, postNorms: true, tied: true, vocab: 300, tok: spmTok(300), seed: 61,
+			meta: map[string]any{"attention.sliding_window": uint32(8), "attn_logit_softcapping": float32(2), "final_logit_softcapping": float32(3)}},
+		steps: gemma2Steps(nil),
+		off: map[string]archStep{
+			"attention soft-cap": gemma2Steps(func(s *archStep) { s.attnCap = 0 }), "final soft-cap": gemma2Steps(func(s *archStep) { s.softcap = 0 }),
+			"embedding scale": gemma2Steps(func(s *archStep) { s.embScale = 0 }), "post-norms": gemma2Steps(func(s *archStep) { s.postNorms = false }),
+			"GeGLU": gemma2Steps(func(s *archStep) { s.gelu = false }), "windows": gemma2Steps(func(s *archStep) { s.win = nil }),
+		}})
 	// gemma3 with final_logit_softcapping (llama.cpp reads it when present).
 	g := newArchs[1]
 	g.name = "gemma3 softcap"
@@ -69,6 +84,15 @@ func init() {
 	g.steps = gemma3Steps(func(s *archStep) { s.softcap = 3 })
 	g.off = map[string]archStep{"soft-capping": gemma3Steps(nil)}
 	newArchs = append(newArchs, g)
+}
+
+// gemma2Steps are the gemma2 case's steps, changed by f.
+func gemma2Steps(f func(*archStep)) archStep {
+	s := archStep{embScale: 8, postNorms: true, gelu: true, win: []int{8, 0, 8, 0, 8, 0}, attnCap: 2, softcap: 3}
+	if f != nil {
+		f(&s)
+	}
+	return s
 }
 
 // gemma3Steps are the gemma3 case's steps, changed by f.
@@ -175,6 +199,9 @@ func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]f
 						d += q[h*hd+c] * keys[i][u][kh*hd+c]
 					}
 					logit[u] = d * scale
+					if st.attnCap != 0 {
+						logit[u] = st.attnCap * math.Tanh(logit[u]/st.attnCap)
+					}
 					mx = math.Max(mx, logit[u])
 				}
 				var sum float64
@@ -320,6 +347,48 @@ func TestArchsMatchReference(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestGemmaDefaults: without the keys, a gemma2 file gets llama.cpp's
+// defaults (window 4096 on every other layer from layer 0, attention
+// soft-cap 50, final 30, one RoPE base) and a gemma3 file no local layers
+// and no soft-capping; a 27B-shaped layer count takes the query scale
+// 1/√(dim/heads).
+func TestGemmaDefaults(t *testing.T) {
+	g2 := tinySpec{arch: "gemma2", dim: 64, layers: 4, heads: 4, kvHeads: 2, headDim: 32, hidden: 96, ctx: 256,
+		theta: 10000, eps: 1e-6, postNorms: true, tied: true, vocab: 300, tok: spmTok(300), seed: 3}
+	path, _ := g2.build(t)
+	m, _, err := LoadGGUF(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.Config
+	m.Close()
+	if !slices.Equal(c.LayerWindows, []int{4096, 0, 4096, 0}) || c.AttnSoftcap != 50 || c.FinalSoftcap != 30 || c.LocalRopeTheta != 0 || c.AttnScale != 0 {
+		t.Errorf("gemma2 defaults: windows %v, soft-caps %g %g, local θ %g, scale %g", c.LayerWindows, c.AttnSoftcap, c.FinalSoftcap, c.LocalRopeTheta, c.AttnScale)
+	}
+	g3 := g2
+	g3.arch, g3.qkNorm = "gemma3", true
+	path, _ = g3.build(t)
+	if m, _, err = LoadGGUF(path); err != nil {
+		t.Fatal(err)
+	}
+	c = m.Config
+	m.Close()
+	if c.LayerWindows != nil || c.AttnSoftcap != 0 || c.FinalSoftcap != 0 || c.EmbedScale != 8 {
+		t.Errorf("gemma3 defaults: windows %v, soft-caps %g %g, embedding ×%g", c.LayerWindows, c.AttnSoftcap, c.FinalSoftcap, c.EmbedScale)
+	}
+	big := g2
+	big.layers = 46 // Gemma 2 27B's count: dim/heads = 16, head dim 32
+	path, _ = big.build(t)
+	if m, _, err = LoadGGUF(path); err != nil {
+		t.Fatal(err)
+	}
+	c = m.Config
+	m.Close()
+	if c.AttnScale != 0.25 {
+		t.Errorf("46-layer gemma2: query scale %g, want 1/√16", c.AttnScale)
 	}
 }
 

@@ -44,7 +44,7 @@ type Config struct {
 	// QKNorm: each query and key head is RMS-normalised by its layer's
 	// QNorm / KNorm ([HeadDim]) before RoPE (qwen3; Arch.QKNorm).
 	QKNorm bool `json:",omitempty"`
-	// Gemma's steps (gemma3; Arch.Gemma): EmbedScale multiplies every
+	// Gemma's steps (gemma2, gemma3; Arch.Gemma): EmbedScale multiplies every
 	// token's embedding (√Dim; 0: none); PostNorms RMS-normalises the
 	// attention output and the FFN output by the layer's AttnPostNorm /
 	// FFNPostNorm before each residual add; GELU makes the FFN GeGLU
@@ -57,6 +57,9 @@ type Config struct {
 	// LocalRopeTheta is the RoPE base of the windowed layers (Window(i) >
 	// 0), 0 for RopeTheta in every layer (gemma3's rope.freq_base_swa).
 	LocalRopeTheta float32 `json:",omitempty"`
+	// AttnSoftcap caps every scaled attention score s: c·tanh(s/c) before
+	// the softmax (0: none; gemma2's attn_logit_softcapping).
+	AttnSoftcap float32 `json:",omitempty"`
 	// FinalSoftcap caps the logits: c·tanh(logit/c) (0: none;
 	// {arch}.final_logit_softcapping).
 	FinalSoftcap float32 `json:",omitempty"`

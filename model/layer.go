@@ -181,7 +181,7 @@ func (m *Model) layer(li int, p *pass) error {
 					return append(cs[:len(cs):len(cs)], extra[h])
 				}
 			}
-			att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Window: int32(c.Window(li)),
+			att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Softcap: c.AttnSoftcap, Window: int32(c.Window(li)),
 				Strict: later, Dummy: later,
 				Q: p.q[lo*qd : hi*qd], Out: p.att[lo*qd : hi*qd], Pos: p.pos[lo:hi],
 				Segs: segs, Mass: p.mass[i]}

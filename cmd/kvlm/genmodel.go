@@ -45,8 +45,13 @@ type genShape struct {
 	// rope.freq_base_swa (gemma3's local layers).
 	Window, Pattern int
 	LocalTheta      float32
+	// AttnSoftcap and FinalSoftcap, if set, are written as
+	// attn_logit_softcapping and final_logit_softcapping (gemma2).
+	AttnSoftcap, FinalSoftcap float32
 	// EmbStd is the embedding's standard deviation (0: 1); gemma3's 1/√Dim
-	// makes the scaled embedding (×√Dim) of unit size, as Gemma's are.
+	// makes the scaled embedding (×√Dim) of unit size, as Gemma's are;
+	// gemma2's 1/(4√Dim) keeps the tied classifier from repeating the last
+	// token at every step.
 	EmbStd float64
 	// Llama3Rope, if set, is Llama 3.1's rope_scaling (type llama3), written
 	// as the rope_freqs.weight tensor llama.cpp's converter stores.
@@ -110,6 +115,17 @@ var genShapes = map[string]genShape{
 	// GeGLU, the embedding times √256; an untied classifier (Gemma ties it: tied, these random weights make every step repeat the last token).
 	"gemma3-tiny": {Arch: "gemma3", Dim: 256, Layers: 3, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 1e6, Eps: 1e-6,
 		QKNorm: true, PostNorms: true, Window: 16, Pattern: 3, LocalTheta: 10000, EmbStd: 1.0 / 16},
+	// For tests against llama.cpp: a gemma2 model of 4 layers, local
+	// (window 16) and global alternating (layers 0 and 2 local, the default
+	// pattern 2), one RoPE base; post-norms, GeGLU, the embedding times
+	// √256, Gemma 2's soft-caps 50 (attention) and 30 (final), the tied
+	// classifier llama.cpp requires of gemma2.
+	"gemma2-tiny": {Arch: "gemma2", Dim: 256, Layers: 4, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 10000, Eps: 1e-6,
+		Tied: true, PostNorms: true, Window: 16, AttnSoftcap: 50, FinalSoftcap: 30, EmbStd: 1.0 / 64},
+	// gemma2-tiny with caps small enough to bend its scores and logits
+	// (attention 1, final 1), so that llama.cpp's soft-capping is checked.
+	"gemma2-cap-tiny": {Arch: "gemma2", Dim: 256, Layers: 4, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 10000, Eps: 1e-6,
+		Tied: true, PostNorms: true, Window: 16, AttnSoftcap: 1, FinalSoftcap: 1, EmbStd: 1.0 / 64},
 	// Architectures that share KV across layers (docs/ARCHITECTURES.md),
 	// for tests and benchmarks: width 256 (head dim 64), GQA 4:2 unless
 	// named otherwise, context 4096, the llama2 vocabulary.
@@ -408,6 +424,12 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 	}
 	if sh.Pattern > 0 {
 		kvs = append(kvs, genKV{a + ".attention.sliding_window_pattern", uint32(sh.Pattern)})
+	}
+	if sh.AttnSoftcap > 0 {
+		kvs = append(kvs, genKV{a + ".attn_logit_softcapping", sh.AttnSoftcap})
+	}
+	if sh.FinalSoftcap > 0 {
+		kvs = append(kvs, genKV{a + ".final_logit_softcapping", sh.FinalSoftcap})
 	}
 	if sh.LocalTheta > 0 {
 		kvs = append(kvs, genKV{a + ".rope.freq_base_swa", sh.LocalTheta})

@@ -178,6 +178,9 @@ func printInspect(w io.Writer, path string, info inspectJSON) {
 	if c.AttnScale != 0 {
 		fmt.Fprintf(w, ", query scale %g", c.AttnScale)
 	}
+	if c.AttnSoftcap != 0 {
+		fmt.Fprintf(w, ", attention soft-cap %g", c.AttnSoftcap)
+	}
 	if c.FinalSoftcap != 0 {
 		fmt.Fprintf(w, ", final logit soft-cap %g", c.FinalSoftcap)
 	}

@@ -174,17 +174,21 @@ var llamaArchCases = []struct {
 	tol        float64
 }{
 	{"qwen3-tiny", "F32", 1e-4}, {"qwen3-tiny", "Q8_0", 0.02}, {"qwen3-tiny", "Q4_K_M", 0.02},
-	// gemma3: llama.cpp's GELU is a table of float16 values (ggml's
+	// gemma2, gemma3: llama.cpp's GELU is a table of float16 values (ggml's
 	// GGML_GELU_FP16), kvlm's the exact tanh formula: F32 within 2e-3, the
 	// quantized files within 0.04 (README.md).
+	{"gemma2-tiny", "F32", 2e-3}, {"gemma2-tiny", "Q8_0", 0.04}, {"gemma2-tiny", "Q4_K_M", 0.04},
+	{"gemma2-cap-tiny", "F32", 2e-3},
 	{"gemma3-tiny", "F32", 2e-3}, {"gemma3-tiny", "Q8_0", 0.04}, {"gemma3-tiny", "Q4_K_M", 0.04},
 }
 
 // archInspect is what kvlm inspect must print of each architecture's
 // shape: its settings.
 var archInspect = map[string][]string{
-	"qwen3-tiny":  {"architecture qwen3:", "head dim 128", "rope neox θ=1e+06", "Q/K norm"},
-	"gemma3-tiny": {"architecture gemma3:", "Q/K norm", "embedding ×16", "post-norms", "GeGLU", "local layers 0-1 (window 16, rope θ=10000; the others global)"},
+	"qwen3-tiny":      {"architecture qwen3:", "head dim 128", "rope neox θ=1e+06", "Q/K norm"},
+	"gemma2-tiny":     {"architecture gemma2:", "embedding ×16", "post-norms", "GeGLU", "attention soft-cap 50", "final logit soft-cap 30"},
+	"gemma2-cap-tiny": {"attention soft-cap 1", "final logit soft-cap 1"},
+	"gemma3-tiny":     {"architecture gemma3:", "Q/K norm", "embedding ×16", "post-norms", "GeGLU", "local layers 0-1 (window 16, rope θ=10000; the others global)"},
 }
 
 // TestMatchesLlamaCppArchs: on files kvlm writes of each architecture
