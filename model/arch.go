@@ -47,6 +47,10 @@ type Arch struct {
 	// (default 50) and the final logits by final_logit_softcapping
 	// (default 30), always (Gemma 2).
 	Softcaps bool
+	// Fused: the Q, K and V projections are one matrix (blk.N.attn_qkv,
+	// rows Q then K then V) and the FFN's gate and up one (blk.N.ffn_up,
+	// 2·HiddenDim rows, gate first), as Phi-3.
+	Fused bool
 }
 
 // Archs are the supported architectures. SmolLM, TinyLlama and Mistral
@@ -59,11 +63,15 @@ type Arch struct {
 // use_sliding_window is false (the released models), and when true windows
 // only the layers from max_window_layers on; GGUF has neither key, and
 // llama.cpp runs qwen2 with full attention, as kvlm does.
+//
+// Phi-3's attention.sliding_window (2047 in Phi-3-mini) is read but not
+// applied, as llama.cpp does.
 var Archs = map[string]Arch{
 	"llama":   {Name: "llama", Rope: RopeInterleaved, Window: true},
 	"mistral": {Name: "mistral", Rope: RopeInterleaved, Window: true},
 	"qwen2":   {Name: "qwen2", Rope: RopeNeoX, Biases: true},
 	"qwen3":   {Name: "qwen3", Rope: RopeNeoX, QKNorm: true},
+	"phi3":    {Name: "phi3", Rope: RopeNeoX, Fused: true},
 	"gemma2":  {Name: "gemma2", Rope: RopeNeoX, Gemma: true, SWADefault: 4096, SWAPattern: 2, BigLayers: 46, Softcaps: true},
 	"gemma3":  {Name: "gemma3", Rope: RopeNeoX, QKNorm: true, Gemma: true, SWAPattern: 6, LocalTheta: 10000, BigLayers: 62},
 }
@@ -300,6 +308,13 @@ func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 		c.RopeFreqFactors = Llama3RopeFactors(c.HeadDim, float64(c.RopeTheta), factor, low, high, orig)
 	default:
 		return fmt.Errorf("model: %s = %q is not supported (supported: none, linear, llama3)", k("rope.scaling.type"), typ)
+	}
+	// Phi-3's LongRoPE (the 128K models) keeps two factor sets, chosen by
+	// the context length: not supported.
+	for _, name := range []string{"rope_factors_long.weight", "rope_factors_short.weight"} {
+		if _, ok := f.Tensor(name); ok {
+			return fmt.Errorf("model: tensor %s: LongRoPE (Phi-3's 128K-context models) is not supported; the 4K-context models are", name)
+		}
 	}
 	// Precomputed factors, as llama.cpp's converter writes them for Llama
 	// 3.1 and later, take precedence.

@@ -25,6 +25,7 @@ type archStep struct {
 	local     float64 // the RoPE base of the windowed layers (gemma3); 0: theta
 	softcap   float64 // final logits c·tanh(x/c); 0: none
 	attnCap   float64 // scaled attention scores c·tanh(s/c); 0: none (gemma2)
+	swapGU    bool    // gate and up exchanged: the halves of a fused ffn_up read the wrong way round
 }
 
 // newArch is an architecture's tiny model and its special steps.
@@ -63,6 +64,12 @@ var newArchs = []newArch{
 }
 
 func init() {
+	// Phi-3's layout: fused attn_qkv and ffn_up (gate rows, then up), NEOX
+	// RoPE, GQA (Phi-3-medium's 40 heads on 10 KV heads).
+	newArchs = append(newArchs, newArch{name: "phi3",
+		spec: tinySpec{arch: "phi3", dim: 64, layers: 2, heads: 4, kvHeads: 2, hidden: 96, ctx: 256,
+			theta: 10000, eps: 1e-5, fused: true, vocab: 300, tok: spmTok(300), seed: 67},
+		off: map[string]archStep{"fused gate/up order": {swapGU: true}}})
 	// Gemma 2 on 6 layers: local (window 8) and global layers alternate
 	// (the default sliding_window_pattern 2), one RoPE base; embedding ×
 	// √64, post-norms, GeGLU, attention and final soft-capping (small caps,
@@ -224,6 +231,9 @@ func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]f
 			}
 			xb = rms(x, Ly.ffnNorm)
 			g, up := matvec(Ly.wGate, xb), matvec(Ly.wUp, xb)
+			if st.swapGU {
+				g, up = up, g
+			}
 			for c := range g {
 				if st.gelu {
 					z := g[c]

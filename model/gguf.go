@@ -86,8 +86,33 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 			{&L.WUp, "ffn_up.weight", cfg.HiddenDim, cfg.Dim, false},
 			{&L.WDown, "ffn_down.weight", cfg.Dim, cfg.HiddenDim, false},
 		}
+		fused := Archs[cfg.Arch].Fused
+		if fused {
+			if !own {
+				return nil, nil, fmt.Errorf("model: %s has fused Q/K/V projections; a KV source map (%s.%s) is not supported", cfg.Arch, cfg.Arch, KeyKVSource)
+			}
+			// Q, K, V as row ranges of attn_qkv; gate and up of ffn_up.
+			qkv, err := ggufSplit(f, p+"attn_qkv.weight", cfg.Dim, cfg.QDim(), cfg.KVDim(), cfg.KVDim())
+			if err != nil {
+				return nil, nil, err
+			}
+			L.Wq, L.Wk, L.Wv = qkv[0], qkv[1], qkv[2]
+			gu, err := ggufSplit(f, p+"ffn_up.weight", cfg.Dim, cfg.HiddenDim, cfg.HiddenDim)
+			if err != nil {
+				return nil, nil, err
+			}
+			L.WGate, L.WUp = gu[0], gu[1]
+			for _, name := range []string{"attn_q.weight", "attn_k.weight", "attn_v.weight", "ffn_gate.weight"} {
+				if _, ok := f.Tensor(p + name); ok {
+					return nil, nil, fmt.Errorf("model: tensor %s%s present, but %s has fused projections (attn_qkv, ffn_up)", p, name, cfg.Arch)
+				}
+			}
+		}
 		for _, t := range mats {
 			if t.kv && !own {
+				continue
+			}
+			if fused && t.name != "attn_output.weight" && t.name != "ffn_down.weight" {
 				continue
 			}
 			if *t.dst, err = ggufMatrix(f, p+t.name, t.rows, t.cols, true); err != nil {
@@ -310,6 +335,43 @@ func ggufMatrix(f *gguf.File, name string, rows, cols int, product bool) (*tenso
 		return nil, fmt.Errorf("model: tensor %s: %w", name, err)
 	}
 	return m, nil
+}
+
+// ggufSplit wraps consecutive row ranges (of rows[i] rows each, of cols
+// values) of one 2-D tensor as matrices: the parts of a fused projection.
+func ggufSplit(f *gguf.File, name string, cols int, rows ...int) ([]*tensor.Matrix, error) {
+	total := 0
+	for _, r := range rows {
+		total += r
+	}
+	t, ok := f.Tensor(name)
+	if !ok {
+		return nil, fmt.Errorf("model: missing tensor %s", name)
+	}
+	if len(t.Shape) != 2 || int(t.Shape[0]) != cols || int(t.Shape[1]) != total {
+		return nil, fmt.Errorf("model: tensor %s has shape %v, config implies [%d %d]", name, t.Shape, cols, total)
+	}
+	if !t.Type.Supported() {
+		return nil, fmt.Errorf("model: tensor %s has type %s, which is not supported", name, t.Type)
+	}
+	rb, err := t.Type.RowBytes(cols)
+	if err != nil {
+		return nil, fmt.Errorf("model: tensor %s: %w", name, err)
+	}
+	wrap := tensor.NewMatrix
+	if f.Writable() {
+		wrap = tensor.NewPanelMatrix
+	}
+	data := f.TensorData(t)
+	out := make([]*tensor.Matrix, len(rows))
+	r0 := 0
+	for i, r := range rows {
+		if out[i], err = wrap(t.Type, r, cols, data[r0*rb:(r0+r)*rb]); err != nil {
+			return nil, fmt.Errorf("model: tensor %s: %w", name, err)
+		}
+		r0 += r
+	}
+	return out, nil
 }
 
 // ggufVector reads a 1-D tensor of n values as float32 (a copy).

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -48,6 +49,13 @@ type genShape struct {
 	// AttnSoftcap and FinalSoftcap, if set, are written as
 	// attn_logit_softcapping and final_logit_softcapping (gemma2).
 	AttnSoftcap, FinalSoftcap float32
+	// Name, if set, replaces the shape's name in general.name: llama.cpp
+	// looks for "phi3" or "phi-3" in general.name (lowercased) and then requires Phi-3's special
+	// tokens (<|endoftext|>) in the vocabulary, which stories260K's lacks.
+	Name string
+	// Fused: one attn_qkv matrix (Q, K, V rows) and one ffn_up (gate rows,
+	// then up) instead of the separate ones (phi3).
+	Fused bool
 	// EmbStd is the embedding's standard deviation (0: 1); gemma3's 1/√Dim
 	// makes the scaled embedding (×√Dim) of unit size, as Gemma's are;
 	// gemma2's 1/(4√Dim) keeps the tied classifier from repeating the last
@@ -126,6 +134,9 @@ var genShapes = map[string]genShape{
 	// (attention 1, final 1), so that llama.cpp's soft-capping is checked.
 	"gemma2-cap-tiny": {Arch: "gemma2", Dim: 256, Layers: 4, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 10000, Eps: 1e-6,
 		Tied: true, PostNorms: true, Window: 16, AttnSoftcap: 1, FinalSoftcap: 1, EmbStd: 1.0 / 64},
+	// For tests against llama.cpp: a phi3 model (fused attn_qkv and
+	// ffn_up, NEOX RoPE) whose matrices are whole K-quant blocks, GQA 4:2.
+	"phi3-tiny": {Arch: "phi3", Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 10000, Fused: true, Name: "tiny (fused QKV)"},
 	// Architectures that share KV across layers (docs/ARCHITECTURES.md),
 	// for tests and benchmarks: width 256 (head dim 64), GQA 4:2 unless
 	// named otherwise, context 4096, the llama2 vocabulary.
@@ -402,7 +413,7 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 	w := gguf.NewWriter()
 	kvs := []genKV{
 		{"general.architecture", a},
-		{"general.name", fmt.Sprintf("kvlm random %s %s", name, mix.Name)},
+		{"general.name", fmt.Sprintf("kvlm random %s %s", cmp.Or(sh.Name, name), mix.Name)},
 		{"general.file_type", mix.FileType},
 		{a + ".vocab_size", uint32(vocab)},
 		{a + ".context_length", uint32(sh.Ctx)},
@@ -516,7 +527,7 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 		p := fmt.Sprintf("blk.%d.", i)
 		own := kvmap.Owns(i) // a layer that reads another's KV has no K/V projection
 		kvMat := func(name string, rows int) error {
-			if !own {
+			if !own || sh.Fused {
 				return nil
 			}
 			return mat(name, i, rows, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim)))
@@ -533,6 +544,20 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 			}
 			return norm(name, hd)
 		}
+		// sep writes a matrix of rows×Dim unless the projections are fused,
+		// fused one only if they are.
+		sep := func(name string, layer, rows int) error {
+			if sh.Fused {
+				return nil
+			}
+			return mat(name, layer, rows, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim)))
+		}
+		fused := func(name string, layer, rows int) error {
+			if !sh.Fused {
+				return nil
+			}
+			return mat(name, layer, rows, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim)))
+		}
 		postNorm := func(name string) error {
 			if !sh.PostNorms {
 				return nil
@@ -541,7 +566,8 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 		}
 		for _, err := range []error{
 			vec(p+"attn_norm.weight", sh.Dim),
-			mat(p+"attn_q.weight", i, qdim, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
+			sep(p+"attn_q.weight", i, qdim),
+			fused(p+"attn_qkv.weight", i, qdim+2*kvdim),
 			bias(p+"attn_q.bias", qdim),
 			kvMat(p+"attn_k.weight", kvdim),
 			kvBias(p+"attn_k.bias", kvdim),
@@ -553,9 +579,10 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 			postNorm(p + "post_attention_norm.weight"),
 			vec(p+"ffn_norm.weight", sh.Dim),
 			postNorm(p + "post_ffw_norm.weight"),
-			mat(p+"ffn_gate.weight", i, sh.Hidden, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
+			sep(p+"ffn_gate.weight", i, sh.Hidden),
 			mat(p+"ffn_down.weight", i, sh.Dim, sh.Hidden, 0.5/math.Sqrt(float64(sh.Hidden))),
-			mat(p+"ffn_up.weight", i, sh.Hidden, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
+			sep(p+"ffn_up.weight", i, sh.Hidden),
+			fused(p+"ffn_up.weight", i, 2*sh.Hidden),
 		} {
 			if err != nil {
 				return nil, nil, err

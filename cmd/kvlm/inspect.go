@@ -163,6 +163,9 @@ func printInspect(w io.Writer, path string, info inspectJSON) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "architecture %s: dim %d, hidden %d, %d layers, %d heads, %d KV heads, head dim %d, vocab %d, context %d, rope %s θ=%g, eps %g",
 		c.Arch, c.Dim, c.HiddenDim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.Vocab, c.CtxLen, c.Rope, c.RopeTheta, c.NormEps)
+	if model.Archs[c.Arch].Fused {
+		fmt.Fprintf(w, ", fused QKV and gate/up matrices")
+	}
 	if c.QKNorm {
 		fmt.Fprintf(w, ", Q/K norm (every query and key head RMS-normalised before RoPE)")
 	}

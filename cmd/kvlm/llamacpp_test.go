@@ -179,6 +179,7 @@ var llamaArchCases = []struct {
 	// quantized files within 0.04 (README.md).
 	{"gemma2-tiny", "F32", 2e-3}, {"gemma2-tiny", "Q8_0", 0.04}, {"gemma2-tiny", "Q4_K_M", 0.04},
 	{"gemma2-cap-tiny", "F32", 2e-3},
+	{"phi3-tiny", "F32", 1e-4}, {"phi3-tiny", "Q8_0", 0.02},
 	{"gemma3-tiny", "F32", 2e-3}, {"gemma3-tiny", "Q8_0", 0.04}, {"gemma3-tiny", "Q4_K_M", 0.04},
 }
 
@@ -187,6 +188,7 @@ var llamaArchCases = []struct {
 var archInspect = map[string][]string{
 	"qwen3-tiny":      {"architecture qwen3:", "head dim 128", "rope neox θ=1e+06", "Q/K norm"},
 	"gemma2-tiny":     {"architecture gemma2:", "embedding ×16", "post-norms", "GeGLU", "attention soft-cap 50", "final logit soft-cap 30"},
+	"phi3-tiny":       {"architecture phi3:", "rope neox", "fused QKV and gate/up matrices"},
 	"gemma2-cap-tiny": {"attention soft-cap 1", "final logit soft-cap 1"},
 	"gemma3-tiny":     {"architecture gemma3:", "Q/K norm", "embedding ×16", "post-norms", "GeGLU", "local layers 0-1 (window 16, rope θ=10000; the others global)"},
 }
