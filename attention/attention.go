@@ -79,6 +79,10 @@ type Batch struct {
 	G       int     // query heads per KV head
 	HeadDim int     // values per head
 	Norm    float32 // scores q·k are divided by it: sqrt(HeadDim), as run.c
+	// Softcap, if positive, caps every visible score s = q·k/Norm to
+	// Softcap·tanh(s/Softcap) before the softmax (Gemma 2's attention
+	// logit soft-capping).
+	Softcap float32
 
 	Q   []float32 // [n][Heads·G·HeadDim] queries; group h at offset h·G·HeadDim
 	Out []float32 // [n][Heads·G·HeadDim] outputs, same layout
@@ -527,9 +531,23 @@ func (w *tile) scores(b *Batch, pi int) bool {
 			for j := p.n; j < L; j++ {
 				c[j] = inf
 			}
+			if b.Softcap > 0 {
+				softcapScores(c[:p.n], b.Norm, b.Softcap)
+			}
 		}
 	}
 	return true
+}
+
+// softcapScores caps raw scores c (q·k; −Inf: hidden) so that c/norm
+// becomes cap·tanh(c/norm/cap); hidden ones stay −Inf.
+func softcapScores(c []float32, norm, cap float32) {
+	k := float64(norm) * float64(cap)
+	for j, v := range c {
+		if !math.IsInf(float64(v), -1) {
+			c[j] = float32(k * math.Tanh(float64(v)/k))
+		}
+	}
 }
 
 // weighted adds, for panel pi, the weights of w.s (times the value

@@ -24,6 +24,33 @@ type Arch struct {
 	// attention window of every layer (Config.SlidingWindow). Without it
 	// the key is read but not applied (Config.IgnoredSlidingWindow).
 	Window bool
+	// QKNorm: every query and key head is RMS-normalised (weights
+	// blk.N.attn_q_norm / attn_k_norm, [HeadDim] each) after its projection
+	// and before RoPE (Qwen 3).
+	QKNorm bool
+	// Gemma: Gemma's steps (Config.EmbedScale, PostNorms, GELU), its
+	// query scale, an optional final_logit_softcapping, and local/global
+	// layers: attention.sliding_window (SWADefault when absent; 0: no
+	// local layers) on the layers attention.sliding_window_pattern
+	// (SWAPattern when absent) leaves local, i % pattern < pattern − 1,
+	// with RoPE base rope.freq_base_swa (LocalTheta when absent; 0: the
+	// global base), all as llama.cpp reads them.
+	Gemma      bool
+	SWADefault int
+	SWAPattern int
+	LocalTheta float32
+	// BigLayers is the layer count of the model whose query scale is
+	// 1/√(Dim/Heads) instead of 1/√HeadDim (the 27B's query_pre_attn_scalar,
+	// which GGUF does not carry; llama.cpp tells it by its layer count).
+	BigLayers int
+	// Softcaps: attention logits are soft-capped by attn_logit_softcapping
+	// (default 50) and the final logits by final_logit_softcapping
+	// (default 30), always (Gemma 2).
+	Softcaps bool
+	// Fused: the Q, K and V projections are one matrix (blk.N.attn_qkv,
+	// rows Q then K then V) and the FFN's gate and up one (blk.N.ffn_up,
+	// 2·HiddenDim rows, gate first), as Phi-3.
+	Fused bool
 }
 
 // Archs are the supported architectures. SmolLM, TinyLlama and Mistral
@@ -36,10 +63,17 @@ type Arch struct {
 // use_sliding_window is false (the released models), and when true windows
 // only the layers from max_window_layers on; GGUF has neither key, and
 // llama.cpp runs qwen2 with full attention, as kvlm does.
+//
+// Phi-3's attention.sliding_window (2047 in Phi-3-mini) is read but not
+// applied, as llama.cpp does.
 var Archs = map[string]Arch{
 	"llama":   {Name: "llama", Rope: RopeInterleaved, Window: true},
 	"mistral": {Name: "mistral", Rope: RopeInterleaved, Window: true},
 	"qwen2":   {Name: "qwen2", Rope: RopeNeoX, Biases: true},
+	"qwen3":   {Name: "qwen3", Rope: RopeNeoX, QKNorm: true},
+	"phi3":    {Name: "phi3", Rope: RopeNeoX, Fused: true},
+	"gemma2":  {Name: "gemma2", Rope: RopeNeoX, Gemma: true, SWADefault: 4096, SWAPattern: 2, BigLayers: 46, Softcaps: true},
+	"gemma3":  {Name: "gemma3", Rope: RopeNeoX, QKNorm: true, Gemma: true, SWAPattern: 6, LocalTheta: 10000, BigLayers: 62},
 }
 
 // ArchNames lists the supported architectures, sorted.
@@ -116,10 +150,54 @@ func Llama3RopeFactors(headDim int, theta, factor, lowFreq, highFreq float64, or
 	return out
 }
 
+// gemmaLayers sets Gemma's local/global layers from its window w (0:
+// every layer global): layer i is local (window w, RoPE base
+// rope.freq_base_swa) when i % pattern < pattern − 1, as llama.cpp's
+// set_swa_pattern; pattern is attention.sliding_window_pattern, default
+// a.SWAPattern.
+func gemmaLayers(f *gguf.File, a Arch, c *Config, w int) error {
+	if w == 0 {
+		return nil
+	}
+	key := a.Name + ".attention.sliding_window_pattern"
+	pattern := a.SWAPattern
+	if _, ok := f.Lookup(key); ok {
+		v, err := f.Uint(key)
+		if err != nil {
+			return fmt.Errorf("model: %s: %w (a per-layer array is not supported)", key, err)
+		}
+		if v > 1<<20 {
+			return fmt.Errorf("model: %s = %d is out of range", key, v)
+		}
+		pattern = int(v)
+	}
+	c.LayerWindows = make([]int, c.Layers)
+	for i := range c.LayerWindows {
+		if pattern == 0 || i%pattern < pattern-1 {
+			c.LayerWindows[i] = w
+		}
+	}
+	c.LocalRopeTheta = a.LocalTheta
+	if key := a.Name + ".rope.freq_base_swa"; hasKey(f, key) {
+		v, err := f.Float(key)
+		if err != nil {
+			return err
+		}
+		if !(v > 1) || math.IsInf(v, 0) {
+			return fmt.Errorf("model: %s = %g must be > 1", key, v)
+		}
+		c.LocalRopeTheta = float32(v)
+	}
+	return nil
+}
+
+func hasKey(f *gguf.File, key string) bool { _, ok := f.Lookup(key); return ok }
+
 // archFromGGUF reads the architecture-dependent settings: the RoPE style,
 // RoPE scaling and the sliding window. c.HeadDim and c.RopeTheta must be set.
 func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 	c.Rope = a.Rope
+	c.QKNorm = a.QKNorm
 	k := func(s string) string { return a.Name + "." + s }
 	has := func(key string) bool { _, ok := f.Lookup(k(key)); return ok }
 	float := func(key string, def float64) (float64, error) {
@@ -135,6 +213,7 @@ func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 		}
 		return v, nil
 	}
+	window := a.SWADefault
 	if has("attention.sliding_window") {
 		w, err := f.Uint(k("attention.sliding_window"))
 		if err != nil {
@@ -143,11 +222,39 @@ func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 		if w > 1<<30 {
 			return fmt.Errorf("model: %s = %d is out of range", k("attention.sliding_window"), w)
 		}
-		if a.Window {
+		if a.Gemma {
+			window = int(w)
+		} else if a.Window {
 			c.SlidingWindow = int(w)
 		} else {
 			c.IgnoredSlidingWindow = int(w)
 		}
+	}
+	if a.Gemma {
+		if err := gemmaLayers(f, a, c, window); err != nil {
+			return err
+		}
+		c.EmbedScale = float32(math.Sqrt(float64(c.Dim)))
+		c.PostNorms, c.GELU = true, true
+		// llama.cpp's (and gemma_pytorch's) query scale: 1/√(Dim/Heads) for
+		// the 27B (query_pre_attn_scalar 144 / 168), 1/√HeadDim otherwise.
+		if c.Layers == a.BigLayers {
+			c.AttnScale = float32(1 / math.Sqrt(float64(c.Dim/c.Heads)))
+		}
+		def := 0.0
+		if a.Softcaps {
+			def = 30
+			v, err := float("attn_logit_softcapping", 50)
+			if err != nil {
+				return err
+			}
+			c.AttnSoftcap = float32(v)
+		}
+		v, err := float("final_logit_softcapping", def)
+		if err != nil {
+			return err
+		}
+		c.FinalSoftcap = float32(v)
 	}
 	typ := ""
 	if has("rope.scaling.type") {
@@ -201,6 +308,13 @@ func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 		c.RopeFreqFactors = Llama3RopeFactors(c.HeadDim, float64(c.RopeTheta), factor, low, high, orig)
 	default:
 		return fmt.Errorf("model: %s = %q is not supported (supported: none, linear, llama3)", k("rope.scaling.type"), typ)
+	}
+	// Phi-3's LongRoPE (the 128K models) keeps two factor sets, chosen by
+	// the context length: not supported.
+	for _, name := range []string{"rope_factors_long.weight", "rope_factors_short.weight"} {
+		if _, ok := f.Tensor(name); ok {
+			return fmt.Errorf("model: tensor %s: LongRoPE (Phi-3's 128K-context models) is not supported; the 4K-context models are", name)
+		}
 	}
 	// Precomputed factors, as llama.cpp's converter writes them for Llama
 	// 3.1 and later, take precedence.

@@ -24,6 +24,9 @@ type tinySpec struct {
 	ctx                                 int
 	theta, eps                          float32
 	tied, biases                        bool
+	qkNorm                              bool           // attn_q_norm / attn_k_norm ([head dim]) in every layer
+	postNorms                           bool           // post_attention_norm / post_ffw_norm ([dim]) in every layer
+	fused                               bool           // attn_qkv (Q, K, V rows) and ffn_up (gate, up rows) instead of the separate matrices (phi3)
 	ropeFreqs                           []float32      // written as rope_freqs.weight
 	meta                                map[string]any // extra keys, without the arch prefix
 	tok                                 map[string]any // tokenizer.ggml.* keys (full names)
@@ -51,6 +54,8 @@ type tinyLayer struct {
 	attnNorm, ffnNorm []float64
 	wq, wk, wv, wo    [][]float64
 	bq, bk, bv        []float64
+	qNorm, kNorm      []float64 // [head dim] or nil
+	attnPost, ffnPost []float64 // [dim] or nil
 	wGate, wUp, wDown [][]float64
 }
 
@@ -109,6 +114,12 @@ func (s tinySpec) build(t testing.TB) (string, *tinyWeights) {
 		}
 		if s.biases {
 			L.bq, L.bk, L.bv = randVec(r, qd, 0, 0.5), randVec(r, kvd, 0, 0.5), randVec(r, kvd, 0, 0.5)
+		}
+		if s.qkNorm {
+			L.qNorm, L.kNorm = randVec(r, hd, 1, 0.3), randVec(r, hd, 1, 0.3)
+		}
+		if s.postNorms {
+			L.attnPost, L.ffnPost = randVec(r, s.dim, 1, 0.3), randVec(r, s.dim, 1, 0.3)
 		}
 		w.layers = append(w.layers, L)
 	}
@@ -170,16 +181,27 @@ func (s tinySpec) build(t testing.TB) (string, *tinyWeights) {
 	for i, L := range w.layers {
 		p := "blk." + itoa(i) + "."
 		vec(p+"attn_norm.weight", L.attnNorm)
-		mat(p+"attn_q.weight", L.wq)
-		mat(p+"attn_k.weight", L.wk)
-		mat(p+"attn_v.weight", L.wv)
+		if s.fused {
+			mat(p+"attn_qkv.weight", slices.Concat(L.wq, L.wk, L.wv))
+			mat(p+"ffn_up.weight", slices.Concat(L.wGate, L.wUp))
+		} else {
+			mat(p+"attn_q.weight", L.wq)
+			mat(p+"attn_k.weight", L.wk)
+			mat(p+"attn_v.weight", L.wv)
+		}
 		vec(p+"attn_q.bias", L.bq)
 		vec(p+"attn_k.bias", L.bk)
 		vec(p+"attn_v.bias", L.bv)
+		vec(p+"attn_q_norm.weight", L.qNorm)
+		vec(p+"attn_k_norm.weight", L.kNorm)
+		vec(p+"post_attention_norm.weight", L.attnPost)
+		vec(p+"post_ffw_norm.weight", L.ffnPost)
 		mat(p+"attn_output.weight", L.wo)
 		vec(p+"ffn_norm.weight", L.ffnNorm)
-		mat(p+"ffn_gate.weight", L.wGate)
-		mat(p+"ffn_up.weight", L.wUp)
+		if !s.fused {
+			mat(p+"ffn_gate.weight", L.wGate)
+			mat(p+"ffn_up.weight", L.wUp)
+		}
 		mat(p+"ffn_down.weight", L.wDown)
 	}
 	vec("output_norm.weight", w.outNorm)
@@ -686,7 +708,7 @@ func TestArchErrors(t *testing.T) {
 		mod    func(s *tinySpec)
 		substr string
 	}{
-		{"unknown arch", func(s *tinySpec) { s.arch = "gpt-neox" }, `architecture "gpt-neox" is not supported (supported: llama, mistral, qwen2)`},
+		{"unknown arch", func(s *tinySpec) { s.arch = "gpt-neox" }, `architecture "gpt-neox" is not supported (supported: gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3)`},
 		{"unknown pre-tokenizer", func(s *tinySpec) { s.tok = bpeTok(270, "tekken", nil, -1, -1) }, `tokenizer.ggml.pre "tekken" is not supported`},
 		{"unknown tokenizer model", func(s *tinySpec) {
 			s.tok = map[string]any{"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": []string{"a"}}

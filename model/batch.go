@@ -93,6 +93,7 @@ func (m *Model) DecodeBatch(seqs []*Sequence, tokens []int) ([][]float32, error)
 	}
 	tensor.RMSNormRows(p.x, p.x, m.OutNorm, c.NormEps, n, c.Dim)
 	m.Output.MatMul(b.logits, p.x, n)
+	softcap(b.logits[:n*c.Vocab], c.FinalSoftcap)
 	out := make([][]float32, n)
 	for i, s := range seqs {
 		s.pos++

@@ -41,6 +41,28 @@ type Config struct {
 	NormEps   float32   // RMSNorm epsilon
 	RopeTheta float32   // RoPE base frequency
 	Rope      RopeStyle // which dimension pairs RoPE rotates
+	// QKNorm: each query and key head is RMS-normalised by its layer's
+	// QNorm / KNorm ([HeadDim]) before RoPE (qwen3; Arch.QKNorm).
+	QKNorm bool `json:",omitempty"`
+	// Gemma's steps (gemma2, gemma3; Arch.Gemma): EmbedScale multiplies every
+	// token's embedding (√Dim; 0: none); PostNorms RMS-normalises the
+	// attention output and the FFN output by the layer's AttnPostNorm /
+	// FFNPostNorm before each residual add; GELU makes the FFN GeGLU
+	// (tanh-approximated GELU of the gate times up) instead of SwiGLU.
+	EmbedScale float32 `json:",omitempty"`
+	PostNorms  bool    `json:",omitempty"`
+	GELU       bool    `json:",omitempty"`
+	// AttnScale multiplies every query·key (0: 1/√HeadDim).
+	AttnScale float32 `json:",omitempty"`
+	// LocalRopeTheta is the RoPE base of the windowed layers (Window(i) >
+	// 0), 0 for RopeTheta in every layer (gemma3's rope.freq_base_swa).
+	LocalRopeTheta float32 `json:",omitempty"`
+	// AttnSoftcap caps every scaled attention score s: c·tanh(s/c) before
+	// the softmax (0: none; gemma2's attn_logit_softcapping).
+	AttnSoftcap float32 `json:",omitempty"`
+	// FinalSoftcap caps the logits: c·tanh(logit/c) (0: none;
+	// {arch}.final_logit_softcapping).
+	FinalSoftcap float32 `json:",omitempty"`
 
 	// RoPE scaling (see RopeFreqs): Llama 3.1's per-pair frequency divisors
 	// (GGUF tensor rope_freqs.weight, or rope.scaling.type "llama3"), nil

@@ -506,9 +506,11 @@ func (s *Sequence) step(tokens []int, dst []float32) error {
 		last := p.x[(n-1)*c.Dim : n*c.Dim]
 		tensor.RMSNorm(last, last, m.OutNorm, c.NormEps)
 		m.Output.MatVec(dst, last)
+		softcap(dst, c.FinalSoftcap)
 	default:
 		tensor.RMSNormRows(p.x, p.x, m.OutNorm, c.NormEps, n, c.Dim)
 		m.Output.MatMul(dst, p.x, n)
+		softcap(dst[:n*c.Vocab], c.FinalSoftcap)
 	}
 	return nil
 }

@@ -65,7 +65,7 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 		if !own {
 			// A layer that reads another's KV has no K/V projection: a file
 			// that has one anyway is refused rather than half ignored.
-			for _, name := range []string{"attn_k.weight", "attn_v.weight", "attn_k.bias", "attn_v.bias"} {
+			for _, name := range []string{"attn_k.weight", "attn_v.weight", "attn_k.bias", "attn_v.bias", "attn_k_norm.weight"} {
 				if _, ok := f.Tensor(p + name); ok {
 					return nil, nil, fmt.Errorf("model: tensor %s%s present, but layer %d reads layer %d's KV (%s.%s), so it has no K/V projection",
 						p, name, i, cfg.Source(i), cfg.Arch, KeyKVSource)
@@ -86,8 +86,33 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 			{&L.WUp, "ffn_up.weight", cfg.HiddenDim, cfg.Dim, false},
 			{&L.WDown, "ffn_down.weight", cfg.Dim, cfg.HiddenDim, false},
 		}
+		fused := Archs[cfg.Arch].Fused
+		if fused {
+			if !own {
+				return nil, nil, fmt.Errorf("model: %s has fused Q/K/V projections; a KV source map (%s.%s) is not supported", cfg.Arch, cfg.Arch, KeyKVSource)
+			}
+			// Q, K, V as row ranges of attn_qkv; gate and up of ffn_up.
+			qkv, err := ggufSplit(f, p+"attn_qkv.weight", cfg.Dim, cfg.QDim(), cfg.KVDim(), cfg.KVDim())
+			if err != nil {
+				return nil, nil, err
+			}
+			L.Wq, L.Wk, L.Wv = qkv[0], qkv[1], qkv[2]
+			gu, err := ggufSplit(f, p+"ffn_up.weight", cfg.Dim, cfg.HiddenDim, cfg.HiddenDim)
+			if err != nil {
+				return nil, nil, err
+			}
+			L.WGate, L.WUp = gu[0], gu[1]
+			for _, name := range []string{"attn_q.weight", "attn_k.weight", "attn_v.weight", "ffn_gate.weight"} {
+				if _, ok := f.Tensor(p + name); ok {
+					return nil, nil, fmt.Errorf("model: tensor %s%s present, but %s has fused projections (attn_qkv, ffn_up)", p, name, cfg.Arch)
+				}
+			}
+		}
 		for _, t := range mats {
 			if t.kv && !own {
+				continue
+			}
+			if fused && t.name != "attn_output.weight" && t.name != "ffn_down.weight" {
 				continue
 			}
 			if *t.dst, err = ggufMatrix(f, p+t.name, t.rows, t.cols, true); err != nil {
@@ -106,6 +131,24 @@ func FromGGUF(f *gguf.File) (*Model, tokenizer.Tokenizer, error) {
 			{&L.Bq, "attn_q.bias", cfg.QDim(), !Archs[cfg.Arch].Biases, false},
 			{&L.Bk, "attn_k.bias", cfg.KVDim(), !Archs[cfg.Arch].Biases, true},
 			{&L.Bv, "attn_v.bias", cfg.KVDim(), !Archs[cfg.Arch].Biases, true},
+		}
+		if cfg.QKNorm {
+			vecs = append(vecs, []struct {
+				dst      *[]float32
+				name     string
+				n        int
+				optional bool
+				kv       bool
+			}{{&L.QNorm, "attn_q_norm.weight", cfg.HeadDim, false, false}, {&L.KNorm, "attn_k_norm.weight", cfg.HeadDim, false, true}}...)
+		}
+		if cfg.PostNorms {
+			vecs = append(vecs, []struct {
+				dst      *[]float32
+				name     string
+				n        int
+				optional bool
+				kv       bool
+			}{{&L.AttnPost, "post_attention_norm.weight", cfg.Dim, false, false}, {&L.FFNPost, "post_ffw_norm.weight", cfg.Dim, false, false}}...)
 		}
 		for _, v := range vecs {
 			if v.kv && !own {
@@ -252,8 +295,14 @@ func kvMapFromGGUF(f *gguf.File, arch string, c *Config) error {
 	if c.KVSource, err = read(KeyKVSource); err != nil {
 		return err
 	}
-	if c.LayerWindows, err = read(KeyLayerWindow); err != nil {
+	// An explicit layer_window takes precedence over the windows an
+	// architecture derives (gemma3's sliding_window_pattern).
+	win, err := read(KeyLayerWindow)
+	if err != nil {
 		return err
+	}
+	if win != nil {
+		c.LayerWindows = win
 	}
 	return nil
 }
@@ -286,6 +335,43 @@ func ggufMatrix(f *gguf.File, name string, rows, cols int, product bool) (*tenso
 		return nil, fmt.Errorf("model: tensor %s: %w", name, err)
 	}
 	return m, nil
+}
+
+// ggufSplit wraps consecutive row ranges (of rows[i] rows each, of cols
+// values) of one 2-D tensor as matrices: the parts of a fused projection.
+func ggufSplit(f *gguf.File, name string, cols int, rows ...int) ([]*tensor.Matrix, error) {
+	total := 0
+	for _, r := range rows {
+		total += r
+	}
+	t, ok := f.Tensor(name)
+	if !ok {
+		return nil, fmt.Errorf("model: missing tensor %s", name)
+	}
+	if len(t.Shape) != 2 || int(t.Shape[0]) != cols || int(t.Shape[1]) != total {
+		return nil, fmt.Errorf("model: tensor %s has shape %v, config implies [%d %d]", name, t.Shape, cols, total)
+	}
+	if !t.Type.Supported() {
+		return nil, fmt.Errorf("model: tensor %s has type %s, which is not supported", name, t.Type)
+	}
+	rb, err := t.Type.RowBytes(cols)
+	if err != nil {
+		return nil, fmt.Errorf("model: tensor %s: %w", name, err)
+	}
+	wrap := tensor.NewMatrix
+	if f.Writable() {
+		wrap = tensor.NewPanelMatrix
+	}
+	data := f.TensorData(t)
+	out := make([]*tensor.Matrix, len(rows))
+	r0 := 0
+	for i, r := range rows {
+		if out[i], err = wrap(t.Type, r, cols, data[r0*rb:(r0+r)*rb]); err != nil {
+			return nil, fmt.Errorf("model: tensor %s: %w", name, err)
+		}
+		r0 += r
+	}
+	return out, nil
 }
 
 // ggufVector reads a 1-D tensor of n values as float32 (a copy).

@@ -26,7 +26,9 @@ type pass struct {
 	k, v     []float32 // [n][KVDim]
 	gate, up []float32 // [n][HiddenDim]
 	cos, sin []float32 // [n][HeadDim/2] RoPE cosines and sines of each row
-	pos      []int32   // [n] position of each row
+	cosL     []float32 // [n][HeadDim/2] likewise for a local layer's own base (Config.LocalRopeTheta)
+	sinL     []float32
+	pos      []int32 // [n] position of each row
 	scr      []attention.Scratch
 	mass     []*attention.MassRequest
 	spans    []span
@@ -86,6 +88,11 @@ func (p *pass) grow(c Config, n, spans int) {
 func (m *Model) row(p *pass, t, id, pos int) {
 	c := m.Config
 	m.TokEmb.Row(id, p.x[t*c.Dim:(t+1)*c.Dim])
+	if c.EmbedScale != 0 {
+		for i := t * c.Dim; i < (t+1)*c.Dim; i++ {
+			p.x[i] *= c.EmbedScale
+		}
+	}
 	p.pos[t] = int32(pos)
 	half := c.HeadDim / 2
 	m.angles(p.cos[t*half:(t+1)*half], p.sin[t*half:(t+1)*half], pos)
@@ -109,11 +116,23 @@ func (m *Model) layer(li int, p *pass) error {
 		L.Wq.MatMul(p.q, p.xb, n)
 	}
 	addBias(p.q, L.Bq, n)
-	m.ropeRows(p.q, p.cos, p.sin, n, c.Heads)
+	headNorm(p.q, L.QNorm, c, n*c.Heads) // Q/K norm (qwen3, gemma3): every head of every row
+	cos, sin := p.cos, p.sin
+	if m.freqLocal != nil && c.Window(li) > 0 {
+		// A local layer's own RoPE base (gemma3).
+		half := c.HeadDim / 2
+		cos, sin = grow(p.cosL, n*half), grow(p.sinL, n*half)
+		p.cosL, p.sinL = cos, sin
+		for t := 0; t < n; t++ {
+			angles(cos[t*half:(t+1)*half], sin[t*half:(t+1)*half], m.freqLocal, int(p.pos[t]))
+		}
+	}
+	m.ropeRows(p.q, cos, sin, n, c.Heads)
 	if own {
 		addBias(p.k, L.Bk, n)
 		addBias(p.v, L.Bv, n)
-		m.ropeRows(p.k, p.cos, p.sin, n, c.KVHeads)
+		headNorm(p.k, L.KNorm, c, n*c.KVHeads)
+		m.ropeRows(p.k, cos, sin, n, c.KVHeads)
 	}
 	for i, sp := range p.spans {
 		s, lo, hi := sp.s, sp.lo, sp.hi
@@ -161,6 +180,9 @@ func (m *Model) layer(li int, p *pass) error {
 	// Attention per span, the spans in parallel (then each Run runs its
 	// heads on the calling worker; one span runs its heads in parallel).
 	norm := float32(math.Sqrt(float64(c.HeadDim)))
+	if c.AttnScale != 0 {
+		norm = 1 / c.AttnScale
+	}
 	tensor.Parallel(len(p.spans), 1, func(a, b int) {
 		for i := a; i < b; i++ {
 			s, lo, hi := p.spans[i].s, p.spans[i].lo, p.spans[i].hi
@@ -171,7 +193,7 @@ func (m *Model) layer(li int, p *pass) error {
 					return append(cs[:len(cs):len(cs)], extra[h])
 				}
 			}
-			att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Window: int32(c.Window(li)),
+			att := attention.Batch{Heads: c.KVHeads, G: c.GroupSize(), HeadDim: c.HeadDim, Norm: norm, Softcap: c.AttnSoftcap, Window: int32(c.Window(li)),
 				Strict: later, Dummy: later,
 				Q: p.q[lo*qd : hi*qd], Out: p.att[lo*qd : hi*qd], Pos: p.pos[lo:hi],
 				Segs: segs, Mass: p.mass[i]}
@@ -189,12 +211,23 @@ func (m *Model) layer(li int, p *pass) error {
 		s.RowLayers += hi - lo
 	}
 	// The output projection and its residual, then RMSNorm, the SwiGLU FFN
-	// and its residual.
+	// (GeGLU: gemma3) and its residual; with post-norms (gemma3) each
+	// sub-block's output is RMS-normalised before its residual add.
 	L.Wo.MatMul(p.xb, p.att, n)
+	if L.AttnPost != nil {
+		tensor.RMSNormRows(p.xb, p.xb, L.AttnPost, c.NormEps, n, c.Dim)
+	}
 	tensor.AddRMSNormRows(p.xb, p.x, p.xb, L.FFNNorm, c.NormEps, n, c.Dim)
 	tensor.MatMulMany([][]float32{p.gate, p.up}, []*tensor.Matrix{L.WGate, L.WUp}, p.xb, n)
-	tensor.SwiGLU(p.gate[:n*c.HiddenDim], p.gate[:n*c.HiddenDim], p.up[:n*c.HiddenDim])
+	if c.GELU {
+		geglu(p.gate[:n*c.HiddenDim], p.up[:n*c.HiddenDim])
+	} else {
+		tensor.SwiGLU(p.gate[:n*c.HiddenDim], p.gate[:n*c.HiddenDim], p.up[:n*c.HiddenDim])
+	}
 	L.WDown.MatMul(p.xb, p.gate, n)
+	if L.FFNPost != nil {
+		tensor.RMSNormRows(p.xb, p.xb, L.FFNPost, c.NormEps, n, c.Dim)
+	}
 	tensor.AddRows(p.x, p.xb, n, c.Dim)
 	return nil
 }
@@ -221,6 +254,38 @@ func chunkSegments(segs []kvcache.Segment, c Config, pos []int32, k, v []float32
 	return segs
 }
 
+// geglu sets gate to GELU(gate)·up, GELU the tanh approximation
+// (PyTorch's gelu(approximate="tanh"), Gemma's gelu_pytorch_tanh):
+// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+func geglu(gate, up []float32) {
+	const c = 0.7978845608028654 // √(2/π)
+	tensor.Parallel(len(gate), 4096, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			x := float64(gate[i])
+			gate[i] = float32(0.5*x*(1+math.Tanh(c*(x+0.044715*x*x*x)))) * up[i]
+		}
+	})
+}
+
+// softcap sets each logit x to c·tanh(x/c) (c = 0: nothing).
+func softcap(x []float32, c float32) {
+	if c == 0 {
+		return
+	}
+	for i, v := range x {
+		x[i] = float32(float64(c) * math.Tanh(float64(v)/float64(c)))
+	}
+}
+
+// headNorm RMS-normalises heads heads of x ([heads][HeadDim], in place)
+// by w ([HeadDim]); nothing when w is nil.
+func headNorm(x, w []float32, c Config, heads int) {
+	if w == nil {
+		return
+	}
+	tensor.RMSNormRows(x, x, w, c.NormEps, heads, c.HeadDim)
+}
+
 func addBias(x, b []float32, n int) {
 	if b == nil {
 		return
@@ -243,8 +308,11 @@ func (m *Model) ropeFreqs() []float32 {
 }
 
 // angles fills the cosines and sines ([HeadDim/2] each) of position pos.
-func (m *Model) angles(cos, sin []float32, pos int) {
-	for j, f := range m.ropeFreqs() {
+func (m *Model) angles(cos, sin []float32, pos int) { angles(cos, sin, m.ropeFreqs(), pos) }
+
+// angles fills the cosines and sines of position pos for frequencies freq.
+func angles(cos, sin, freq []float32, pos int) {
+	for j, f := range freq {
 		a := float32(pos) * f
 		cos[j] = float32(math.Cos(float64(a)))
 		sin[j] = float32(math.Sin(float64(a)))

@@ -16,7 +16,11 @@ type Layer struct {
 	Bq       []float32      // [Heads·HeadDim] or nil (Qwen 2 has Q/K/V biases)
 	Bk       []float32      // [KVHeads·HeadDim] or nil
 	Bv       []float32      // [KVHeads·HeadDim] or nil
+	QNorm    []float32      // [HeadDim] RMSNorm weight of every query head (Config.QKNorm), or nil
+	KNorm    []float32      // [HeadDim] RMSNorm weight of every key head, or nil; nil in a layer that reads another's KV
 	FFNNorm  []float32      // [Dim] RMSNorm weight before the FFN
+	AttnPost []float32      // [Dim] RMSNorm weight of the attention output (Config.PostNorms), or nil
+	FFNPost  []float32      // [Dim] RMSNorm weight of the FFN output (Config.PostNorms), or nil
 	WGate    *tensor.Matrix // [HiddenDim][Dim] (llama2.c w1)
 	WUp      *tensor.Matrix // [HiddenDim][Dim] (llama2.c w3)
 	WDown    *tensor.Matrix // [Dim][HiddenDim] (llama2.c w2)
@@ -30,8 +34,9 @@ type Model struct {
 	OutNorm []float32      // [Dim] final RMSNorm weight
 	Output  *tensor.Matrix // [Vocab][Dim]; the same matrix as TokEmb when tied
 
-	freq   []float32    // RoPE frequencies [HeadDim/2] (RopeFreqs), set by check
-	closer func() error // releases the mapped file, if any
+	freq      []float32    // RoPE frequencies [HeadDim/2] (RopeFreqs), set by check
+	freqLocal []float32    // the windowed layers' RoPE frequencies [HeadDim/2] (LocalRopeTheta), or nil
+	closer    func() error // releases the mapped file, if any
 }
 
 // Close releases the memory the weights live in. The model must not be used
@@ -62,7 +67,7 @@ func (m *Model) WeightsBytes() int64 {
 		for _, t := range []*tensor.Matrix{l.Wq, l.Wk, l.Wv, l.Wo, l.WGate, l.WUp, l.WDown} {
 			add(t)
 		}
-		n += 4 * int64(len(l.AttnNorm)+len(l.FFNNorm)+len(l.Bq)+len(l.Bk)+len(l.Bv))
+		n += 4 * int64(len(l.AttnNorm)+len(l.FFNNorm)+len(l.Bq)+len(l.Bk)+len(l.Bv)+len(l.QNorm)+len(l.KNorm)+len(l.AttnPost)+len(l.FFNPost))
 	}
 	return n
 }
@@ -112,6 +117,22 @@ func (m *Model) check() error {
 	}
 	for i, l := range m.Layers {
 		p := fmt.Sprintf("blk.%d.", i)
+		if c.QKNorm {
+			errs = append(errs, vec(p+"attn_q_norm", l.QNorm, c.HeadDim, false))
+			if c.Owns(i) {
+				errs = append(errs, vec(p+"attn_k_norm", l.KNorm, c.HeadDim, false))
+			}
+		} else if l.QNorm != nil || l.KNorm != nil {
+			errs = append(errs, fmt.Errorf("model: layer %d has Q/K norm weights, but %s has no Q/K norm", i, c.Arch))
+		}
+		if c.PostNorms {
+			errs = append(errs, vec(p+"post_attention_norm", l.AttnPost, c.Dim, false), vec(p+"post_ffw_norm", l.FFNPost, c.Dim, false))
+		} else if l.AttnPost != nil || l.FFNPost != nil {
+			errs = append(errs, fmt.Errorf("model: layer %d has post-norm weights, but %s has none", i, c.Arch))
+		}
+		if !c.Owns(i) && l.KNorm != nil {
+			errs = append(errs, fmt.Errorf("model: layer reads another layer's KV but has tensor %sattn_k_norm", p))
+		}
 		errs = append(errs,
 			vec(p+"attn_norm", l.AttnNorm, c.Dim, false),
 			want(p+"attn_q", l.Wq, c.QDim(), c.Dim),
@@ -132,5 +153,11 @@ func (m *Model) check() error {
 		}
 	}
 	m.freq = c.RopeFreqs()
+	if c.LocalRopeTheta > 0 {
+		lc := c
+		lc.RopeTheta = c.LocalRopeTheta
+		lc.RopeFreqFactors, lc.RopeScale = nil, 0
+		m.freqLocal = lc.RopeFreqs()
+	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -31,6 +32,35 @@ type genShape struct {
 	Eps                                      float32 // RMSNorm epsilon; 0 is 1e-5
 	Tied                                     bool    // no output.weight: the classifier is the embedding
 	Biases                                   bool    // Q/K/V biases (qwen2), drawn N(0, 0.5²)
+	// HeadDim, if set, is the head width (written as attention.key_length
+	// and value_length); 0 is Dim/Heads.
+	HeadDim int
+	// QKNorm: per-head RMSNorm weights of queries and keys (qwen3's
+	// attn_q_norm / attn_k_norm, [head dim]), drawn N(1, 0.3²).
+	QKNorm bool
+	// PostNorms: post_attention_norm / post_ffw_norm ([dim], drawn N(1,
+	// 0.3²)) in every layer (gemma3).
+	PostNorms bool
+	// Window, Pattern and LocalTheta, if set, are written as
+	// attention.sliding_window, attention.sliding_window_pattern and
+	// rope.freq_base_swa (gemma3's local layers).
+	Window, Pattern int
+	LocalTheta      float32
+	// AttnSoftcap and FinalSoftcap, if set, are written as
+	// attn_logit_softcapping and final_logit_softcapping (gemma2).
+	AttnSoftcap, FinalSoftcap float32
+	// Name, if set, replaces the shape's name in general.name: llama.cpp
+	// looks for "phi3" or "phi-3" in general.name (lowercased) and then requires Phi-3's special
+	// tokens (<|endoftext|>) in the vocabulary, which stories260K's lacks.
+	Name string
+	// Fused: one attn_qkv matrix (Q, K, V rows) and one ffn_up (gate rows,
+	// then up) instead of the separate ones (phi3).
+	Fused bool
+	// EmbStd is the embedding's standard deviation (0: 1); gemma3's 1/√Dim
+	// makes the scaled embedding (×√Dim) of unit size, as Gemma's are;
+	// gemma2's 1/(4√Dim) keeps the tied classifier from repeating the last
+	// token at every step.
+	EmbStd float64
 	// Llama3Rope, if set, is Llama 3.1's rope_scaling (type llama3), written
 	// as the rope_freqs.weight tensor llama.cpp's converter stores.
 	Llama3Rope *genLlama3Rope
@@ -81,6 +111,32 @@ var genShapes = map[string]genShape{
 	// template.
 	"qwen2-tiny": {Arch: "qwen2", Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 128, Ctx: 512, RopeTheta: 1e6, Eps: 1e-6,
 		Biases: true, Vocab: "qwen2"},
+	// For tests against llama.cpp: a qwen3 model whose matrices are whole
+	// K-quant blocks: Q/K norms, head dim 128 (Q width 512 against the
+	// embedding's 256, as Qwen3-0.6B's 2048 against 1024), NEOX RoPE, θ 1e6,
+	// eps 1e-6, untied classifier; with stories260K's vocabulary.
+	"qwen3-tiny": {Arch: "qwen3", Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 128, Hidden: 512, Ctx: 256, RopeTheta: 1e6, Eps: 1e-6,
+		QKNorm: true},
+	// For tests against llama.cpp: a gemma3 model of 3 layers, local
+	// (window 16, RoPE base 10000) and global (θ 1e6) as sliding_window_pattern 3
+	// makes them (layers 0-1 local, 2 global); Q/K norms and post-norms,
+	// GeGLU, the embedding times √256; an untied classifier (Gemma ties it: tied, these random weights make every step repeat the last token).
+	"gemma3-tiny": {Arch: "gemma3", Dim: 256, Layers: 3, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 1e6, Eps: 1e-6,
+		QKNorm: true, PostNorms: true, Window: 16, Pattern: 3, LocalTheta: 10000, EmbStd: 1.0 / 16},
+	// For tests against llama.cpp: a gemma2 model of 4 layers, local
+	// (window 16) and global alternating (layers 0 and 2 local, the default
+	// pattern 2), one RoPE base; post-norms, GeGLU, the embedding times
+	// √256, Gemma 2's soft-caps 50 (attention) and 30 (final), the tied
+	// classifier llama.cpp requires of gemma2.
+	"gemma2-tiny": {Arch: "gemma2", Dim: 256, Layers: 4, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 10000, Eps: 1e-6,
+		Tied: true, PostNorms: true, Window: 16, AttnSoftcap: 50, FinalSoftcap: 30, EmbStd: 1.0 / 64},
+	// gemma2-tiny with caps small enough to bend its scores and logits
+	// (attention 1, final 1), so that llama.cpp's soft-capping is checked.
+	"gemma2-cap-tiny": {Arch: "gemma2", Dim: 256, Layers: 4, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 10000, Eps: 1e-6,
+		Tied: true, PostNorms: true, Window: 16, AttnSoftcap: 1, FinalSoftcap: 1, EmbStd: 1.0 / 64},
+	// For tests against llama.cpp: a phi3 model (fused attn_qkv and
+	// ffn_up, NEOX RoPE) whose matrices are whole K-quant blocks, GQA 4:2.
+	"phi3-tiny": {Arch: "phi3", Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 10000, Fused: true, Name: "tiny (fused QKV)"},
 	// Architectures that share KV across layers (docs/ARCHITECTURES.md),
 	// for tests and benchmarks: width 256 (head dim 64), GQA 4:2 unless
 	// named otherwise, context 4096, the llama2 vocabulary.
@@ -346,6 +402,9 @@ func genLoadVocab(kind, path string) (genVocab, error) {
 func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uint64) (*gguf.Writer, map[string]tensor.DType, error) {
 	vocab := voc.size
 	hd := sh.Dim / sh.Heads
+	if sh.HeadDim > 0 {
+		hd = sh.HeadDim
+	}
 	a := sh.arch()
 	eps := sh.Eps
 	if eps == 0 {
@@ -354,7 +413,7 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 	w := gguf.NewWriter()
 	kvs := []genKV{
 		{"general.architecture", a},
-		{"general.name", fmt.Sprintf("kvlm random %s %s", name, mix.Name)},
+		{"general.name", fmt.Sprintf("kvlm random %s %s", cmp.Or(sh.Name, name), mix.Name)},
 		{"general.file_type", mix.FileType},
 		{a + ".vocab_size", uint32(vocab)},
 		{a + ".context_length", uint32(sh.Ctx)},
@@ -367,6 +426,24 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 		{a + ".attention.layer_norm_rms_epsilon", eps},
 		{a + ".rope.freq_base", sh.RopeTheta},
 		{"general.quantization_version", uint32(2)},
+	}
+	if sh.HeadDim > 0 {
+		kvs = append(kvs, genKV{a + ".attention.key_length", uint32(hd)}, genKV{a + ".attention.value_length", uint32(hd)})
+	}
+	if sh.Window > 0 {
+		kvs = append(kvs, genKV{a + ".attention.sliding_window", uint32(sh.Window)})
+	}
+	if sh.Pattern > 0 {
+		kvs = append(kvs, genKV{a + ".attention.sliding_window_pattern", uint32(sh.Pattern)})
+	}
+	if sh.AttnSoftcap > 0 {
+		kvs = append(kvs, genKV{a + ".attn_logit_softcapping", sh.AttnSoftcap})
+	}
+	if sh.FinalSoftcap > 0 {
+		kvs = append(kvs, genKV{a + ".final_logit_softcapping", sh.FinalSoftcap})
+	}
+	if sh.LocalTheta > 0 {
+		kvs = append(kvs, genKV{a + ".rope.freq_base_swa", sh.LocalTheta})
 	}
 	kvmap := model.Config{Layers: sh.Layers, KVSource: sh.KVSource, LayerWindows: sh.LayerWindows}
 	for _, m := range convert.KVMapMetadata(a, kvmap) {
@@ -405,6 +482,25 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 		}
 		return f32vec(name, ones)
 	}
+	// norm is a norm weight of n values drawn N(1, 0.3²), for the norms an
+	// architecture adds (so that a reader that skips one is seen).
+	norm := func(name string, n int) error {
+		return w.AddTensorFunc(name, tensor.F32, []uint64{uint64(n)}, func(out io.Writer) error {
+			h := fnv.New64a()
+			h.Write([]byte(name))
+			rng := rand.New(rand.NewPCG(seed, h.Sum64()))
+			v := make([]float32, n)
+			for i := range v {
+				v[i] = float32(1 + 0.3*rng.NormFloat64())
+			}
+			data := make([]byte, 4*n)
+			if err := tensor.Quantize(tensor.F32, v, data); err != nil {
+				return err
+			}
+			_, err := out.Write(data)
+			return err
+		})
+	}
 	bias := func(name string, n int) error {
 		if !sh.Biases {
 			return nil
@@ -414,7 +510,11 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 		})
 	}
 	qdim, kvdim := sh.Heads*hd, sh.KVHeads*hd
-	if err := mat("token_embd.weight", 0, vocab, sh.Dim, 1); err != nil {
+	embStd := 1.0
+	if sh.EmbStd > 0 {
+		embStd = sh.EmbStd
+	}
+	if err := mat("token_embd.weight", 0, vocab, sh.Dim, embStd); err != nil {
 		return nil, nil, err
 	}
 	if r := sh.Llama3Rope; r != nil {
@@ -427,7 +527,7 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 		p := fmt.Sprintf("blk.%d.", i)
 		own := kvmap.Owns(i) // a layer that reads another's KV has no K/V projection
 		kvMat := func(name string, rows int) error {
-			if !own {
+			if !own || sh.Fused {
 				return nil
 			}
 			return mat(name, i, rows, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim)))
@@ -438,19 +538,51 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 			}
 			return bias(name, n)
 		}
+		qkNorm := func(name string, kv bool) error {
+			if !sh.QKNorm || (kv && !own) {
+				return nil
+			}
+			return norm(name, hd)
+		}
+		// sep writes a matrix of rows×Dim unless the projections are fused,
+		// fused one only if they are.
+		sep := func(name string, layer, rows int) error {
+			if sh.Fused {
+				return nil
+			}
+			return mat(name, layer, rows, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim)))
+		}
+		fused := func(name string, layer, rows int) error {
+			if !sh.Fused {
+				return nil
+			}
+			return mat(name, layer, rows, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim)))
+		}
+		postNorm := func(name string) error {
+			if !sh.PostNorms {
+				return nil
+			}
+			return norm(name, sh.Dim)
+		}
 		for _, err := range []error{
 			vec(p+"attn_norm.weight", sh.Dim),
-			mat(p+"attn_q.weight", i, qdim, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
+			sep(p+"attn_q.weight", i, qdim),
+			fused(p+"attn_qkv.weight", i, qdim+2*kvdim),
 			bias(p+"attn_q.bias", qdim),
 			kvMat(p+"attn_k.weight", kvdim),
 			kvBias(p+"attn_k.bias", kvdim),
 			kvMat(p+"attn_v.weight", kvdim),
 			kvBias(p+"attn_v.bias", kvdim),
+			qkNorm(p+"attn_q_norm.weight", false),
+			qkNorm(p+"attn_k_norm.weight", true),
 			mat(p+"attn_output.weight", i, sh.Dim, qdim, 0.5/math.Sqrt(float64(qdim))),
+			postNorm(p + "post_attention_norm.weight"),
 			vec(p+"ffn_norm.weight", sh.Dim),
-			mat(p+"ffn_gate.weight", i, sh.Hidden, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
+			postNorm(p + "post_ffw_norm.weight"),
+			sep(p+"ffn_gate.weight", i, sh.Hidden),
 			mat(p+"ffn_down.weight", i, sh.Dim, sh.Hidden, 0.5/math.Sqrt(float64(sh.Hidden))),
-			mat(p+"ffn_up.weight", i, sh.Hidden, sh.Dim, 0.5/math.Sqrt(float64(sh.Dim))),
+			sep(p+"ffn_up.weight", i, sh.Hidden),
+			fused(p+"ffn_up.weight", i, 2*sh.Hidden),
 		} {
 			if err != nil {
 				return nil, nil, err

@@ -163,6 +163,39 @@ func printInspect(w io.Writer, path string, info inspectJSON) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "architecture %s: dim %d, hidden %d, %d layers, %d heads, %d KV heads, head dim %d, vocab %d, context %d, rope %s θ=%g, eps %g",
 		c.Arch, c.Dim, c.HiddenDim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.Vocab, c.CtxLen, c.Rope, c.RopeTheta, c.NormEps)
+	if model.Archs[c.Arch].Fused {
+		fmt.Fprintf(w, ", fused QKV and gate/up matrices")
+	}
+	if c.QKNorm {
+		fmt.Fprintf(w, ", Q/K norm (every query and key head RMS-normalised before RoPE)")
+	}
+	if c.EmbedScale != 0 {
+		fmt.Fprintf(w, ", embedding ×%g", c.EmbedScale)
+	}
+	if c.PostNorms {
+		fmt.Fprintf(w, ", post-norms (attention and FFN outputs RMS-normalised before the residual)")
+	}
+	if c.GELU {
+		fmt.Fprintf(w, ", GeGLU FFN (tanh GELU)")
+	}
+	if c.AttnScale != 0 {
+		fmt.Fprintf(w, ", query scale %g", c.AttnScale)
+	}
+	if c.AttnSoftcap != 0 {
+		fmt.Fprintf(w, ", attention soft-cap %g", c.AttnSoftcap)
+	}
+	if c.FinalSoftcap != 0 {
+		fmt.Fprintf(w, ", final logit soft-cap %g", c.FinalSoftcap)
+	}
+	if c.LocalRopeTheta != 0 {
+		var local []int
+		for i := 0; i < c.Layers; i++ {
+			if c.Window(i) > 0 {
+				local = append(local, i)
+			}
+		}
+		fmt.Fprintf(w, ", local layers %s (window %d, rope θ=%g; the others global)", layerRanges(local), c.Window(local[0]), c.LocalRopeTheta)
+	}
 	if c.SlidingWindow > 0 {
 		fmt.Fprintf(w, ", sliding window %d (a token attends to the last %d positions, itself included)", c.SlidingWindow, c.SlidingWindow)
 	}
@@ -245,4 +278,22 @@ func printKVMap(w io.Writer, c model.Config) {
 		fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\n", i, c.Source(i), win, kv)
 	}
 	tw.Flush()
+}
+
+// layerRanges writes ascending layer indexes as ranges: 0-4, 6-10.
+func layerRanges(ls []int) string {
+	var parts []string
+	for i := 0; i < len(ls); {
+		j := i
+		for j+1 < len(ls) && ls[j+1] == ls[j]+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, fmt.Sprintf("%d-%d", ls[i], ls[j]))
+		} else {
+			parts = append(parts, fmt.Sprint(ls[i]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ", ")
 }

@@ -165,6 +165,66 @@ func TestMatchesLlamaCppKvlmFiles(t *testing.T) {
 	}
 }
 
+// llamaArchCases are the recorded runs of kvlm-written files of the
+// architectures beyond llama (gen-model's SHAPE-tiny shapes, stories260K's
+// vocabulary, seed 1): testdata/llamacpp/SHAPE-TYPE.txt, with the logit
+// tolerance of each (README.md: the measured differences).
+var llamaArchCases = []struct {
+	shape, typ string
+	tol        float64
+}{
+	{"qwen3-tiny", "F32", 1e-4}, {"qwen3-tiny", "Q8_0", 0.02}, {"qwen3-tiny", "Q4_K_M", 0.02},
+	// gemma2, gemma3: llama.cpp's GELU is a table of float16 values (ggml's
+	// GGML_GELU_FP16), kvlm's the exact tanh formula: F32 within 2e-3, the
+	// quantized files within 0.04 (README.md).
+	{"gemma2-tiny", "F32", 2e-3}, {"gemma2-tiny", "Q8_0", 0.04}, {"gemma2-tiny", "Q4_K_M", 0.04},
+	{"gemma2-cap-tiny", "F32", 2e-3},
+	{"phi3-tiny", "F32", 1e-4}, {"phi3-tiny", "Q8_0", 0.02},
+	{"gemma3-tiny", "F32", 2e-3}, {"gemma3-tiny", "Q8_0", 0.04}, {"gemma3-tiny", "Q4_K_M", 0.04},
+}
+
+// archInspect is what kvlm inspect must print of each architecture's
+// shape: its settings.
+var archInspect = map[string][]string{
+	"qwen3-tiny":      {"architecture qwen3:", "head dim 128", "rope neox θ=1e+06", "Q/K norm"},
+	"gemma2-tiny":     {"architecture gemma2:", "embedding ×16", "post-norms", "GeGLU", "attention soft-cap 50", "final logit soft-cap 30"},
+	"phi3-tiny":       {"architecture phi3:", "rope neox", "fused QKV and gate/up matrices"},
+	"gemma2-cap-tiny": {"attention soft-cap 1", "final logit soft-cap 1"},
+	"gemma3-tiny":     {"architecture gemma3:", "Q/K norm", "embedding ×16", "post-norms", "GeGLU", "local layers 0-1 (window 16, rope θ=10000; the others global)"},
+}
+
+// TestMatchesLlamaCppArchs: on files kvlm writes of each architecture
+// (written again here from the seed), kvlm's logits and greedy tokens over
+// 32 steps are llama.cpp's recorded ones; kvlm inspect prints the
+// architecture's settings.
+func TestMatchesLlamaCppArchs(t *testing.T) {
+	tok := shared.Path(t, "models/stories260K/tok512.bin")
+	dir := t.TempDir()
+	for _, c := range llamaArchCases {
+		t.Run(c.shape+"/"+c.typ, func(t *testing.T) {
+			out := filepath.Join(dir, c.shape+"-"+c.typ+".gguf")
+			if o, e, code := kvlm(t, "gen-model", "--shape", c.shape, "--type", c.typ, "--tokenizer", tok, "-o", out); code != 0 {
+				t.Fatalf("gen-model: exit %d: %s %s", code, o, e)
+			}
+			o, e, code := kvlm(t, "inspect", out)
+			if code != 0 {
+				t.Fatalf("inspect: exit %d: %s", code, e)
+			}
+			for _, want := range archInspect[c.shape] {
+				if !strings.Contains(o, want) {
+					t.Errorf("inspect does not say %q:\n%s", want, o)
+				}
+			}
+			run := readLlamaRun(t, filepath.Join("testdata", "llamacpp", c.shape+"-"+c.typ+".txt"))
+			d, n := compareLlamaRun(t, out, run, c.tol)
+			if n < len(run.steps)/2 {
+				t.Errorf("greedy tokens compared at only %d of %d steps", n, len(run.steps))
+			}
+			t.Logf("%s %s: largest logit difference %.3g (tolerance %.3g), greedy tokens compared at %d of %d steps", c.shape, c.typ, d, c.tol, n, len(run.steps))
+		})
+	}
+}
+
 // TestMatchesLlamaCppQuantizeFile: a file llama-quantize wrote (from
 // gen-model's F32 quant-tiny, each matrix in another of the types kvlm
 // reads: testdata/llamacpp/README.md) loads with llama.cpp's types and
