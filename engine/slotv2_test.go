@@ -69,6 +69,9 @@ func (r *slotRun) step(t *testing.T) (int, error) {
 // piece switched off — the slots' positions, the policy state, the KIVI
 // residual — and the continuation must differ.
 func TestSlotRoundTripMethods(t *testing.T) {
+	if testing.Short() {
+		t.Skip("60 method × codec round trips; -short (CI's race run) skips it, the plain run has it")
+	}
 	m, tok := loadStories(t)
 	raw, err := os.ReadFile(shared.Path(t, "data/tinystories_valid_head.txt"))
 	if err != nil {
