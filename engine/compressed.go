@@ -51,6 +51,16 @@ func (e *Engine) startCompressed(s *seqState, cache *kvcache.Paged, k int) bool 
 		return false
 	}
 	cm := meta.(*compMeta)
+	return e.startRestored(s, cache, cm.snap, k, cm.logits)
+}
+
+// startRestored starts s over cache, which holds the first k tokens of its
+// history as a policy left them, with that policy's state snap and, when
+// they were computed, the logits after the k-th token: the compressed
+// prefix cache's and kept slots' way in. An error ends s (and frees
+// cache); it reports true either way.
+func (e *Engine) startRestored(s *seqState, cache *kvcache.Paged, snap *policy.Snapshot, k int, logits []float32) bool {
+	q := s.req
 	seq, err := e.m.NewSequence(cache)
 	if err != nil {
 		cache.Free()
@@ -58,7 +68,7 @@ func (e *Engine) startCompressed(s *seqState, cache *kvcache.Paged, k int) bool 
 		return true
 	}
 	seq.Chunk = e.cfg.PrefillChunk
-	st, err := policy.Restore(q.r.Policy, seq, cm.snap)
+	st, err := policy.Restore(q.r.Policy, seq, snap)
 	if err != nil {
 		cache.Free()
 		e.finish(s, FinishError, err)
@@ -72,7 +82,7 @@ func (e *Engine) startCompressed(s *seqState, cache *kvcache.Paged, k int) bool 
 		e.prefixHit.Add(int64(k))
 	}
 	s.seq, s.cache, s.pol = seq, cache, st
-	s.fed, s.prefilling, s.restored = k, true, cm.logits
+	s.fed, s.prefilling, s.restored = k, true, logits
 	e.running = append(e.running, s)
 	return true
 }

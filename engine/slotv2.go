@@ -552,32 +552,9 @@ func (e *Engine) startFromSlot(s *seqState, cache *kvcache.Paged, k int) bool {
 		return false
 	}
 	cache.Free()
-	c := from.cache.Fork()
-	seq, err := e.m.NewSequence(c)
-	if err != nil {
-		c.Free()
-		e.finish(s, FinishError, err)
-		return true
-	}
-	seq.Chunk = e.cfg.PrefillChunk
-	st, err := policy.Restore(q.r.Policy, seq, from.snap)
-	if err != nil {
-		c.Free()
-		e.finish(s, FinishError, err)
-		return true
-	}
-	if !q.started {
-		q.started = true
-		q.usage.CachedTokens = k
-		q.usage.CompressedTokens = k
-		e.prefixQueried.Add(int64(len(s.hist)))
-		e.prefixHit.Add(int64(k))
-	}
-	s.seq, s.cache, s.pol = seq, c, st
-	s.fed, s.prefilling = k, true
+	var logits []float32
 	if k == len(s.hist) {
-		s.restored = slices.Clone(from.logits)
+		logits = slices.Clone(from.logits)
 	}
-	e.running = append(e.running, s)
-	return true
+	return e.startRestored(s, from.cache.Fork(), from.snap, k, logits)
 }
