@@ -390,19 +390,12 @@ func fitScaleMin(x []float32, nmax int) (scale, m float32) {
 	return bestScale, -bestOff
 }
 
-// quantQ4_K quantizes one super-block: per 32-value sub-block a scale and
-// min from fitScaleMin, then (as quantize_row_q4_K_ref) the eight scales and
-// eight mins quantized to 6 bits against d = max(scale)/63 and
-// dmin = max(min)/63, and every value rounded to its level with the stored
-// (rounded) scale and min.
-func quantQ4_K(x *[QK_K]float32, b *[144]byte) {
-	var scales, mins [8]float32
-	var maxScale, maxMin float32
-	for j := 0; j < 8; j++ {
-		scales[j], mins[j] = fitScaleMin(x[32*j:32*j+32], 15)
-		maxScale = max(maxScale, scales[j])
-		maxMin = max(maxMin, mins[j])
-	}
+// packScalesMinsK4 writes the header of a Q4_K or Q5_K super-block b, as
+// quantize_row_q4_K_ref and quantize_row_q5_K_ref do: the eight scales and
+// eight mins quantized to 6 bits against d = maxScale/63 and
+// dmin = maxMin/63, packed into the 12 bytes at b[4:16], and d, dmin as
+// float16 at b[0:4]. It returns the packed scales and d, dmin as stored.
+func packScalesMinsK4(b []byte, scales, mins []float32, maxScale, maxMin float32) (sc *[12]byte, d, dmin float32) {
 	var invScale, invMin float32
 	if maxScale > 0 {
 		invScale = 63 / maxScale
@@ -410,7 +403,7 @@ func quantQ4_K(x *[QK_K]float32, b *[144]byte) {
 	if maxMin > 0 {
 		invMin = 63 / maxMin
 	}
-	sc := (*[12]byte)(b[4:16])
+	sc = (*[12]byte)(b[4:16])
 	*sc = [12]byte{}
 	for j := 0; j < 8; j++ {
 		ls := uint8(clampInt(nearestInt(invScale*scales[j]), 0, 63))
@@ -427,19 +420,22 @@ func quantQ4_K(x *[QK_K]float32, b *[144]byte) {
 	dh, dminh := F32ToF16(maxScale/63), F32ToF16(maxMin/63)
 	binary.LittleEndian.PutUint16(b[0:], dh)
 	binary.LittleEndian.PutUint16(b[2:], dminh)
-	d, dmin := F16ToF32(dh), F16ToF32(dminh)
+	return sc, F16ToF32(dh), F16ToF32(dminh)
+}
+
+// quantQ4_K quantizes one super-block: per 32-value sub-block a scale and
+// min from fitScaleMin, then (as quantize_row_q4_K_ref) the eight scales and
+// eight mins quantized to 6 bits against d = max(scale)/63 and
+// dmin = max(min)/63, and every value rounded to its level with the stored
+// (rounded) scale and min.
+func quantQ4_K(x *[QK_K]float32, b *[144]byte) {
+	scales, mins, maxScale, maxMin := fitScaleMins(x[:], 32, 15)
+	sc, d, dmin := packScalesMinsK4(b[:], scales, mins, maxScale, maxMin)
 
 	var all [QK_K]uint8
 	for j := 0; j < 8; j++ {
 		s, m := scaleMinK4(j, sc)
-		dd := d * float32(s)
-		if dd == 0 {
-			continue // all levels 0: the value is -dmin*m
-		}
-		dm := dmin * float32(m)
-		for i := 32 * j; i < 32*j+32; i++ {
-			all[i] = uint8(clampInt(nearestInt((x[i]+dm)/dd), 0, 15))
-		}
+		levelsScaleMin(x[32*j:32*j+32], all[32*j:], d*float32(s), dmin*float32(m), 15)
 	}
 	qs := b[16:144]
 	for c := 0; c < 4; c++ {

@@ -480,30 +480,7 @@ func levelsScaleMin(x []float32, L []uint8, dd, dm float32, nmax int) {
 // every value rounded to its level with the stored scale and min.
 func quantQ5_K(x []float32, b []byte) {
 	scales, mins, maxScale, maxMin := fitScaleMins(x, 32, 31)
-	var invScale, invMin float32
-	if maxScale > 0 {
-		invScale = 63 / maxScale
-	}
-	if maxMin > 0 {
-		invMin = 63 / maxMin
-	}
-	sc := (*[12]byte)(b[4:16])
-	for j := 0; j < 8; j++ {
-		ls := uint8(clampInt(nearestInt(invScale*scales[j]), 0, 63))
-		lm := uint8(clampInt(nearestInt(invMin*mins[j]), 0, 63))
-		if j < 4 {
-			sc[j] = ls
-			sc[j+4] = lm
-		} else {
-			sc[j+4] = ls&0x0f | (lm&0x0f)<<4
-			sc[j-4] |= (ls >> 4) << 6
-			sc[j] |= (lm >> 4) << 6
-		}
-	}
-	dh, dminh := F32ToF16(maxScale/63), F32ToF16(maxMin/63)
-	binary.LittleEndian.PutUint16(b[0:], dh)
-	binary.LittleEndian.PutUint16(b[2:], dminh)
-	d, dmin := F16ToF32(dh), F16ToF32(dminh)
+	sc, d, dmin := packScalesMinsK4(b, scales, mins, maxScale, maxMin)
 	var L [QK_K]uint8
 	for j := 0; j < 8; j++ {
 		s, m := scaleMinK4(j, sc)
