@@ -296,66 +296,7 @@ func TestArchsMatchReference(t *testing.T) {
 					t.Fatalf("switching off %s changes the reference's logits by only %.3g", name, d)
 				}
 			}
-			V := m.Vocab
-			newSeq := func(t *testing.T) *Sequence {
-				seq, err := m.NewStandaloneSequence(KVOptions{K: fk, V: fv, BlockTokens: 16})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(seq.Close)
-				return seq
-			}
-			for _, chunk := range []int{128, 17, 5} {
-				t.Run("prefill chunk "+itoa(chunk), func(t *testing.T) {
-					seq := newSeq(t)
-					seq.Chunk = chunk
-					logits, err := seq.Forward(prompt, true)
-					if err != nil {
-						t.Fatal(err)
-					}
-					for p := range prompt {
-						compareLogits(t, "pos "+itoa(p), logits[p*V:(p+1)*V], ref[p], 1e-4)
-					}
-				})
-			}
-			t.Run("token by token", func(t *testing.T) {
-				seq := newSeq(t)
-				for p := range prompt {
-					logits, err := seq.Forward(prompt[p:p+1], false)
-					if err != nil {
-						t.Fatal(err)
-					}
-					compareLogits(t, "pos "+itoa(p), logits, ref[p], 1e-4)
-				}
-			})
-			t.Run("decode batch", func(t *testing.T) {
-				seqs := make([]*Sequence, 3)
-				for i, pre := range []int{1, 20, 45} {
-					seqs[i] = newSeq(t)
-					if _, err := seqs[i].Forward(prompts[i][:pre], false); err != nil {
-						t.Fatal(err)
-					}
-				}
-				for {
-					var batch []*Sequence
-					var toks, who, pos []int
-					for i, s := range seqs {
-						if s.Pos() < T {
-							batch, toks, who, pos = append(batch, s), append(toks, prompts[i][s.Pos()]), append(who, i), append(pos, s.Pos())
-						}
-					}
-					if len(batch) == 0 {
-						break
-					}
-					out, err := m.DecodeBatch(batch, toks)
-					if err != nil {
-						t.Fatal(err)
-					}
-					for j, i := range who {
-						compareLogits(t, "sequence "+itoa(i)+" pos "+itoa(pos[j]), out[j], refs[i][pos[j]], 1e-4)
-					}
-				}
-			})
+			checkForwardPaths(t, m, KVOptions{K: fk, V: fv}, prompts, refs, refPaths{tokenByToken: true})
 		})
 	}
 }
