@@ -40,6 +40,7 @@ import (
 
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/kvstore"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/policy"
 )
@@ -61,6 +62,12 @@ type Config struct {
 	// when the first such pool is made, by model.KeyMeans from this prompt
 	// (model.DefaultKeyMeanTokens tokens the model writes, seed 1).
 	KeyShiftPrompt []int
+	// Store, if set, is the shared KV tier (kvstore.go, docs/KVSTORE.md):
+	// full prefix blocks are written to it and read back by this engine
+	// and by others sharing it. The engine does not close it.
+	Store        kvstore.Store
+	StoreTimeout time.Duration // bounds one store round trip (kvstore.DefaultTimeout)
+	StoreQueue   int64         // bytes of writes queued at most; more are dropped (kvstore.DefaultQueueBytes)
 }
 
 // Observer receives the engine's measurements (metrics). Calls come from
@@ -122,6 +129,10 @@ type Engine struct {
 	compMisses         atomic.Int64 // requests with a policy that found none
 	preemptions        atomic.Int64
 	stepGen            int // tokens generated in the current step
+
+	store  kvstore.Store   // Config.Store, or nil
+	writer *kvstore.Writer // its write queue, when store is set
+	st     storeCounters
 }
 
 // New starts an engine over m. Close stops it.
@@ -155,6 +166,16 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	if e.obs == nil {
 		e.obs = nopObserver{}
 	}
+	if cfg.StoreTimeout < 0 || cfg.StoreQueue < 0 {
+		return nil, fmt.Errorf("the KV store's timeout and queue must not be negative, got %s and %d bytes", cfg.StoreTimeout, cfg.StoreQueue)
+	}
+	if cfg.StoreTimeout == 0 {
+		cfg.StoreTimeout = kvstore.DefaultTimeout
+	}
+	if cfg.StoreQueue == 0 {
+		cfg.StoreQueue = kvstore.DefaultQueueBytes
+	}
+	e.cfg = cfg
 	l := m.KVLayout()
 	e.tables = l.Layers * l.KVHeads
 	k, v, err := parseCodecs(cfg.K, cfg.V)
@@ -189,6 +210,10 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 		defer close(e.fpDone)
 		fingerprint(m, &e.fpStop)
 	}()
+	if cfg.Store != nil {
+		e.store = cfg.Store
+		e.writer = kvstore.NewWriter(cfg.Store, cfg.StoreQueue, cfg.StoreTimeout)
+	}
 	go e.loop()
 	return e, nil
 }
@@ -414,6 +439,8 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 	if need, whole := pool.AdmitBytesStep(admit, r.N, e.cfg.PrefillChunk), pool.CapacityBytes(); need > whole {
 		return nil, invalid("the prompt needs %d bytes of KV cache, more than the whole pool (%d bytes)", need, whole)
 	}
+	// The shared tier's lookup, here in the caller's goroutine (kvstore.go).
+	found := e.lookup(pool, &r, pol, streamed)
 	h := newHandle(r.N, e.wake)
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -425,7 +452,7 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 	}
 	e.nextID++
 	req := &request{id: e.nextID, r: r, h: h, pool: pool, submitted: time.Now(), streamed: streamed,
-		usage: Usage{PromptTokens: len(r.Prompt), Policy: pol.String()}}
+		usage: Usage{PromptTokens: len(r.Prompt), Policy: pol.String()}, fetched: found}
 	kc, vc := pool.Codecs()
 	req.usage.K, req.usage.V = kc.Name(), vc.Name()
 	e.waiting = append(e.waiting, req)
@@ -482,6 +509,7 @@ type Stats struct {
 	CompressedPrefixes               int
 	CompressedBytes                  int64
 	Preemptions                      int64
+	Store                            StoreStats // the shared KV tier (Config.Store)
 }
 
 // PoolStats is one codec pair's pool.
@@ -496,7 +524,7 @@ type PoolStats struct {
 func (e *Engine) Stats() Stats {
 	st := Stats{Running: int(e.nRunning.Load()), Waiting: int(e.nWaiting.Load()), BudgetBytes: e.budget,
 		PrefixQueried: e.prefixQueried.Load(), PrefixHit: e.prefixHit.Load(), PrefillComputed: e.prefillComputed.Load(),
-		CompressedHits: e.compHits.Load(), CompressedMisses: e.compMisses.Load(), Preemptions: e.preemptions.Load()}
+		CompressedHits: e.compHits.Load(), CompressedMisses: e.compMisses.Load(), Preemptions: e.preemptions.Load(), Store: e.StoreStats()}
 	au := e.arena.Usage()
 	st.ArenaBytes, st.HeldBytes = au.Allocated, au.Held
 	e.mu.Lock()
@@ -540,6 +568,7 @@ func (e *Engine) Close() {
 	e.wake()
 	<-e.doneCh
 	<-e.fpDone
+	e.closeStore()
 }
 
 // do runs fn on the scheduler goroutine and waits for it.

@@ -65,6 +65,7 @@ type Event struct {
 type Usage struct {
 	PromptTokens     int   // prompt length
 	CachedTokens     int   // prompt tokens served from the prefix cache
+	StoreTokens      int   // prompt tokens loaded from the shared KV tier (Config.Store)
 	ComputedTokens   int   // prompt tokens run through the model (after a preemption, the recomputed ones too)
 	CompressedTokens int   // prompt tokens that came from a compressed prefix (all of them, or none)
 	CompletionTokens int   // tokens generated over all samples

@@ -37,6 +37,7 @@ type request struct {
 	// the cache never holds more than the policy's StreamBound.
 	streamed bool
 	curBytes int64
+	fetched  *fetched // the shared tier's blocks of the prompt, until the request starts (kvstore.go)
 }
 
 // admitTokens is the tokens of a history of n that admission sizes the
@@ -80,6 +81,7 @@ type seqState struct {
 	last       time.Time
 	done       bool
 	bytes      int64 // KV bytes after the last step
+	stored     int   // leading prefix blocks of cache already queued for the shared tier (or not to be)
 }
 
 func (s *seqState) newer(t *seqState) bool {
@@ -232,7 +234,7 @@ func (e *Engine) finish(s *seqState, why FinishReason, err error) {
 		kept := false
 		if why != FinishError && why != FinishCancelled {
 			if q.registers() {
-				s.cache.RegisterPrefix(s.hist[:s.fed], 0)
+				e.registerPrefix(s)
 			}
 			if q.r.Slot != nil && s.choice == 0 {
 				kept = e.keepSlot(*q.r.Slot, s)
@@ -351,6 +353,7 @@ func (e *Engine) start(s *seqState) {
 	cache := q.pool.NewSequence()
 	k := s.compressedLen()
 	if q.prefix() && q.r.Policy.Method != "full" && (e.startFromSlot(s, cache, k) || e.startCompressed(s, cache, k)) {
+		q.fetched = nil
 		return
 	}
 	matched := 0
@@ -360,12 +363,19 @@ func (e *Engine) start(s *seqState) {
 		tail := q.r.Policy.ComputedTail(k)
 		matched = cache.MatchPrefix(s.hist[:k-tail+1], 0)
 	}
+	local := matched
+	if q.fetched != nil {
+		stored := e.loadFetched(q, cache, s.hist, matched)
+		matched += stored
+		q.usage.StoreTokens = stored
+	}
 	if !q.started {
 		q.started = true
-		q.usage.CachedTokens = matched
+		q.usage.CachedTokens = local
 		e.prefixQueried.Add(int64(len(s.hist)))
-		e.prefixHit.Add(int64(matched))
+		e.prefixHit.Add(int64(local))
 	}
+	s.stored = cache.PrefixBlocks() // what the store has or the local cache had
 	seq, err := e.m.NewSequence(cache)
 	if err != nil {
 		cache.Free()
@@ -406,7 +416,7 @@ func (e *Engine) preempt(s *seqState) {
 	q := s.req
 	if s.cache != nil {
 		if q.registers() && !s.prefilling {
-			s.cache.RegisterPrefix(s.hist[:s.fed], 0)
+			e.registerPrefix(s)
 		}
 		s.cache.Free()
 	}
@@ -607,7 +617,7 @@ func (e *Engine) prefill() int {
 			q.usage.ComputedTokens += n
 			e.prefillComputed.Add(int64(n))
 			if q.registers() {
-				s.cache.RegisterPrefix(s.hist[:s.fed], 0)
+				e.registerPrefix(s)
 			}
 			if s.pol != nil && s.fed == k && q.prefix() && !q.forked {
 				// Just compressed, before the rest runs on top of it.
@@ -696,7 +706,7 @@ func (e *Engine) fork(s *seqState, i int) (*seqState, error) {
 		return nil, err
 	}
 	f := &seqState{req: q, choice: i, seq: seq, cache: seq.Cache().(kvcache.Scheduled), smp: smp,
-		hist: slices.Clone(s.hist), fed: s.fed}
+		hist: slices.Clone(s.hist), fed: s.fed, stored: s.stored}
 	if s.pol != nil {
 		if f.pol, err = policy.New(q.r.Policy, seq); err != nil {
 			f.cache.Free()

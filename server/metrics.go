@@ -75,7 +75,7 @@ func newMetrics(e *engine.Engine, modelName string) *metrics {
 	}
 	reg.MustRegister(m.ttft, m.itl, m.vttft, m.vitl, m.step, m.evicted, m.finished, m.requests, m.preempted,
 		m.genTokens, m.promptTokens, m.vGenTok, m.vPromTok,
-		&engineCollector{e: e, m: m, lbl: lbl},
+		&engineCollector{e: e, m: m, lbl: lbl}, storeCollector{e},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

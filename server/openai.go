@@ -657,6 +657,7 @@ type kvUsageJSON struct {
 	BytesPeak    int64 `json:"bytes_peak"`    // the most KV memory the request held
 	Bytes        int64 `json:"bytes"`         // KV memory when it ended
 	CachedTokens int   `json:"cached_tokens"` // prompt tokens from the prefix cache
+	StoreTokens  int   `json:"store_tokens"`  // prompt tokens loaded from the shared KV tier (--kv-store)
 	// ComputedTokens is the prompt tokens the model ran (the rest came
 	// from the cache; a preempted request's recomputation counts too).
 	ComputedTokens int `json:"computed_tokens"`
@@ -680,7 +681,7 @@ type timingsJSON struct {
 func usageOf(u engine.Usage) *usageJSON {
 	return &usageJSON{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens,
 		PromptTokensDetails: promptDetails{CachedTokens: u.CachedTokens},
-		KV: kvUsageJSON{BytesPeak: u.KVBytesPeak, Bytes: u.KVBytes, CachedTokens: u.CachedTokens, ComputedTokens: u.ComputedTokens, CompressedTokens: u.CompressedTokens, EvictedTokens: u.EvictedTokens,
+		KV: kvUsageJSON{BytesPeak: u.KVBytesPeak, Bytes: u.KVBytes, CachedTokens: u.CachedTokens, StoreTokens: u.StoreTokens, ComputedTokens: u.ComputedTokens, CompressedTokens: u.CompressedTokens, EvictedTokens: u.EvictedTokens,
 			Preemptions: u.Preemptions, Policy: u.Policy, TypeK: u.K, TypeV: u.V}}
 }
 

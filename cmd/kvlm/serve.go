@@ -90,6 +90,7 @@ func (f *serveFlags) engineConfig() (engine.Config, error) {
 
 func newServe() *cobra.Command {
 	var f serveFlags
+	var sf storeFlags
 	var addr, name, slotDir, maxBody, apiKey string
 	var allowedHosts []string
 	var headerTimeout, bodyTimeout, idleTimeout, writeTimeout time.Duration
@@ -127,6 +128,13 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 			cfg, err := f.engineConfig()
 			if err != nil {
 				return err
+			}
+			store, err := sf.open(cmd, &cfg)
+			if err != nil {
+				return err
+			}
+			if store != nil {
+				defer store.Close() // after the engine flushed its writes (srv.Close)
 			}
 			limit, err := parseBytes(maxBody)
 			if err != nil {
@@ -187,6 +195,7 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 				return err
 			}
 			defer srv.Close()
+			pingStore(store, stderr)
 			hs := srv.HTTPServer(log.New(stderr, "kvlm http: ", log.LstdFlags))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -212,6 +221,7 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 		},
 	}
 	f.register(c)
+	sf.register(c)
 	fl := c.Flags()
 	fl.StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on (port 0: any free port)")
 	fl.StringVar(&name, "served-model-name", "", "model name in the API (default: the file name without extension)")
