@@ -45,6 +45,10 @@ cleanup() {
 		[ -f "$f" ] || continue
 		pid=$(cat "$f")
 		kill -KILL "$pid" 2>/dev/null || true
+		for _ in $(seq 40); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.05
+		done
 	done
 	rm -rf "$work"
 }
@@ -81,8 +85,10 @@ grep -q -- '--kv-events ' <<<"$help" && events=1
 redis_port=$(freeport)
 redis_cmd=(redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no
 	--maxmemory 64mb --maxmemory-policy allkeys-lru --protected-mode yes --loglevel warning)
-"${redis_cmd[@]}" >"$work/logs/redis" 2>&1 &
-echo $! >"$work/pids/redis"
+# Each process starts in a subshell, not as a job of this shell (so no
+# "Killed" line when the driver kills one); the pid files are what cleanup
+# kills.
+("${redis_cmd[@]}" >"$work/logs/redis" 2>&1 & echo $! >"$work/pids/redis")
 for _ in $(seq 100); do
 	redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break
 	sleep 0.05
@@ -93,9 +99,8 @@ redis-cli -p "$redis_port" ping >/dev/null 2>&1 || fail_logs "redis-server did n
 start() {
 	local name=$1
 	shift
-	"$bin" serve -m "$model" --tokenizer "$tok" --addr 127.0.0.1:0 --served-model-name stories260K "$@" \
-		>"$work/logs/$name" 2>&1 &
-	echo $! >"$work/pids/$name"
+	("$bin" serve -m "$model" --tokenizer "$tok" --addr 127.0.0.1:0 --served-model-name stories260K "$@" \
+		>"$work/logs/$name" 2>&1 & echo $! >"$work/pids/$name")
 }
 wait_url() {
 	local name=$1 url=""
@@ -115,7 +120,10 @@ urls=()
 ports=()
 for i in 0 1 2; do
 	args=()
-	[ "$store" = 1 ] && args+=(--kv-store "redis://127.0.0.1:$redis_port")
+	# A lookup or a write waits up to 1s (default 50ms): this machine's
+	# cores are shared, and a lookup past its timeout is a miss, which
+	# step 2 would count as wrong.
+	[ "$store" = 1 ] && args+=(--kv-store "redis://127.0.0.1:$redis_port" --kv-store-timeout 1s)
 	[ "$events" = 1 ] && args+=(--kv-events "tcp://127.0.0.1:$(freeport)")
 	start "r$i" "${args[@]}"
 done
@@ -130,6 +138,10 @@ done
 # replica only when its connection could not be made (retry-on
 # conn-failure: nothing reached a replica, so nothing is generated twice);
 # a request a replica dies under fails to its client (502 or a cut stream).
+# No idle connection to a replica is reused (http-reuse never): a request
+# sent on a reused connection whose replica just died is neither retried nor
+# answered (haproxy closes the client's connection, as for a keep-alive
+# race), while a new connection to a dead replica is refused and retried.
 lb_port=$(freeport)
 cat >"$work/haproxy.cfg" <<EOF
 global
@@ -143,6 +155,7 @@ defaults
 	retries 2
 	option redispatch 1
 	retry-on conn-failure
+	http-reuse never
 frontend fe
 	bind 127.0.0.1:$lb_port
 	default_backend kvlm
@@ -158,8 +171,7 @@ backend kvlm
 	server r2 127.0.0.1:${ports[2]}
 EOF
 haproxy -c -q -f "$work/haproxy.cfg" || fail_logs "haproxy rejects its configuration"
-haproxy -db -f "$work/haproxy.cfg" >"$work/logs/haproxy" 2>&1 &
-echo $! >"$work/pids/haproxy"
+(haproxy -db -f "$work/haproxy.cfg" >"$work/logs/haproxy" 2>&1 & echo $! >"$work/pids/haproxy")
 for _ in $(seq 100); do
 	[ -S "$work/haproxy.sock" ] && break
 	sleep 0.05
