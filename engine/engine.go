@@ -68,6 +68,12 @@ type Config struct {
 	Store        kvstore.Store
 	StoreTimeout time.Duration // bounds one store round trip (kvstore.DefaultTimeout)
 	StoreQueue   int64         // bytes of writes queued at most; more are dropped (kvstore.DefaultQueueBytes)
+	// PrefixObserver, if set, hears of the default pool's prefix-cache
+	// blocks as they are stored and dropped (KV events: kvevents). Pools
+	// of other codec pairs, which requests choose with kv.type_k/type_v,
+	// are not reported: their blocks hash alike but do not serve requests
+	// of the default codecs.
+	PrefixObserver kvcache.PrefixObserver
 }
 
 // Observer receives the engine's measurements (metrics). Calls come from
@@ -78,17 +84,17 @@ type Observer interface {
 	Step(prefill, generated int, d time.Duration) // one scheduler step: prompt tokens run, tokens generated, its duration
 	Evicted(policy string, tokens float64)        // tokens a compression policy dropped (mean over tables)
 	Preempted()                                   // a sample was preempted (recomputed later)
-	Finished(r FinishReason)                      // a sample ended
+	Finished(r FinishReason, e2e time.Duration)   // a sample ended, e2e after its request's submission
 }
 
 type nopObserver struct{}
 
-func (nopObserver) FirstToken(time.Duration)     {}
-func (nopObserver) InterToken(time.Duration)     {}
-func (nopObserver) Step(int, int, time.Duration) {}
-func (nopObserver) Evicted(string, float64)      {}
-func (nopObserver) Preempted()                   {}
-func (nopObserver) Finished(FinishReason)        {}
+func (nopObserver) FirstToken(time.Duration)             {}
+func (nopObserver) InterToken(time.Duration)             {}
+func (nopObserver) Step(int, int, time.Duration)         {}
+func (nopObserver) Evicted(string, float64)              {}
+func (nopObserver) Preempted()                           {}
+func (nopObserver) Finished(FinishReason, time.Duration) {}
 
 // Engine schedules generations over one model.
 type Engine struct {
@@ -202,6 +208,9 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	e.budget = e.arena.Budget()
 	if e.defPool, err = e.pool(cfg.K, cfg.V); err != nil {
 		return nil, err
+	}
+	if cfg.PrefixObserver != nil {
+		e.defPool.SetPrefixObserver(cfg.PrefixObserver)
 	}
 	// The weights' fingerprint (slots, system_fingerprint), in the
 	// background: loading does not wait for it.

@@ -210,7 +210,7 @@ func (e *Engine) endChoice(q *request, i int, why FinishReason, err error) {
 	}
 	q.ended[i] = true
 	q.live--
-	e.obs.Finished(why)
+	e.obs.Finished(why, time.Since(q.submitted))
 	if q.live == 0 {
 		q.usage.EvictedTokens = int(q.evicted / int64(e.tables))
 		q.h.setUsage(q.usage)

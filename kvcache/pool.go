@@ -227,6 +227,7 @@ type Pool struct {
 	idle         idleCounter // chunks held whose blocks are all unreferenced (read by other pools' growth)
 
 	index map[uint64]*prefixEntry // prefix cache: block hash → blocks
+	obs   PrefixObserver          // told of full-block entries stored and dropped (observer.go); nil: none
 
 	stats PoolStats
 }
@@ -610,6 +611,7 @@ func (p *Pool) Close() error {
 	p.arena.give(p, mems)
 	p.chunks, p.meta, p.held, p.nfree = nil, nil, 0, 0
 	p.free, p.cached = blist{-1, -1, 0}, blist{-1, -1, 0}
+	p.observeCleared()
 	p.index = map[uint64]*prefixEntry{}
 	p.idle.Store(0)
 	return nil

@@ -72,6 +72,7 @@ func (p *Pool) dropEntry(e *prefixEntry) {
 	e.dropped = true
 	if p.index[e.hash] == e {
 		delete(p.index, e.hash)
+		p.observeRemoved(e)
 	}
 	for _, b := range e.blocks {
 		if p.meta[b].entry == e {
@@ -190,6 +191,7 @@ func (s *Paged) RegisterPrefix(tokens []int, extra uint64) {
 			p.meta[b].entry = e
 		}
 		p.index[h] = e
+		p.observeStored(e, parent, j)
 	}
 	s.registered = len(s.hashes)
 }

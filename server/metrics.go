@@ -6,27 +6,30 @@ import (
 	"time"
 
 	"github.com/kvlm/kvlm/engine"
+	"github.com/kvlm/kvlm/kvevents"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // metrics is the /metrics registry: kvlm's own names, and the vLLM names
 // that Kubernetes' Gateway API Inference Extension and llm-d schedulers
-// scrape (vllm:num_requests_waiting, vllm:num_requests_running,
-// vllm:kv_cache_usage_perc and the older vllm:gpu_cache_usage_perc as a
-// 0–1 fraction, prefix-cache queries and hits in tokens), so kvlm replicas
-// can sit behind those gateways unchanged.
+// scrape, with vLLM's types, labels (model_name, engine "0"), buckets and
+// meanings (vllm/v1/metrics/loggers.py; docs/KVEVENTS.md "Router
+// metrics"), so kvlm replicas can sit behind those gateways unchanged.
 type metrics struct {
 	reg   *prometheus.Registry
 	model string
 
 	ttft, itl         prometheus.Histogram
 	vttft, vitl       prometheus.Histogram
+	ve2e              prometheus.Histogram
 	step              prometheus.Histogram
 	evicted           *prometheus.CounterVec
 	finished          *prometheus.CounterVec
+	vsuccess          *prometheus.CounterVec
 	requests          *prometheus.CounterVec
 	preempted         prometheus.Counter
+	vpreempted        prometheus.Counter
 	genTokens         prometheus.Counter
 	promptTokens      prometheus.Counter
 	vGenTok, vPromTok prometheus.Counter
@@ -42,18 +45,52 @@ type tpsBucket struct {
 
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
 
-func newMetrics(e *engine.Engine, modelName string) *metrics {
+// vLLM's buckets (vllm/v1/metrics/loggers.py): time to first token, inter
+// token latency (and time per output token), request latencies.
+var (
+	vllmTTFTBuckets    = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
+	vllmITLBuckets     = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+	vllmRequestBuckets = []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}
+)
+
+// vllmFinishReasons are vLLM's finished_reason values
+// (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS), each counted from 0
+// as vLLM does.
+var vllmFinishReasons = []string{"stop", "length", "abort", "error", "repetition"}
+
+// vllmReason is the finished_reason of a sample that ended for r: a stop
+// token or string is "stop", max_tokens or the context "length" (vLLM's
+// max_model_len), a cancelled request "abort", a failure "error".
+func vllmReason(r engine.FinishReason) string {
+	switch r {
+	case engine.FinishEOS, engine.FinishStopped:
+		return "stop"
+	case engine.FinishLength, engine.FinishContext:
+		return "length"
+	case engine.FinishCancelled:
+		return "abort"
+	}
+	return "error"
+}
+
+func newMetrics(e *engine.Engine, modelName string, ev *kvevents.Publisher) *metrics {
 	reg := prometheus.NewRegistry()
-	lbl := prometheus.Labels{"model_name": modelName}
+	lbl := prometheus.Labels{"model_name": modelName, "engine": "0"}
 	m := &metrics{reg: reg, model: modelName,
 		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvlm_time_to_first_token_seconds",
 			Help: "Time from a request's arrival to its first generated token.", Buckets: latencyBuckets}),
 		itl: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvlm_inter_token_latency_seconds",
 			Help: "Time between two generated tokens of a sample.", Buckets: latencyBuckets}),
 		vttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:time_to_first_token_seconds",
-			Help: "Time to first token (vLLM name).", Buckets: latencyBuckets, ConstLabels: lbl}),
+			Help: "Histogram of time to first token in seconds (vLLM name).", Buckets: vllmTTFTBuckets, ConstLabels: lbl}),
 		vitl: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:inter_token_latency_seconds",
-			Help: "Inter-token latency (vLLM name).", Buckets: latencyBuckets, ConstLabels: lbl}),
+			Help: "Histogram of inter token latency in seconds (vLLM name).", Buckets: vllmITLBuckets, ConstLabels: lbl}),
+		ve2e: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:e2e_request_latency_seconds",
+			Help: "Histogram of e2e request latency in seconds: from a request's arrival to the end of each of its samples (vLLM name).", Buckets: vllmRequestBuckets, ConstLabels: lbl}),
+		vsuccess: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total",
+			Help: "Count of successfully processed requests (each sample of an n > 1 request counts), by finished_reason (vLLM name).", ConstLabels: lbl}, []string{"finished_reason"}),
+		vpreempted: prometheus.NewCounter(prometheus.CounterOpts{Name: "vllm:num_preemptions_total",
+			Help: "Cumulative number of preemptions from the engine (vLLM name).", ConstLabels: lbl}),
 		step: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvlm_scheduler_step_seconds",
 			Help: "Duration of one scheduler step (a decode batch and a prefill chunk).", Buckets: latencyBuckets}),
 		evicted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvlm_kv_evicted_tokens_total",
@@ -73,10 +110,16 @@ func newMetrics(e *engine.Engine, modelName string) *metrics {
 		vPromTok: prometheus.NewCounter(prometheus.CounterOpts{Name: "vllm:prompt_tokens_total",
 			Help: "Prompt tokens (vLLM name).", ConstLabels: lbl}),
 	}
-	reg.MustRegister(m.ttft, m.itl, m.vttft, m.vitl, m.step, m.evicted, m.finished, m.requests, m.preempted,
+	for _, r := range vllmFinishReasons {
+		m.vsuccess.WithLabelValues(r)
+	}
+	reg.MustRegister(m.ttft, m.itl, m.vttft, m.vitl, m.ve2e, m.step, m.evicted, m.finished, m.vsuccess, m.requests, m.preempted, m.vpreempted,
 		m.genTokens, m.promptTokens, m.vGenTok, m.vPromTok,
-		&engineCollector{e: e, m: m, lbl: lbl}, storeCollector{e},
+		&engineCollector{e: e, m: m}, storeCollector{e},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if ev != nil {
+		reg.MustRegister(eventsCollector{ev})
+	}
 	return m
 }
 
@@ -112,8 +155,16 @@ func (m *metrics) Step(prefill, generated int, d time.Duration) {
 func (m *metrics) Evicted(policy string, tokens float64) {
 	m.evicted.WithLabelValues(policy).Add(tokens)
 }
-func (m *metrics) Preempted()                     { m.preempted.Inc() }
-func (m *metrics) Finished(r engine.FinishReason) { m.finished.WithLabelValues(string(r)).Inc() }
+func (m *metrics) Preempted() {
+	m.preempted.Inc()
+	m.vpreempted.Inc()
+}
+
+func (m *metrics) Finished(r engine.FinishReason, e2e time.Duration) {
+	m.finished.WithLabelValues(string(r)).Inc()
+	m.vsuccess.WithLabelValues(vllmReason(r)).Inc()
+	m.ve2e.Observe(e2e.Seconds())
+}
 
 func (m *metrics) prompt(n int) {
 	m.promptTokens.Add(float64(n))
@@ -136,9 +187,8 @@ func (m *metrics) tokensPerSecond() float64 {
 
 // engineCollector reads the engine's state at scrape time.
 type engineCollector struct {
-	e   *engine.Engine
-	m   *metrics
-	lbl prometheus.Labels
+	e *engine.Engine
+	m *metrics
 }
 
 var (
@@ -164,14 +214,15 @@ var (
 	dCEntries     = prometheus.NewDesc("kvlm_compressed_prefixes", "Compressed prefixes cached (all pools).", nil, nil)
 	dCBytes       = prometheus.NewDesc("kvlm_compressed_prefix_bytes", "Bytes of the KV blocks of the cached compressed prefixes (a block two share counts in each).", nil, nil)
 	dTPS          = prometheus.NewDesc("kvlm_generation_tokens_per_second", "Tokens generated per second over the last 10 seconds.", nil, nil)
-	vLabels       = []string{"model_name"}
+	vLabels       = []string{"model_name", "engine"}
 	dVRunning     = prometheus.NewDesc("vllm:num_requests_running", "Requests running (vLLM name).", vLabels, nil)
 	dVWaiting     = prometheus.NewDesc("vllm:num_requests_waiting", "Requests waiting (vLLM name).", vLabels, nil)
 	dVKV          = prometheus.NewDesc("vllm:kv_cache_usage_perc", "KV cache usage, 1 means 100 percent (vLLM name).", vLabels, nil)
 	dVGPU         = prometheus.NewDesc("vllm:gpu_cache_usage_perc", "KV cache usage, 1 means 100 percent (older vLLM name).", vLabels, nil)
 	dVPQ          = prometheus.NewDesc("vllm:prefix_cache_queries_total", "Prefix cache queries in tokens (vLLM name).", vLabels, nil)
 	dVPH          = prometheus.NewDesc("vllm:prefix_cache_hits_total", "Prefix cache hits in tokens (vLLM name).", vLabels, nil)
-	dVCfg         = prometheus.NewDesc("vllm:cache_config_info", "KV cache configuration (vLLM name).", []string{"model_name", "block_size", "num_gpu_blocks", "cache_dtype"}, nil)
+	dVCfg         = prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig: block_size tokens a block, num_gpu_blocks blocks of every layer and KV head in the default codecs that the KV budget holds (vLLM name).",
+		[]string{"model_name", "engine", "block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching"}, nil)
 )
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -203,7 +254,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	if st.BudgetBytes > 0 {
 		usage = min(1, float64(st.UsedBytes)/float64(st.BudgetBytes))
 	}
-	budgetBlocks, blockSize, dtype := 0, 0, ""
+	budgetBlocks, vllmBlocks, blockSize, dtype := 0, 0, 0, ""
 	if len(st.Pools) > 0 {
 		def := st.Pools[0]
 		for _, p := range st.Pools {
@@ -211,7 +262,11 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 				def = p
 			}
 		}
+		l := c.e.Model().KVLayout()
 		budgetBlocks, blockSize, dtype = int(st.BudgetBytes/int64(def.BlockBytes)), def.BlockTokens, def.Name
+		// A vLLM block holds block_size tokens of every layer and KV head;
+		// a kvlm block one (layer, KV head)'s.
+		vllmBlocks = budgetBlocks / (l.Layers * l.KVHeads)
 	}
 	g(dBlocksBudget, float64(budgetBlocks))
 	g(dBytesBudget, float64(st.BudgetBytes))
@@ -232,12 +287,38 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	g(dCEntries, float64(st.CompressedPrefixes))
 	g(dCBytes, float64(st.CompressedBytes))
 	g(dTPS, c.m.tokensPerSecond())
-	name := c.m.model
-	g(dVRunning, float64(st.Running), name)
-	g(dVWaiting, float64(st.Waiting), name)
-	g(dVKV, usage, name)
-	g(dVGPU, usage, name)
-	ctr(dVPQ, float64(st.PrefixQueried), name)
-	ctr(dVPH, float64(st.PrefixHit), name)
-	g(dVCfg, 1, name, strconv.Itoa(blockSize), strconv.Itoa(budgetBlocks), dtype)
+	name, eng := c.m.model, "0"
+	g(dVRunning, float64(st.Running), name, eng)
+	g(dVWaiting, float64(st.Waiting), name, eng)
+	g(dVKV, usage, name, eng)
+	g(dVGPU, usage, name, eng)
+	ctr(dVPQ, float64(st.PrefixQueried), name, eng)
+	ctr(dVPH, float64(st.PrefixHit), name, eng)
+	g(dVCfg, 1, name, eng, strconv.Itoa(blockSize), strconv.Itoa(vllmBlocks), dtype, "True")
+}
+
+// eventsCollector reads the KV event publisher's counters.
+type eventsCollector struct{ p *kvevents.Publisher }
+
+var (
+	dEvSent    = prometheus.NewDesc("kvlm_kv_events_total", "KV events published (a BlockStored of several blocks counts once).", nil, nil)
+	dEvBatches = prometheus.NewDesc("kvlm_kv_event_batches_total", "KV event batches published (sequence numbers used).", nil, nil)
+	dEvDropped = prometheus.NewDesc("kvlm_kv_events_dropped_total", "KV events dropped because the publisher's queue was full.", nil, nil)
+	dEvReplays = prometheus.NewDesc("kvlm_kv_event_replays_total", "Replay requests answered by the KV event replay socket.", nil, nil)
+)
+
+func (c eventsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{dEvSent, dEvBatches, dEvDropped, dEvReplays} {
+		ch <- d
+	}
+}
+
+func (c eventsCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.p.Stats()
+	for _, x := range []struct {
+		d *prometheus.Desc
+		v int64
+	}{{dEvSent, st.Events}, {dEvBatches, st.Batches}, {dEvDropped, st.Dropped}, {dEvReplays, st.Replays}} {
+		ch <- prometheus.MustNewConstMetric(x.d, prometheus.CounterValue, float64(x.v))
+	}
 }

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/kvlm/kvlm/engine"
+	"github.com/kvlm/kvlm/kvevents"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -65,6 +66,10 @@ type Options struct {
 	// WriteTimeout bounds each write of a response, a stream's events one
 	// by one (30s): a client that stops reading loses its request.
 	WriteTimeout time.Duration
+	// KVEvents, if set, publishes the default pool's prefix blocks as
+	// vLLM's KV events (docs/KVEVENTS.md); its counters join /metrics. The
+	// caller closes it after the server.
+	KVEvents *kvevents.Publisher
 }
 
 // Server answers the HTTP API. It owns its engine.
@@ -109,12 +114,21 @@ func New(m *model.Model, tok tokenizer.Tokenizer, cfg engine.Config, opt Options
 	}
 	obs := &lateObserver{}
 	cfg.Observer = obs
+	if opt.KVEvents != nil {
+		cfg.PrefixObserver = opt.KVEvents
+	}
 	e, err := engine.New(m, cfg)
 	if err != nil {
 		return nil, err
 	}
+	if opt.KVEvents != nil {
+		if bs, et := opt.KVEvents.Config().BlockSize, e.Config().BlockTokens; bs != et {
+			e.Close()
+			return nil, fmt.Errorf("the KV event publisher has blocks of %d tokens, the engine %d", bs, et)
+		}
+	}
 	s.e = e
-	s.met = newMetrics(e, opt.ModelName)
+	s.met = newMetrics(e, opt.ModelName, opt.KVEvents)
 	obs.m.Store(s.met)
 	s.mux = http.NewServeMux()
 	s.route("/v1/completions", "completions", http.MethodPost, s.completions)
@@ -162,9 +176,9 @@ func (o *lateObserver) Preempted() {
 		m.Preempted()
 	}
 }
-func (o *lateObserver) Finished(r engine.FinishReason) {
+func (o *lateObserver) Finished(r engine.FinishReason, e2e time.Duration) {
 	if m := o.get(); m != nil {
-		m.Finished(r)
+		m.Finished(r, e2e)
 	}
 }
 

@@ -298,7 +298,7 @@ func TestPrefixCacheVisible(t *testing.T) {
 		t.Errorf("second chat turn: %v of %v prompt tokens cached", got, num(c2, "usage", "prompt_tokens"))
 	}
 	m := f.metrics(t)
-	for _, name := range []string{"kvlm_prefix_cache_hits_total", "vllm:prefix_cache_hits_total{model_name=\"stories260K\"}"} {
+	for _, name := range []string{"kvlm_prefix_cache_hits_total", "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"stories260K\"}"} {
 		if m[name] < cached {
 			t.Errorf("%s = %v, want ≥ %v", name, m[name], cached)
 		}
@@ -336,9 +336,9 @@ func TestMetrics(t *testing.T) {
 		`kvlm_kv_blocks_total{pool="f32/f32"}`, `kvlm_kv_blocks_used{pool="f32/f32"}`, "kvlm_kv_bytes_used", "kvlm_kv_bytes_budget",
 		"kvlm_prefix_cache_hit_rate", `kvlm_kv_evicted_tokens_total{policy="streaming"}`, "kvlm_requests_running", "kvlm_requests_waiting",
 		"kvlm_time_to_first_token_seconds_count", "kvlm_inter_token_latency_seconds_count", "kvlm_generation_tokens_per_second",
-		`vllm:num_requests_waiting{model_name="stories260K"}`, `vllm:num_requests_running{model_name="stories260K"}`,
-		`vllm:gpu_cache_usage_perc{model_name="stories260K"}`, `vllm:kv_cache_usage_perc{model_name="stories260K"}`,
-		`vllm:prefix_cache_queries_total{model_name="stories260K"}`,
+		`vllm:num_requests_waiting{engine="0",model_name="stories260K"}`, `vllm:num_requests_running{engine="0",model_name="stories260K"}`,
+		`vllm:gpu_cache_usage_perc{engine="0",model_name="stories260K"}`, `vllm:kv_cache_usage_perc{engine="0",model_name="stories260K"}`,
+		`vllm:prefix_cache_queries_total{engine="0",model_name="stories260K"}`,
 	} {
 		if _, ok := m[name]; !ok {
 			t.Errorf("/metrics lacks %s", name)
@@ -350,7 +350,7 @@ func TestMetrics(t *testing.T) {
 	if m[`kvlm_kv_evicted_tokens_total{policy="streaming"}`] <= 0 {
 		t.Error("no eviction counted for streaming")
 	}
-	if u := m[`vllm:kv_cache_usage_perc{model_name="stories260K"}`]; u != 0 {
+	if u := m[`vllm:kv_cache_usage_perc{engine="0",model_name="stories260K"}`]; u != 0 {
 		t.Errorf("idle KV usage %v", u)
 	}
 	for _, ep := range []string{"/health", "/v1/models"} {

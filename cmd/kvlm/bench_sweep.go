@@ -67,11 +67,11 @@ type sweepObserver struct {
 	peakBytes              int64
 }
 
-func (o *sweepObserver) FirstToken(time.Duration)     {}
-func (o *sweepObserver) InterToken(time.Duration)     {}
-func (o *sweepObserver) Evicted(string, float64)      {}
-func (o *sweepObserver) Preempted()                   {}
-func (o *sweepObserver) Finished(engine.FinishReason) {}
+func (o *sweepObserver) FirstToken(time.Duration)                    {}
+func (o *sweepObserver) InterToken(time.Duration)                    {}
+func (o *sweepObserver) Evicted(string, float64)                     {}
+func (o *sweepObserver) Preempted()                                  {}
+func (o *sweepObserver) Finished(engine.FinishReason, time.Duration) {}
 func (o *sweepObserver) Step(prefill, generated int, d time.Duration) {
 	if generated > 0 {
 		o.batchSum += generated

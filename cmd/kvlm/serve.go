@@ -15,10 +15,12 @@ import (
 
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/kvcache"
+	"github.com/kvlm/kvlm/kvevents"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/server"
 	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // serveFlags are the flags of kvlm serve (and the engine part of kvlm chat).
@@ -95,6 +97,7 @@ func newServe() *cobra.Command {
 	var allowedHosts []string
 	var headerTimeout, bodyTimeout, idleTimeout, writeTimeout time.Duration
 	var maxConns int
+	var ev kvEventFlags
 	c := &cobra.Command{
 		Use:   "serve -m MODEL [--addr 127.0.0.1:8080]",
 		Short: "Serve an OpenAI-compatible API with continuous batching and per-request KV policies",
@@ -135,6 +138,15 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 			}
 			if store != nil {
 				defer store.Close() // after the engine flushed its writes (srv.Close)
+			}
+			// The KV event sockets first: a bad or busy address fails
+			// before the model loads.
+			pub, err := ev.start(cmd.Flags(), cfg.BlockTokens)
+			if err != nil {
+				return err
+			}
+			if pub != nil {
+				defer pub.Close() // after srv.Close (deferred later, run first)
 			}
 			limit, err := parseBytes(maxBody)
 			if err != nil {
@@ -190,7 +202,8 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 			defer ln.Close()
 			srv, err := server.New(m, tok, cfg, server.Options{ModelName: name, MaxBody: limit, SlotDir: slotDir, Format: format,
 				Logger: log.New(stderr, "", log.LstdFlags), APIKey: apiKey, ListenAddr: ln.Addr().String(), AllowedHosts: allowedHosts,
-				HeaderTimeout: headerTimeout, BodyTimeout: bodyTimeout, IdleTimeout: idleTimeout, WriteTimeout: writeTimeout})
+				HeaderTimeout: headerTimeout, BodyTimeout: bodyTimeout, IdleTimeout: idleTimeout, WriteTimeout: writeTimeout,
+				KVEvents: pub})
 			if err != nil {
 				return err
 			}
@@ -206,6 +219,13 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 				name, format.Name(), how, humanBytes(srv.Engine().Budget()), ec.K, ec.V, ec.MaxRunning, ec.MaxQueue)
 			if apiKey == "" && !server.Loopback(ln.Addr().String()) {
 				fmt.Fprintf(stderr, "kvlm: warning: listening on %s, not loopback, without --api-key: anyone who reaches it can use it\n", ln.Addr())
+			}
+			if pub != nil {
+				fmt.Fprintf(stderr, "kvlm: KV events (%s) on %s, topic %q", pub.Config().Format, pub.Addr(), pub.Config().Topic)
+				if a := pub.ReplayAddr(); a != nil {
+					fmt.Fprintf(stderr, ", replay on %s", a)
+				}
+				fmt.Fprintln(stderr)
 			}
 			fmt.Fprintf(stderr, "kvlm: listening on http://%s\n", ln.Addr())
 			select {
@@ -234,7 +254,39 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 	fl.DurationVar(&idleTimeout, "idle-timeout", server.DefaultIdleTimeout, "longest time a kept-alive connection waits for its next request (0: none)")
 	fl.DurationVar(&writeTimeout, "write-timeout", server.DefaultWriteTimeout, "longest time one write to a client may block (a stream's events one by one; a stream read on is never cut) (0: none)")
 	fl.IntVar(&maxConns, "max-conns", server.DefaultMaxConns, "connections served at once; more wait to be accepted (0: no limit)")
+	ev.register(c)
 	return c
+}
+
+// kvEventFlags are kvlm serve's KV event flags (docs/KVEVENTS.md).
+type kvEventFlags struct {
+	endpoint, replay, topic, format string
+}
+
+func (f *kvEventFlags) register(c *cobra.Command) {
+	fl := c.Flags()
+	fl.StringVar(&f.endpoint, "kv-events", "", "publish KV cache events as vLLM does (ZeroMQ PUB socket bound at tcp://HOST:PORT, HOST * for every interface; docs/KVEVENTS.md) (default: none)")
+	fl.StringVar(&f.topic, "kv-events-topic", kvevents.DefaultTopic, "topic of the KV event messages (llm-d's KV indexer wants kv@POD@MODEL)")
+	fl.StringVar(&f.replay, "kv-events-replay", "", "ZeroMQ ROUTER socket bound at tcp://HOST:PORT that replays the last 10000 event batches from a sequence number, as vLLM's replay_endpoint (default: none)")
+	fl.StringVar(&f.format, "kv-events-format", "array", "encoding of each event: array (msgspec array_like, vLLM before PR 42892 and llm-d-kv-cache-manager) or map (field names, vLLM after it)")
+}
+
+// start starts the publisher the flags ask for; nil without --kv-events.
+// A KV event flag given without --kv-events is an error, not ignored.
+func (f *kvEventFlags) start(fl *pflag.FlagSet, blockSize int) (*kvevents.Publisher, error) {
+	if f.endpoint == "" {
+		for _, name := range []string{"kv-events-replay", "kv-events-topic", "kv-events-format"} {
+			if fl.Changed(name) {
+				return nil, fmt.Errorf("--%s needs --kv-events", name)
+			}
+		}
+		return nil, nil
+	}
+	format, err := kvevents.ParseFormat(f.format)
+	if err != nil {
+		return nil, fmt.Errorf("--kv-events-format: %w", err)
+	}
+	return kvevents.Start(kvevents.Config{Endpoint: f.endpoint, Replay: f.replay, Topic: f.topic, Format: format, BlockSize: blockSize})
 }
 
 func humanBytes(n int64) string {
