@@ -112,7 +112,7 @@ func TestWriterTimeoutAndClose(t *testing.T) {
 type errStore struct{}
 
 func (errStore) Get(context.Context, []string) ([][]byte, error) { return nil, errors.New("down") }
-func (errStore) Put(context.Context, []string, [][]byte) error  { return errors.New("down") }
+func (errStore) Put(context.Context, []string, [][]byte) error   { return errors.New("down") }
 func (errStore) Close() error                                    { return nil }
 
 // TestWriterErrors: failed writes are counted, their entries dropped.
