@@ -53,6 +53,7 @@ var _ tierSeq = (*kvcache.Paged)(nil)
 // storeCounters are the tier's counters (Stats).
 type storeCounters struct {
 	hit, miss, getErr, corrupt, loaded atomic.Int64
+	lastGetErr                         atomic.Value // string
 }
 
 // namespace is the namespace of pool p's blocks; false until the weights'
@@ -129,6 +130,7 @@ func (e *Engine) lookup(pool *kvcache.Pool, r *GenRequest, pol policy.Config, st
 		vals, err := e.store.Get(ctx, keys)
 		cancel()
 		if err != nil {
+			e.st.lastGetErr.Store(err.Error())
 			e.st.getErr.Add(1)
 			break
 		}
@@ -263,6 +265,8 @@ type StoreStats struct {
 	LoadedBytes  int64 // payload bytes of the blocks loaded
 	WrittenBytes int64 // entry bytes written
 	QueuedBytes  int64 // entry bytes waiting to be written
+	LastGetError string
+	LastSetError string
 }
 
 // StoreStats reports the shared tier's counters; safe from any goroutine.
@@ -271,7 +275,8 @@ func (e *Engine) StoreStats() StoreStats {
 		return StoreStats{}
 	}
 	w := e.writer.Stats()
-	return StoreStats{Enabled: true, HitBlocks: e.st.hit.Load(), MissBlocks: e.st.miss.Load(), GetErrors: e.st.getErr.Load(),
+	lg, _ := e.st.lastGetErr.Load().(string)
+	return StoreStats{LastGetError: lg, LastSetError: w.LastError, Enabled: true, HitBlocks: e.st.hit.Load(), MissBlocks: e.st.miss.Load(), GetErrors: e.st.getErr.Load(),
 		SetErrors: w.Errors, Corrupt: e.st.corrupt.Load(), Written: w.Written, Dropped: w.Dropped,
 		LoadedBytes: e.st.loaded.Load(), WrittenBytes: w.WrittenBytes, QueuedBytes: w.QueuedBytes}
 }

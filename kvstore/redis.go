@@ -6,9 +6,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log"
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -56,12 +58,12 @@ func redisOptions(o Options) (*redis.Options, error) {
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout
 	}
+	if !strings.HasPrefix(o.URL, "redis://") && !strings.HasPrefix(o.URL, "rediss://") {
+		return nil, fmt.Errorf("kv store: the URL must be redis://host:port or rediss://host:port (TLS), got %q", redact(o.URL))
+	}
 	u, err := url.Parse(o.URL)
 	if err != nil {
 		return nil, fmt.Errorf("kv store: bad URL %q: %v", redact(o.URL), errors.Unwrap(err))
-	}
-	if u.Scheme != "redis" && u.Scheme != "rediss" {
-		return nil, fmt.Errorf("kv store: the URL must be redis://host:port or rediss://host:port (TLS), got %q", redact(o.URL))
 	}
 	if u.Hostname() == "" || u.Port() == "" {
 		return nil, fmt.Errorf("kv store: the URL %q must name a host and a port", redact(o.URL))
@@ -133,6 +135,7 @@ func OpenRedis(o Options) (*Redis, error) {
 	if err != nil {
 		return nil, err
 	}
+	quietOnce.Do(func() { redis.SetLogger(&quietLogger{}) })
 	return &Redis{c: redis.NewClient(ro), timeout: ro.ReadTimeout}, nil
 }
 
@@ -184,6 +187,27 @@ func (r *Redis) Put(ctx context.Context, keys []string, vals [][]byte) error {
 	}
 	_, err := pipe.Exec(ctx)
 	return err
+}
+
+// quietLogger is go-redis's logger: a server down makes its connection
+// pool log every failed dial; the failures are counted
+// (kvlm_kv_store_errors_total), so one line every ten seconds at most is
+// printed.
+type quietLogger struct {
+	mu   sync.Mutex
+	last time.Time
+}
+
+var quietOnce sync.Once
+
+func (l *quietLogger) Printf(_ context.Context, format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if time.Since(l.last) < 10*time.Second {
+		return
+	}
+	l.last = time.Now()
+	log.Printf("kvlm kv store: "+format+" (more such messages in the next 10s are not shown)", v...)
 }
 
 // Close closes the client's connections.

@@ -32,6 +32,7 @@ type Writer struct {
 	done   chan struct{}
 
 	written, writtenBytes, dropped, errs atomic.Int64
+	lastErr                              atomic.Value // string: the last write error
 }
 
 type item struct {
@@ -46,6 +47,7 @@ type WriterStats struct {
 	Dropped      int64 // entries dropped: the queue was full (or the writer closed, or the store failed them)
 	Errors       int64 // write operations (pipelines) the store failed
 	QueuedBytes  int64 // bytes queued or in flight now
+	LastError    string
 }
 
 // NewWriter starts a writer to st whose queue holds at most maxBytes
@@ -98,7 +100,8 @@ func (w *Writer) Stats() WriterStats {
 	w.mu.Lock()
 	q := w.bytes
 	w.mu.Unlock()
-	return WriterStats{Written: w.written.Load(), WrittenBytes: w.writtenBytes.Load(), Dropped: w.dropped.Load(), Errors: w.errs.Load(), QueuedBytes: q}
+	last, _ := w.lastErr.Load().(string)
+	return WriterStats{Written: w.written.Load(), WrittenBytes: w.writtenBytes.Load(), Dropped: w.dropped.Load(), Errors: w.errs.Load(), QueuedBytes: q, LastError: last}
 }
 
 func (w *Writer) drain() {
@@ -130,6 +133,7 @@ func (w *Writer) drain() {
 		err := w.st.Put(ctx, keys, vals)
 		cancel()
 		if err != nil {
+			w.lastErr.Store(err.Error())
 			w.errs.Add(1)
 			w.dropped.Add(int64(n))
 		} else {

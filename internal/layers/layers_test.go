@@ -36,7 +36,7 @@ func (a Arrow) String() string { return a.From + " → " + a.To }
 // a package imports only packages of lower layers, and the exceptions.
 var architecture = Rules{
 	Layers: [][]string{
-		{"tensor", "gguf", "tokenizer", "sample", "kvstore", "kvevents", "internal/progress", "internal/shared", "internal/layers"},
+		{"tensor", "gguf", "tokenizer", "sample", "kvstore", "kvevents", "internal/progress", "internal/shared", "internal/redistest", "internal/layers"},
 		{"kvcache/codec", "chat", "hub"},
 		{"kvcache"},
 		{"attention"},
