@@ -302,7 +302,7 @@ if (store) {
   let stop = false;
   const background = (async () => {
     const all = [];
-    while (!stop) all.push(...await load(PLAIN, 2));
+    while (!stop && all.length < 2000) all.push(...await load(PLAIN, 2));
     return all;
   })();
   await phase('before', [FAULT[0]]);
@@ -385,6 +385,14 @@ if (store) {
   summary.outputs = { compared: outputs.length, mismatches: mismatches.length };
   check(outputs.length > 0 && mismatches.length === 0,
     `${mismatches.length} outputs differ from the baseline: ${mismatches.slice(0, 3).map(([p, t]) => JSON.stringify([p.slice(-40), t, baseline.get(p)])).join(' ')}`);
+}
+
+// The KV events the replicas published (docs/KVEVENTS.md; their format is
+// tested with a subscriber in test/kvevents and cmd/kvlm).
+if (summary.events) {
+  const live = replicaURLs.filter((_, i) => i !== 1);
+  summary.kv_events = { published: await total('kvlm_kv_events_total', live), dropped: await total('kvlm_kv_events_dropped_total', live) };
+  check(summary.kv_events.published > 0, 'the replicas published no KV event');
 }
 
 summary.failures = failures;
