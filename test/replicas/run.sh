@@ -74,8 +74,9 @@ if [ -z "$bin" ]; then
 fi
 (cd "$here" && npm ci --no-audit --no-fund --silent)
 
-# The shared tier and the KV events are flags of their own branches
-# (r24-redis, r24-events): used when this binary has them.
+# The shared tier and the KV events, used when this binary has them: the
+# driver skips the steps that need --kv-store without it (and fails under
+# CI).
 help=$("$bin" serve --help)
 store=0
 events=0
@@ -95,7 +96,8 @@ for _ in $(seq 100); do
 done
 redis-cli -p "$redis_port" ping >/dev/null 2>&1 || fail_logs "redis-server did not start"
 
-# start NAME ARGS...: one kvlm serve on a free port; its URL in $work/NAME.url.
+# start NAME ARGS...: one kvlm serve on a free port (wait_url NAME prints
+# its URL once it listens).
 start() {
 	local name=$1
 	shift
