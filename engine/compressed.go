@@ -76,10 +76,14 @@ func (e *Engine) startRestored(s *seqState, cache *kvcache.Paged, snap *policy.S
 	}
 	if !q.started {
 		q.started = true
-		q.usage.CachedTokens = k
 		q.usage.CompressedTokens = k
 		e.prefixQueried.Add(int64(len(s.hist)))
-		e.prefixHit.Add(int64(k))
+		if q.storeComp { // from the shared tier (kvstore.go), not the local cache
+			q.usage.StoreTokens = k
+		} else {
+			q.usage.CachedTokens = k
+			e.prefixHit.Add(int64(k))
+		}
 	}
 	s.seq, s.cache, s.pol = seq, cache, st
 	s.fed, s.prefilling, s.restored = k, true, logits
@@ -101,5 +105,8 @@ func (e *Engine) storeCompressed(s *seqState, tokens []int, logits []float32) {
 		return
 	}
 	// Refused for caches not all in blocks (KIVI): nothing is cached.
-	c.RegisterCompressed(tokens, compKey(q.r.Policy, q.pool), &compMeta{snap: snap, logits: slices.Clone(logits)})
+	logits = slices.Clone(logits)
+	if added, err := c.RegisterCompressed(tokens, compKey(q.r.Policy, q.pool), &compMeta{snap: snap, logits: logits}); added && err == nil {
+		e.writeCompressed(s, tokens, snap, logits)
+	}
 }

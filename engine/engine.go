@@ -448,8 +448,15 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 	if need, whole := pool.AdmitBytesStep(admit, r.N, e.cfg.PrefillChunk), pool.CapacityBytes(); need > whole {
 		return nil, invalid("the prompt needs %d bytes of KV cache, more than the whole pool (%d bytes)", need, whole)
 	}
-	// The shared tier's lookup, here in the caller's goroutine (kvstore.go).
-	found := e.lookup(pool, &r, pol, streamed)
+	// The shared tier's lookup, here in the caller's goroutine
+	// (kvstore.go); not for a request the queue will refuse.
+	var found *fetched
+	e.mu.Lock()
+	refused := e.closed || len(e.waiting) >= e.cfg.MaxQueue
+	e.mu.Unlock()
+	if !refused {
+		found = e.lookup(pool, &r, pol, streamed)
+	}
 	h := newHandle(r.N, e.wake)
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -88,10 +89,12 @@ func (e *Engine) namespace(p *kvcache.Pool) (kvstore.Namespace, bool) {
 }
 
 // fetched is what a request's lookup found: the payloads of its prompt's
-// full blocks from block from on, in order.
+// full blocks from block from on, in order; or the compressed prefix of
+// its prompt (comp).
 type fetched struct {
 	from   int
 	blocks [][]byte
+	comp   *slotV2 // decoded and checked against the model and the request (readSlotV2)
 }
 
 // lookup reads from the store the prompt's full blocks that follow those
@@ -109,6 +112,11 @@ func (e *Engine) lookup(pool *kvcache.Pool, r *GenRequest, pol policy.Config, st
 	k := len(r.Prompt)
 	if r.PrefixTokens > 0 {
 		k = r.PrefixTokens
+	}
+	if pol.Method != "full" {
+		if d := e.lookupCompressed(pool, ns, r.Prompt, k, pol); d != nil {
+			return &fetched{comp: d}
+		}
 	}
 	toks := r.Prompt[:k-pol.ComputedTail(k)+1]
 	hashes, local := pool.PrefixChain(toks, 0)
@@ -165,6 +173,123 @@ func (e *Engine) lookup(pool *kvcache.Pool, r *GenRequest, pol policy.Config, st
 	return f
 }
 
+// lookupCompressed reads from the store the compressed prefix of the
+// prompt's first k tokens under pol, unless the local pool has it. The
+// entry's payload is a slot encoding (slotv2.go) of the compressed
+// tables, the policy's state and the logits after token k; it is decoded
+// and checked here, outside the scheduler. A compressed prefix counts as
+// one block in the hit and miss counters.
+func (e *Engine) lookupCompressed(pool *kvcache.Pool, ns kvstore.Namespace, prompt []int, k int, pol policy.Config) *slotV2 {
+	if policy.SlotSavable(pol) != nil {
+		return nil
+	}
+	toks := prompt[:k]
+	extra := compKey(pol, pool)
+	if pool.HasCompressed(toks, extra) {
+		return nil
+	}
+	h := kvcache.CompressedHash(toks, extra)
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.StoreTimeout)
+	vals, err := e.store.Get(ctx, []string{compressedKey(ns, h)})
+	cancel()
+	if err != nil {
+		e.st.lastGetErr.Store(err.Error())
+		e.st.getErr.Add(1)
+		return nil
+	}
+	if vals[0] == nil {
+		e.st.miss.Add(1)
+		return nil
+	}
+	hdr := kvstore.Header{Kind: kvstore.KindCompressed, NS: ns, Hash: h, Tokens: make([]int32, k)}
+	for i, t := range toks {
+		hdr.Tokens[i] = int32(t)
+	}
+	body, err := kvstore.Open(vals[0], hdr, -1)
+	var d *slotV2
+	if err == nil {
+		d, err = e.readSlotV2(body)
+	}
+	if err == nil && (d.cfg.Key() != pol.Key() || !slices.Equal(d.tokens, toks) || d.state == nil || (k == len(prompt) && d.logits == nil)) {
+		err = errors.New("another compressed prefix")
+	}
+	if err != nil {
+		e.st.corrupt.Add(1)
+		e.st.miss.Add(1)
+		return nil
+	}
+	return d
+}
+
+// compressedKey is the store key of a compressed prefix (its hash is not
+// a chain hash: a separate key space).
+func compressedKey(ns kvstore.Namespace, h uint64) string { return kvstore.Key(ns, h) + ":c" }
+
+// startFetchedCompressed starts s from the compressed prefix its lookup
+// found, as startCompressed starts from a local one, and caches it
+// locally. It reports whether it did (else cache is still empty and s
+// starts as usual: the pool could not take it now, or it did not fit
+// the pool after all, counted as a miss).
+func (e *Engine) startFetchedCompressed(s *seqState, cache *kvcache.Paged, k int) bool {
+	q := s.req
+	f := q.fetched
+	if f == nil || f.comp == nil || q.started {
+		return false
+	}
+	q.fetched = nil
+	sl, err := e.restoreV2(f.comp, q.pool)
+	if err != nil {
+		e.st.miss.Add(1)
+		if !errors.Is(err, ErrKVBusy) {
+			e.st.corrupt.Add(1)
+		}
+		return false
+	}
+	c := sl.cache.(*kvcache.Paged)
+	e.st.hit.Add(1)
+	e.st.loaded.Add(c.Bytes())
+	var logits []float32
+	if k == len(s.hist) {
+		logits = sl.logits
+	}
+	c.RegisterCompressed(s.hist[:k], compKey(q.r.Policy, q.pool), &compMeta{snap: sl.snap, logits: sl.logits})
+	cache.Free()
+	q.storeComp = true
+	return e.startRestored(s, c, sl.snap, k, logits)
+}
+
+// writeCompressed queues for the store the compressed prefix s just
+// cached locally (storeCompressed): its tables, policy state and logits
+// in the slot encoding.
+func (e *Engine) writeCompressed(s *seqState, tokens []int, snap *policy.Snapshot, logits []float32) {
+	q := s.req
+	if e.writer == nil || policy.SlotSavable(q.r.Policy) != nil {
+		return
+	}
+	ns, ok := e.namespace(q.pool)
+	if !ok {
+		return
+	}
+	// The entry is about the cache's bytes: skip the copy when it
+	// cannot fit the queue.
+	if !e.writer.Fits(int(s.cache.Bytes())) {
+		e.writer.Drop()
+		return
+	}
+	body, err := e.encodeSlotV2(&slot{cache: s.cache, pool: q.pool, tokens: tokens, cfg: q.r.Policy, snap: snap, logits: logits, pos: s.seq.Pos()})
+	if err != nil {
+		return
+	}
+	extra := compKey(q.r.Policy, q.pool)
+	h := kvcache.CompressedHash(tokens, extra)
+	hdr := kvstore.Header{Kind: kvstore.KindCompressed, NS: ns, Hash: h, Tokens: make([]int32, len(tokens))}
+	for i, t := range tokens {
+		hdr.Tokens[i] = int32(t)
+	}
+	buf := kvstore.AppendHeader(nil, hdr, len(body))
+	e.writer.Put(compressedKey(ns, h), kvstore.Seal(append(buf, body...)))
+}
+
 // loadFetched copies into cache the fetched blocks that follow its
 // matched tokens (the local prefix cache's) and returns the tokens loaded.
 // Fetched blocks it cannot use (the local cache lost blocks before them
@@ -173,7 +298,7 @@ func (e *Engine) loadFetched(q *request, cache kvcache.Scheduled, hist []int, ma
 	f := q.fetched
 	q.fetched = nil
 	c, ok := cache.(tierSeq)
-	if f == nil || !ok {
+	if f == nil || f.comp != nil || !ok {
 		return 0
 	}
 	B := q.pool.BlockTokens()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvlm/kvlm/internal/redistest"
+	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvstore"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/policy"
@@ -440,4 +441,90 @@ func TestStoreQueueBound(t *testing.T) {
 	if ss := flushed(t, e); ss.Written != fits {
 		t.Fatalf("gate open: %+v, want %d written", ss, fits)
 	}
+}
+
+// TestStoreCompressed: a compressed prefix (the tables a policy left, its
+// state, the logits) written by replica A starts replica B's request with
+// the same prompt and kv settings, which computes none of it (or, with a
+// prefix compressed on its own, only the rest), with A's output; B caches
+// it locally. A damaged entry is refused, counted, and recomputed.
+func TestStoreCompressed(t *testing.T) {
+	srv := redistest.Start(t)
+	const T, gen = 300, 12
+	_, tok := loadStories(t)
+	prompt := longPrompt(t, tok, T)
+	a, _ := replica(t, openStore(t, srv.URL()), Config{PrefillChunk: 64})
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rc.Close()
+	for _, c := range []struct {
+		name   string
+		pc     policy.Config
+		kv     string
+		prefix int
+	}{
+		{"snapkv", policy.Config{Method: "snapkv", Ratio: 0.25}, "", 0},
+		{"snapkv prefix 200", policy.Config{Method: "snapkv", Ratio: 0.25}, "", 200},
+		{"tova q8", policy.Config{Method: "tova", Budget: 64}, "q8", 0},
+		{"streaming", policy.Config{Method: "streaming", Window: 60, Sinks: 4}, "", 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := GenRequest{Prompt: prompt, MaxTokens: gen, Policy: c.pc, K: c.kv, V: c.kv, PrefixTokens: c.prefix}
+			k := T
+			if c.prefix > 0 {
+				k = c.prefix
+			}
+			oa := run(t, a, r)
+			flushed(t, a)
+			b, _ := replica(t, openStore(t, srv.URL()), Config{PrefillChunk: 64})
+			ob := run(t, b, r)
+			if u := ob.usage; u.StoreTokens != k || u.CompressedTokens != k || u.CachedTokens != 0 || u.ComputedTokens != T-k {
+				t.Fatalf("replica B: %d store, %d compressed, %d cached, %d computed; want %d, %d, 0, %d (%+v)", u.StoreTokens, u.CompressedTokens, u.CachedTokens, u.ComputedTokens, k, k, T-k, b.StoreStats())
+			}
+			if !slices.Equal(ob.tokens[0], oa.tokens[0]) {
+				t.Fatalf("replica B: %v, replica A %v", ob.tokens[0], oa.tokens[0])
+			}
+			if st := b.StoreStats(); st.HitBlocks != 1 || st.Corrupt != 0 {
+				t.Fatalf("replica B: %+v, want one hit", st)
+			}
+			// B has it locally now.
+			oc := run(t, b, r)
+			if u := oc.usage; u.StoreTokens != 0 || u.CachedTokens != k || !slices.Equal(oc.tokens[0], oa.tokens[0]) {
+				t.Fatalf("replica B again: %d store, %d cached; want 0, %d", u.StoreTokens, u.CachedTokens, k)
+			}
+			// Damaged: refused, computed, the same output.
+			ns, _ := a.namespace(poolOf(t, a, c.kv))
+			key := compressedKey(ns, kvcache.CompressedHash(prompt[:k], compKey(mustNormalize(t, c.pc), poolOf(t, a, c.kv))))
+			orig, err := rc.Get(context.Background(), key).Bytes()
+			if err != nil {
+				t.Fatalf("the entry %s: %v", key, err)
+			}
+			bad := slices.Clone(orig)
+			bad[len(bad)/2] ^= 1
+			rc.Set(context.Background(), key, bad, 0)
+			d, _ := replica(t, openStore(t, srv.URL()), Config{PrefillChunk: 64})
+			od := run(t, d, r)
+			if st := d.StoreStats(); st.Corrupt != 1 || od.usage.CompressedTokens != 0 || !slices.Equal(od.tokens[0], oa.tokens[0]) {
+				t.Fatalf("damaged entry: %+v, %d compressed tokens, tokens %v; want 1 corrupt, 0, %v", st, od.usage.CompressedTokens, od.tokens[0], oa.tokens[0])
+			}
+		})
+	}
+}
+
+func poolOf(t *testing.T, e *Engine, kv string) *kvcache.Pool {
+	t.Helper()
+	p, err := e.pool(kv, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.ref(p, -1)
+	return p
+}
+
+func mustNormalize(t *testing.T, c policy.Config) policy.Config {
+	t.Helper()
+	n, err := c.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

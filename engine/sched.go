@@ -38,6 +38,9 @@ type request struct {
 	streamed bool
 	curBytes int64
 	fetched  *fetched // the shared tier's blocks of the prompt, until the request starts (kvstore.go)
+	// storeComp: the request started from a compressed prefix the shared
+	// tier had (startFetchedCompressed).
+	storeComp bool
 }
 
 // admitTokens is the tokens of a history of n that admission sizes the
@@ -352,7 +355,7 @@ func (e *Engine) start(s *seqState) {
 	q := s.req
 	cache := q.pool.NewSequence()
 	k := s.compressedLen()
-	if q.prefix() && q.r.Policy.Method != "full" && (e.startFromSlot(s, cache, k) || e.startCompressed(s, cache, k)) {
+	if q.prefix() && q.r.Policy.Method != "full" && (e.startFromSlot(s, cache, k) || e.startCompressed(s, cache, k) || e.startFetchedCompressed(s, cache, k)) {
 		q.fetched = nil
 		return
 	}

@@ -3,11 +3,13 @@ package kvcache
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // The shared tier's side of the pool (package kvstore holds the store):
 // full prefix blocks copied out as bytes after they are registered, and
-// copied in as if they had been computed. A block's bytes are, for every
+// copied in as if they had been computed (compressed prefixes go through
+// Image and ImportImage, as slot files do). A block's bytes are, for every
 // (layer, KV head) table in table order, the block's encoded keys (the
 // pool's key bytes per block) then its encoded values; a full block of a
 // pristine sequence holds positions j·B … j·B+B−1, which are not stored.
@@ -181,4 +183,21 @@ func (s *Paged) ImportPrefix(tokens []int, extra uint64, blocks [][]byte) (int, 
 		added += p.B
 	}
 	return added, nil
+}
+
+// CompressedHash is the hash the compressed prefix cache keys (tokens,
+// extra) under (the shared tier's key of a compressed prefix).
+func CompressedHash(tokens []int, extra uint64) uint64 {
+	_, h := compHash(tokens, extra)
+	return h
+}
+
+// HasCompressed reports whether the pool caches a compressed prefix of
+// (tokens, extra) now (MatchCompressed would find it).
+func (p *Pool) HasCompressed(tokens []int, extra uint64) bool {
+	toks, h := compHash(tokens, extra)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.index[h]
+	return e != nil && e.comp != nil && e.extra == extra && slices.Equal(e.tokens, toks)
 }

@@ -15,14 +15,14 @@ import (
 //
 //	magic      [4]byte  "KVLM"
 //	version    uint16   FormatVersion
-//	kind       uint16   KindBlock
+//	kind       uint16   KindBlock or KindCompressed
 //	namespace  [16]byte the namespace of its key, repeated
-//	hash       uint64   the block's chain hash (its key's)
-//	parent     uint64   the parent block's chain hash (0 for the first block)
+//	hash       uint64   the block's chain hash (its key's); a compressed prefix's hash
+//	parent     uint64   the parent block's chain hash (0 for the first block, and for a compressed prefix)
 //	ntokens    uint32
-//	tokens     [ntokens]int32 the block's token ids
+//	tokens     [ntokens]int32 the block's token ids; a compressed prefix's whole prompt
 //	npayload   uint64
-//	payload    [npayload]byte the block's bytes (kvcache.Pool.TierBlockBytes)
+//	payload    [npayload]byte the block's bytes (kvcache.Pool.TierBlockBytes); a compressed prefix's image (engine's slot encoding)
 //	checksum   uint64   xxhash64 of everything before it
 //
 // Open checks every field against what the reader expects, so a value
@@ -34,7 +34,8 @@ const FormatVersion = 1
 
 // Kinds of entries.
 const (
-	KindBlock = 1 // one full prefix block: every (layer, KV head) table's block bytes
+	KindBlock      = 1 // one full prefix block: every (layer, KV head) table's block bytes
+	KindCompressed = 2 // a compressed prefix: the tables a policy left, its state and the logits
 )
 
 var magic = [4]byte{'K', 'V', 'L', 'M'}
@@ -105,11 +106,18 @@ func Seal(buf []byte) []byte {
 }
 
 // Open checks that buf is the entry want describes, with a payload of
-// npayload bytes, and returns the payload (a part of buf). Any difference
-// is an error wrapping ErrCorrupt that says what differed.
+// npayload bytes (−1: any length, which the entry states), and returns
+// the payload (a part of buf). Any difference is an error wrapping
+// ErrCorrupt that says what differed.
 func Open(buf []byte, want Header, npayload int) ([]byte, error) {
 	bad := func(format string, args ...any) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+	}
+	if npayload < 0 {
+		if len(buf) < EntrySize(len(want.Tokens), 0) {
+			return bad("%d bytes, less than a header of %d tokens", len(buf), len(want.Tokens))
+		}
+		npayload = len(buf) - EntrySize(len(want.Tokens), 0)
 	}
 	if n := EntrySize(len(want.Tokens), npayload); len(buf) != n {
 		return bad("%d bytes, want %d", len(buf), n)
