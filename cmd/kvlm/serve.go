@@ -102,8 +102,10 @@ func newServe() *cobra.Command {
 		Short: "Serve an OpenAI-compatible API with continuous batching and per-request KV policies",
 		Long: `Serve the model over HTTP: POST /v1/completions and /v1/chat/completions
 (stream: true for server-sent events), GET /v1/models, /health, /metrics
-(Prometheus, with the vllm:* names gateways scrape) and slot files
-(POST /v1/slots/{id}?action=save|restore|erase with --slot-dir).
+(Prometheus, with the vllm:* names gateways scrape), POST
+/reset_prefix_cache and slot files (POST /v1/slots/{id}?action=save|restore|erase
+with --slot-dir). --kv-events publishes the prefix cache's blocks as vLLM's
+KV events (docs/KVEVENTS.md).
 
 A request may choose its KV cache with a "kv" object, e.g.
   {"kv": {"policy": "snapkv", "ratio": 0.25, "type_k": "q8", "type_v": "q8"}}
