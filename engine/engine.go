@@ -571,6 +571,24 @@ func sortPools(p []PoolStats) {
 
 // Close stops the scheduler: waiting and running requests end with
 // FinishCancelled and every block is released.
+// ResetPrefixCache forgets every pool's cached prefixes (full blocks and
+// compressed prompts; kvcache.Pool.ClearPrefixes), as vLLM's
+// reset_prefix_cache: requests running keep their blocks, later prompts
+// are computed again. It returns the entries forgotten.
+func (e *Engine) ResetPrefixCache() int {
+	e.mu.Lock()
+	pools := make([]*kvcache.Pool, 0, len(e.pools))
+	for _, pe := range e.pools {
+		pools = append(pools, pe.p)
+	}
+	e.mu.Unlock()
+	n := 0
+	for _, p := range pools {
+		n += p.ClearPrefixes()
+	}
+	return n
+}
+
 func (e *Engine) Close() {
 	e.mu.Lock()
 	if e.closed {

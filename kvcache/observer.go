@@ -16,7 +16,8 @@ type PrefixObserver interface {
 	// reused for other data, its chunk went back to the arena, or a
 	// copy-on-write could not copy it): the hash is no longer found.
 	BlockRemoved(hash uint64)
-	// AllBlocksCleared: every entry was forgotten at once (the pool closed).
+	// AllBlocksCleared: every entry was forgotten at once (ClearPrefixes,
+	// or the pool closed).
 	AllBlocksCleared()
 }
 
@@ -57,4 +58,24 @@ func (p *Pool) observeCleared() {
 			return
 		}
 	}
+}
+
+// ClearPrefixes forgets every prefix entry, full blocks and compressed
+// prefixes alike (vLLM's reset_prefix_cache): the blocks stay where they
+// are, those no sequence holds become free, and later prompts find
+// nothing until they are registered again. The observer hears one
+// AllBlocksCleared (when a full-block entry was there), not a removal per
+// entry. It returns the entries forgotten.
+func (p *Pool) ClearPrefixes() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.observeCleared()
+	obs := p.obs
+	p.obs = nil
+	n := len(p.index)
+	for _, e := range p.index {
+		p.dropEntry(e)
+	}
+	p.obs = obs
+	return n
 }

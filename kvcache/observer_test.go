@@ -120,6 +120,30 @@ func TestPrefixObserver(t *testing.T) {
 		t.Errorf("three blocks: heard %+v", got)
 	}
 	c.Free()
+	// Clearing: one event, and nothing is found afterwards.
+	if n := p.ClearPrefixes(); n != 3 {
+		t.Errorf("cleared %d entries, want 3", n)
+	}
+	if got := r.take(); len(got) != 1 || got[0].kind != "cleared" {
+		t.Errorf("clearing: heard %+v, want one clear", got)
+	}
+	d := p.NewSequence()
+	if n := d.MatchPrefix(append(other, 1), 0); n != 0 {
+		t.Errorf("matched %d tokens after clearing", n)
+	}
+	d.RegisterPrefix(nil, 0)
+	d.Free()
+	// Closing an empty index says nothing; one with entries, one clear.
+	if p.ClearPrefixes(); len(r.take()) != 0 {
+		t.Error("clearing an empty index was heard")
+	}
+	e := p.NewSequence()
+	if err := appendTokens(t, e, 0, 4); err != nil {
+		t.Fatal(err)
+	}
+	e.RegisterPrefix(seqRange(0, 4), 0)
+	e.Free()
+	r.take()
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}

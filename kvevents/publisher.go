@@ -33,8 +33,14 @@ const DefaultTopic = "kv-events"
 // Config sets up a Publisher. Zero fields take the defaults given.
 type Config struct {
 	// Endpoint is the address the PUB socket binds, tcp://HOST:PORT
-	// (HOST * : every interface; PORT 0: any free port, see Addr).
+	// (HOST * : every interface; PORT 0: any free port, see Addr), or
+	// connects to with Connect.
 	Endpoint string
+	// Connect makes the PUB socket connect to Endpoint, where a subscriber
+	// binds (llm-d's KV indexer), instead of binding it: in the
+	// background, retrying every second until it is there and again
+	// whenever the connection is lost.
+	Connect bool
 	// Replay, if set, is the address of the ROUTER socket that answers
 	// replay requests (tcp://HOST:PORT).
 	Replay string
@@ -149,14 +155,24 @@ func Start(cfg Config) (*Publisher, error) {
 			return nil, fmt.Errorf("--kv-events-replay: %w", err)
 		}
 	}
+	if cfg.Connect && strings.Contains(cfg.Endpoint, "*") {
+		return nil, fmt.Errorf("--kv-events: cannot connect to %s: name the subscriber's host", cfg.Endpoint)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{cfg: cfg, cancel: cancel, flushCh: make(chan chan struct{}), done: make(chan struct{})}
-	p.pub = zmq4.NewPub(ctx)
+	var opts []zmq4.Option
+	if cfg.Connect {
+		opts = append(opts, zmq4.WithDialerRetry(time.Second), zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true))
+	}
+	p.pub = zmq4.NewPub(ctx, opts...)
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 		cancel()
 		return nil, fmt.Errorf("kvevents: %w", err)
 	}
-	if err := p.pub.Listen(cfg.Endpoint); err != nil {
+	if cfg.Connect {
+		// Dial retries until the subscriber is there or Close cancels it.
+		go p.pub.Dial(cfg.Endpoint)
+	} else if err := p.pub.Listen(cfg.Endpoint); err != nil {
 		p.pub.Close()
 		cancel()
 		return nil, fmt.Errorf("--kv-events: cannot bind %s: %v", cfg.Endpoint, unwrapListen(err))
@@ -185,7 +201,8 @@ func unwrapListen(err error) error {
 	return err
 }
 
-// Addr is the PUB socket's address (its port when Endpoint's was 0).
+// Addr is the PUB socket's address (its port when Endpoint's was 0); nil
+// with Connect.
 func (p *Publisher) Addr() net.Addr { return p.pub.Addr() }
 
 // ReplayAddr is the replay socket's address; nil without one.

@@ -373,3 +373,44 @@ func TestStartErrors(t *testing.T) {
 		})
 	}
 }
+
+// With Connect the publisher dials a subscriber that binds (llm-d's KV
+// indexer), retrying until it is there: started first, it reaches a
+// subscriber that comes a moment later.
+func TestConnect(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	p := start(t, Config{Endpoint: "tcp://" + addr, Connect: true, Topic: "kv@pod@m", Interval: time.Hour})
+	if p.Addr() != nil {
+		t.Errorf("a connecting publisher has the address %v", p.Addr())
+	}
+	time.Sleep(300 * time.Millisecond) // the first dial fails: nobody listens yet
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	if err := sub.Listen("tcp://" + addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, "kv@"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !slices.Contains(p.Subscriptions(), "kv@"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the publisher never connected")
+		}
+	}
+	p.BlockStored(5, 0, false, []int32{1, 2})
+	p.Flush()
+	topic, seq, b := recv(t, sub)
+	if tag, x := fields(t, Array, b[1].([]any)[0]); topic != "kv@pod@m" || seq != 0 || tag != tagStored || nums(t, x[0])[0] != 5 {
+		t.Errorf("%q %d %s %v", topic, seq, tag, x)
+	}
+	if _, err := Start(Config{Endpoint: "tcp://*:5557", Connect: true, BlockSize: 16}); err == nil || !strings.Contains(err.Error(), "cannot connect to tcp://*:5557") {
+		t.Errorf("connecting to *: %v", err)
+	}
+}

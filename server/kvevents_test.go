@@ -183,7 +183,8 @@ func chainHash(parent uint64, tokens []int) uint64 {
 // stored events chain the prompt's blocks with the hashes a router
 // computes from the tokens, carry those tokens, and are withdrawn by
 // BlockRemoved when the pool reuses the blocks; before every request the
-// blocks the events say are cached predict its cached_tokens exactly.
+// blocks the events say are cached predict its cached_tokens exactly; a
+// reset of the prefix cache is one AllBlocksCleared.
 func TestKVEvents(t *testing.T) {
 	for _, format := range []kvevents.Format{kvevents.Array, kvevents.Map} {
 		t.Run(format.String(), func(t *testing.T) {
@@ -289,6 +290,17 @@ func TestKVEvents(t *testing.T) {
 			}
 			if hits == 0 {
 				t.Error("no request was predicted a prefix hit")
+			}
+			// vLLM's reset: one AllBlocksCleared, and the prompt that was
+			// cached is computed again.
+			if code, resp := f.post(t, "/reset_prefix_cache", map[string]any{}); code != 200 || num(resp, "cleared") < float64(len(live)) {
+				t.Fatalf("reset_prefix_cache: %d %v, %d blocks cached", code, resp, len(live))
+			}
+			if evs := sub.drain(topic); len(evs) != 1 || evs[0].tag != "AllBlocksCleared" {
+				t.Errorf("after the reset: %+v, want one AllBlocksCleared", evs)
+			}
+			if _, resp := f.post(t, "/v1/completions", map[string]any{"prompt": prompts[0], "max_tokens": 1}); num(resp, "usage", "prompt_tokens_details", "cached_tokens") != 0 {
+				t.Errorf("after the reset: %v cached tokens", num(resp, "usage", "prompt_tokens_details", "cached_tokens"))
 			}
 			t.Logf("%d batches, %d blocks stored, %d cached at the end, %d requests predicted a hit", sub.next, len(stored), len(live), hits)
 		})

@@ -137,6 +137,7 @@ func New(m *model.Model, tok tokenizer.Tokenizer, cfg engine.Config, opt Options
 	s.route("/health", "health", http.MethodGet, s.health)
 	s.route("/v1/slots", "slots", http.MethodGet, s.listSlots)
 	s.route("/v1/slots/{id}", "slots", http.MethodPost, s.slotAction)
+	s.route("/reset_prefix_cache", "reset_prefix_cache", http.MethodPost, s.resetPrefixCache)
 	metricsHandler := promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{})
 	s.route("/metrics", "metrics", http.MethodGet, metricsHandler.ServeHTTP)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -144,6 +145,13 @@ func New(m *model.Model, tok tokenizer.Tokenizer, cfg engine.Config, opt Options
 	})
 	s.handler = s.guard(s.mux)
 	return s, nil
+}
+
+// resetPrefixCache forgets every cached prefix (vLLM's POST
+// /reset_prefix_cache; the KV events send AllBlocksCleared) and answers
+// {"cleared": entries}.
+func (s *Server) resetPrefixCache(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]int{"cleared": s.e.ResetPrefixCache()})
 }
 
 // lateObserver forwards to the metrics once they exist (they need the

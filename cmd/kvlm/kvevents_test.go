@@ -54,6 +54,8 @@ func TestServeKVEventsFlags(t *testing.T) {
 		{"replay alone", []string{"--kv-events-replay", "tcp://127.0.0.1:0"}, "--kv-events-replay needs --kv-events"},
 		{"topic alone", []string{"--kv-events-topic", "kv@a@b"}, "--kv-events-topic needs --kv-events"},
 		{"format", []string{"--kv-events", "tcp://127.0.0.1:0", "--kv-events-format", "json"}, `unknown KV event format "json"`},
+		{"connect alone", []string{"--kv-events-connect"}, "--kv-events-connect needs --kv-events"},
+		{"connect to every interface", []string{"--kv-events", "tcp://*:5557", "--kv-events-connect"}, "cannot connect to tcp://*:5557"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, errOut, code := kvlm(t, append(base, c.args...)...)

@@ -103,8 +103,10 @@ func newServe() *cobra.Command {
 		Short: "Serve an OpenAI-compatible API with continuous batching and per-request KV policies",
 		Long: `Serve the model over HTTP: POST /v1/completions and /v1/chat/completions
 (stream: true for server-sent events), GET /v1/models, /health, /metrics
-(Prometheus, with the vllm:* names gateways scrape) and slot files
-(POST /v1/slots/{id}?action=save|restore|erase with --slot-dir).
+(Prometheus, with the vllm:* names gateways scrape), POST
+/reset_prefix_cache and slot files (POST /v1/slots/{id}?action=save|restore|erase
+with --slot-dir). --kv-events publishes the prefix cache's blocks as vLLM's
+KV events (docs/KVEVENTS.md).
 
 A request may choose its KV cache with a "kv" object, e.g.
   {"kv": {"policy": "snapkv", "ratio": 0.25, "type_k": "q8", "type_v": "q8"}}
@@ -221,7 +223,11 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 				fmt.Fprintf(stderr, "kvlm: warning: listening on %s, not loopback, without --api-key: anyone who reaches it can use it\n", ln.Addr())
 			}
 			if pub != nil {
-				fmt.Fprintf(stderr, "kvlm: KV events (%s) on %s, topic %q", pub.Config().Format, pub.Addr(), pub.Config().Topic)
+				where := fmt.Sprintf("on %s", pub.Addr())
+				if pub.Config().Connect {
+					where = "to " + pub.Config().Endpoint
+				}
+				fmt.Fprintf(stderr, "kvlm: KV events (%s) %s, topic %q", pub.Config().Format, where, pub.Config().Topic)
 				if a := pub.ReplayAddr(); a != nil {
 					fmt.Fprintf(stderr, ", replay on %s", a)
 				}
@@ -261,6 +267,7 @@ any IP, and the names of --allowed-hosts ("*": any).`,
 // kvEventFlags are kvlm serve's KV event flags (docs/KVEVENTS.md).
 type kvEventFlags struct {
 	endpoint, replay, topic, format string
+	connect                         bool
 }
 
 func (f *kvEventFlags) register(c *cobra.Command) {
@@ -268,6 +275,7 @@ func (f *kvEventFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.endpoint, "kv-events", "", "publish KV cache events as vLLM does (ZeroMQ PUB socket bound at tcp://HOST:PORT, HOST * for every interface; docs/KVEVENTS.md) (default: none)")
 	fl.StringVar(&f.topic, "kv-events-topic", kvevents.DefaultTopic, "topic of the KV event messages (llm-d's KV indexer wants kv@POD@MODEL)")
 	fl.StringVar(&f.replay, "kv-events-replay", "", "ZeroMQ ROUTER socket bound at tcp://HOST:PORT that replays the last 10000 event batches from a sequence number, as vLLM's replay_endpoint (default: none)")
+	fl.BoolVar(&f.connect, "kv-events-connect", false, "connect the PUB socket to --kv-events, where a subscriber binds (llm-d's KV indexer), instead of binding it; retried every second in the background")
 	fl.StringVar(&f.format, "kv-events-format", "array", "encoding of each event: array (msgspec array_like, vLLM before PR 42892 and llm-d-kv-cache-manager) or map (field names, vLLM after it)")
 }
 
@@ -275,7 +283,7 @@ func (f *kvEventFlags) register(c *cobra.Command) {
 // A KV event flag given without --kv-events is an error, not ignored.
 func (f *kvEventFlags) start(fl *pflag.FlagSet, blockSize int) (*kvevents.Publisher, error) {
 	if f.endpoint == "" {
-		for _, name := range []string{"kv-events-replay", "kv-events-topic", "kv-events-format"} {
+		for _, name := range []string{"kv-events-replay", "kv-events-topic", "kv-events-format", "kv-events-connect"} {
 			if fl.Changed(name) {
 				return nil, fmt.Errorf("--%s needs --kv-events", name)
 			}
@@ -286,7 +294,7 @@ func (f *kvEventFlags) start(fl *pflag.FlagSet, blockSize int) (*kvevents.Publis
 	if err != nil {
 		return nil, fmt.Errorf("--kv-events-format: %w", err)
 	}
-	return kvevents.Start(kvevents.Config{Endpoint: f.endpoint, Replay: f.replay, Topic: f.topic, Format: format, BlockSize: blockSize})
+	return kvevents.Start(kvevents.Config{Endpoint: f.endpoint, Connect: f.connect, Replay: f.replay, Topic: f.topic, Format: format, BlockSize: blockSize})
 }
 
 func humanBytes(n int64) string {
