@@ -35,9 +35,9 @@ const replicaPIDs = env.KVLM_REPLICAS_PIDS.split(',').map(Number);
 const names = replicaURLs.map((_, i) => `r${i}`);
 const store = env.KVLM_REPLICAS_STORE === '1';
 const deadline = setTimeout(() => {
-  console.error('replicas: the driver ran past 150 s');
+  console.error('replicas: the driver ran past 240 s');
   process.exit(1);
-}, 150000);
+}, 240000);
 
 // No retries: every failure is counted. lbFresh opens a connection per
 // request (step 4): with kept-alive connections a request sent on one that
