@@ -225,6 +225,19 @@ func TestManifestsAgree(t *testing.T) {
 			}
 		}
 	})
+	t.Run("kvlm waits out of the pool before SIGTERM", func(t *testing.T) {
+		l := pod.Containers[0].Lifecycle
+		if l == nil || l.PreStop == nil || l.PreStop.Sleep == nil {
+			t.Fatal("no preStop sleep: SIGTERM would end the requests in flight while the pod is still in the pool")
+		}
+		grace := int64(30) // Kubernetes' default
+		if pod.TerminationGracePeriodSeconds != nil {
+			grace = *pod.TerminationGracePeriodSeconds
+		}
+		if l.PreStop.Sleep.Seconds >= grace {
+			t.Errorf("preStop sleeps %d s of a %d s grace period: nothing left for kvlm to stop", l.PreStop.Sleep.Seconds, grace)
+		}
+	})
 	t.Run("the model volume is mounted read-only", func(t *testing.T) {
 		model := args["model"]
 		if len(model) != 1 {
