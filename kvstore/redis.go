@@ -107,6 +107,7 @@ func redisOptions(o Options) (*redis.Options, error) {
 	ro.DialTimeout, ro.ReadTimeout, ro.WriteTimeout = o.Timeout, o.Timeout, o.Timeout
 	ro.ContextTimeoutEnabled = true // a lookup's deadline bounds its socket reads and writes
 	ro.MaxRetries = -1              // no retries: a failed operation is a miss, counted
+	ro.DialerRetries = 1            // one dial, no 5 attempts 100ms apart
 	ro.PoolTimeout = o.Timeout
 	return ro, nil
 }

@@ -83,7 +83,7 @@ func TestRedisOptions(t *testing.T) {
 			if c.tls && ro.TLSConfig.ServerName != c.serverName {
 				t.Fatalf("server name %q, want %q", ro.TLSConfig.ServerName, c.serverName)
 			}
-			if ro.ReadTimeout != DefaultTimeout || ro.MaxRetries != -1 || !ro.ContextTimeoutEnabled {
+			if ro.ReadTimeout != DefaultTimeout || ro.MaxRetries != -1 || ro.DialerRetries != 1 || !ro.ContextTimeoutEnabled {
 				t.Fatalf("timeouts %s, retries %d, context timeouts %v", ro.ReadTimeout, ro.MaxRetries, ro.ContextTimeoutEnabled)
 			}
 		})
