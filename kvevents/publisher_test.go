@@ -414,3 +414,31 @@ func TestConnect(t *testing.T) {
 		t.Errorf("connecting to *: %v", err)
 	}
 }
+
+// BenchmarkBlockStored is the cost the pool pays under its lock for one
+// stored block (16 tokens) and one removal, the publisher's goroutine
+// sending every 10 ms:
+//
+//	go test -run '^$' -bench BlockStored -benchmem ./kvevents/
+func BenchmarkBlockStored(b *testing.B) {
+	for _, c := range []struct {
+		name     string
+		interval time.Duration
+	}{{"sent every 10ms", 10 * time.Millisecond}, {"never sent", time.Hour}} {
+		b.Run(c.name, func(b *testing.B) { benchStored(b, c.interval) })
+	}
+}
+
+func benchStored(b *testing.B, interval time.Duration) {
+	p, err := Start(Config{Endpoint: "tcp://127.0.0.1:0", BlockSize: 16, MaxPending: 1 << 30, Interval: interval})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	toks := make([]int32, 16)
+	b.ReportAllocs()
+	for i := range b.N {
+		p.BlockStored(uint64(i+1), uint64(i), i%8 != 0, toks)
+		p.BlockRemoved(uint64(i + 1))
+	}
+}
