@@ -118,6 +118,20 @@ func gemma3Steps(f func(*archStep)) archStep {
 // RoPE), NEOX RoPE (pairs (j, j + d/2)), softmax(q·k/√d), the output
 // projection, RMSNorm, SwiGLU. It returns every position's logits.
 func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]float64 {
+	return refArchRun(s, w, tokens, st, nil)
+}
+
+// refCache says, for token t at layer i, which earlier tokens' keys and
+// values it attends (idx, indices into the tokens, ascending), at which
+// positions (pos[r] the position of token idx[r]), and token t's own
+// position qpos: the cache a policy left, re-indexed positions included.
+type refCache func(t, i int) (idx, pos []int, qpos int)
+
+// refArchRun is refArchForward over the cache kept describes (nil: every
+// earlier token at its own position). The keys are kept before RoPE and
+// rotated at their current positions with their layer's base at every
+// step: what re-indexing the cached keys must give.
+func refArchRun(s tinySpec, w *tinyWeights, tokens []int, st archStep, kept refCache) [][]float64 {
 	n, D, hd, L := len(tokens), s.dim, s.hd(), s.layers
 	half := hd / 2
 	rms := func(x, g []float64) []float64 {
@@ -156,17 +170,20 @@ func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]f
 			v[j+half] = x0*math.Sin(a) + x1*math.Cos(a)
 		}
 	}
-	// heads normalises and rotates each head of x ([heads][hd]) in place.
+	// heads normalises each head of x ([heads][hd]) in place, and rotates
+	// it to pos unless pos < 0.
 	heads := func(x []float64, nh int, g []float64, pos int) {
 		for h := 0; h < nh; h++ {
 			v := x[h*hd : (h+1)*hd]
 			if st.qkNorm {
 				copy(v, rms(v, g))
 			}
-			rotate(v, pos)
+			if pos >= 0 {
+				rotate(v, pos)
+			}
 		}
 	}
-	keys := make([][][]float64, L) // [layer][token] rotated keys
+	keys := make([][][]float64, L) // [layer][token] keys before RoPE
 	vals := make([][][]float64, L)
 	group := s.heads / s.kvHeads
 	logits := make([][]float64, n)
@@ -188,37 +205,55 @@ func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]f
 			}
 			xb := rms(x, Ly.attnNorm)
 			q, k, v := matvec(Ly.wq, xb), matvec(Ly.wk, xb), matvec(Ly.wv, xb)
-			heads(q, s.heads, Ly.qNorm, t)
-			heads(k, s.kvHeads, Ly.kNorm, t)
+			var seen, pos []int // the tokens attended and their positions, token t last
+			p := t              // token t's position
+			if kept == nil {
+				for u := range t {
+					seen, pos = append(seen, u), append(pos, u)
+				}
+			} else {
+				seen, pos, p = kept(t, i)
+				seen, pos = slices.Clone(seen), slices.Clone(pos)
+			}
+			seen, pos = append(seen, t), append(pos, p)
+			heads(q, s.heads, Ly.qNorm, p)
+			heads(k, s.kvHeads, Ly.kNorm, -1)
 			keys[i], vals[i] = append(keys[i], k), append(vals[i], v)
+			rk := make([][]float64, len(seen)) // the keys at their positions
+			for r, u := range seen {
+				rk[r] = slices.Clone(keys[i][u])
+				for h := 0; h < s.kvHeads; h++ {
+					rotate(rk[r][h*hd:(h+1)*hd], pos[r])
+				}
+			}
 			att := make([]float64, s.heads*hd)
 			for h := 0; h < s.heads; h++ {
 				kh := h / group
-				logit := make([]float64, t+1)
+				logit := make([]float64, len(seen))
 				mx := math.Inf(-1)
-				for u := 0; u <= t; u++ {
-					if w := window(i); w > 0 && t-u >= w {
-						logit[u] = math.Inf(-1) // outside the window
+				for r := range seen {
+					if w := window(i); w > 0 && p-pos[r] >= w {
+						logit[r] = math.Inf(-1) // outside the window
 						continue
 					}
 					var d float64
 					for c := 0; c < hd; c++ {
-						d += q[h*hd+c] * keys[i][u][kh*hd+c]
+						d += q[h*hd+c] * rk[r][kh*hd+c]
 					}
-					logit[u] = d * scale
+					logit[r] = d * scale
 					if st.attnCap != 0 {
-						logit[u] = st.attnCap * math.Tanh(logit[u]/st.attnCap)
+						logit[r] = st.attnCap * math.Tanh(logit[r]/st.attnCap)
 					}
-					mx = math.Max(mx, logit[u])
+					mx = math.Max(mx, logit[r])
 				}
 				var sum float64
-				for u := range logit {
-					logit[u] = math.Exp(logit[u] - mx)
-					sum += logit[u]
+				for r := range logit {
+					logit[r] = math.Exp(logit[r] - mx)
+					sum += logit[r]
 				}
-				for u := range logit {
+				for r, u := range seen {
 					for c := 0; c < hd; c++ {
-						att[h*hd+c] += logit[u] / sum * vals[i][u][kh*hd+c]
+						att[h*hd+c] += logit[r] / sum * vals[i][u][kh*hd+c]
 					}
 				}
 			}
