@@ -1,6 +1,7 @@
 package model
 
 import (
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -16,16 +17,18 @@ import (
 // archStep is one architecture-specific step the reference can switch off,
 // to show that the match is that step's doing.
 type archStep struct {
-	qkNorm    bool    // per-head RMSNorm of queries and keys before RoPE (qwen3, gemma3)
-	embScale  float64 // the embedding times this (gemma3: √dim); 0: 1
-	postNorms bool    // RMSNorm of the attention and FFN outputs before their residual adds (gemma3)
-	gelu      bool    // GeGLU (tanh GELU) instead of SwiGLU (gemma3)
-	attnScale float64 // q·k times this; 0: 1/√head dim
-	win       []int   // each layer's window (0 or nil: full attention)
-	local     float64 // the RoPE base of the windowed layers (gemma3); 0: theta
-	softcap   float64 // final logits c·tanh(x/c); 0: none
-	attnCap   float64 // scaled attention scores c·tanh(s/c); 0: none (gemma2)
-	swapGU    bool    // gate and up exchanged: the halves of a fused ffn_up read the wrong way round
+	qkNorm    bool      // per-head RMSNorm of queries and keys before RoPE (qwen3, gemma3)
+	embScale  float64   // the embedding times this (gemma3: √dim); 0: 1
+	postNorms bool      // RMSNorm of the attention and FFN outputs before their residual adds (gemma3)
+	gelu      bool      // GeGLU (tanh GELU) instead of SwiGLU (gemma3)
+	attnScale float64   // q·k times this; 0: 1/√head dim
+	win       []int     // each layer's window (0 or nil: full attention)
+	local     float64   // the RoPE base of the windowed layers (gemma3); 0: theta
+	softcap   float64   // final logits c·tanh(x/c); 0: none
+	attnCap   float64   // scaled attention scores c·tanh(s/c); 0: none (gemma2)
+	swapGU    bool      // gate and up exchanged: the halves of a fused ffn_up read the wrong way round
+	factors   []float32 // each RoPE pair's frequency divided by factors[j] (phi3 LongRoPE); nil: 1
+	mscale    float64   // rotated queries and keys times this (rope.scaling.attn_factor); 0: 1
 }
 
 // newArch is an architecture's tiny model and its special steps.
@@ -84,6 +87,28 @@ func init() {
 			"embedding scale": gemma2Steps(func(s *archStep) { s.embScale = 0 }), "post-norms": gemma2Steps(func(s *archStep) { s.postNorms = false }),
 			"GeGLU": gemma2Steps(func(s *archStep) { s.gelu = false }), "windows": gemma2Steps(func(s *archStep) { s.win = nil }),
 		}})
+	// Phi-3 LongRoPE (the 128K models): two sets of frequency divisors and
+	// the attention factor llama.cpp's converter writes,
+	// √(1 + ln(ctx/orig)/ln orig). Context 256 over an original 64: the
+	// long set (llama.cpp's choice for a context above the original); an
+	// original of 256: the short set, attention factor 1.
+	long, short := make([]float32, 8), make([]float32, 8)
+	for j := range long {
+		long[j], short[j] = 1.5+3*float32(j), 1+0.25*float32(j)
+	}
+	af := float32(math.Sqrt(1 + math.Log(256.0/64)/math.Log(64)))
+	p := newArchs[len(newArchs)-2]
+	p.name = "phi3 longrope"
+	p.spec.ropeLong, p.spec.ropeShort, p.spec.seed = long, short, 71
+	p.spec.meta = map[string]any{"rope.scaling.original_context_length": uint32(64), "rope.scaling.attn_factor": af}
+	p.steps = archStep{factors: long, mscale: float64(af)}
+	p.off = map[string]archStep{"the long set": {factors: short, mscale: float64(af)}, "the attention factor": {factors: long}}
+	newArchs = append(newArchs, p)
+	p.name = "phi3 longrope short"
+	p.spec.meta = map[string]any{"rope.scaling.original_context_length": uint32(256), "rope.scaling.attn_factor": float32(1)}
+	p.steps = archStep{factors: short}
+	p.off = map[string]archStep{"the short set": {factors: long}}
+	newArchs = append(newArchs, p)
 	// gemma3 with final_logit_softcapping (llama.cpp reads it when present).
 	g := newArchs[1]
 	g.name = "gemma3 softcap"
@@ -162,12 +187,19 @@ func refArchRun(s tinySpec, w *tinyWeights, tokens []int, st archStep, kept refC
 		return st.win[i]
 	}
 	theta := float64(s.theta)
+	mscale := 1.0
+	if st.mscale != 0 {
+		mscale = st.mscale
+	}
 	rotate := func(v []float64, pos int) {
 		for j := 0; j < half; j++ {
 			a := float64(pos) * math.Pow(theta, -float64(2*j)/float64(hd))
+			if st.factors != nil {
+				a /= float64(st.factors[j])
+			}
 			x0, x1 := v[j], v[j+half]
-			v[j] = x0*math.Cos(a) - x1*math.Sin(a)
-			v[j+half] = x0*math.Sin(a) + x1*math.Cos(a)
+			v[j] = mscale * (x0*math.Cos(a) - x1*math.Sin(a))
+			v[j+half] = mscale * (x0*math.Sin(a) + x1*math.Cos(a))
 		}
 	}
 	// heads normalises each head of x ([heads][hd]) in place, and rotates
@@ -394,6 +426,48 @@ func TestArchLoadErrors(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := base
 			s.skip = c.skip
+			path, _ := s.build(t)
+			_, _, err := LoadGGUF(path)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestLongRopeErrors: LongRoPE files kvlm cannot run as llama.cpp does are
+// refused with the reason: one factor set of the two, factors of the wrong
+// length, rope_freqs beside them, the tensors on another architecture, a
+// non-positive attention factor or original context.
+func TestLongRopeErrors(t *testing.T) {
+	var phi tinySpec
+	for _, a := range newArchs {
+		if a.name == "phi3 longrope" {
+			phi = a.spec
+		}
+	}
+	f := []float32{1, 2, 3, 4, 5, 6, 7, 8}
+	for _, c := range []struct {
+		name string
+		edit func(s *tinySpec)
+		want string
+	}{
+		{"long only", func(s *tinySpec) { s.skip = []string{"rope_factors_short.weight"} }, "needs both rope_factors_long.weight and rope_factors_short.weight"},
+		{"short only", func(s *tinySpec) { s.skip = []string{"rope_factors_long.weight"} }, "needs both"},
+		{"long factors too short", func(s *tinySpec) { s.ropeLong = f[:4] }, "tensor rope_factors_long.weight has shape [4], want [8]"},
+		{"short set chosen, wrong length", func(s *tinySpec) {
+			s.ropeShort = f[:5]
+			s.meta = map[string]any{"rope.scaling.original_context_length": uint32(256)}
+		}, "tensor rope_factors_short.weight has shape [5], want [8]"},
+		{"rope_freqs beside", func(s *tinySpec) { s.ropeFreqs = f }, "rope_freqs.weight beside LongRoPE"},
+		{"not phi3", func(s *tinySpec) { s.arch, s.fused = "llama", false }, "llama.cpp reads them for phi3 only, not llama"},
+		{"attention factor 0", func(s *tinySpec) { s.meta = map[string]any{"rope.scaling.attn_factor": float32(0)} }, "rope.scaling.attn_factor = 0 must be positive"},
+		{"original context 0", func(s *tinySpec) { s.meta = map[string]any{"rope.scaling.original_context_length": uint32(0)} }, "original_context_length = 0 is out of range"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := phi
+			s.meta = maps.Clone(phi.meta)
+			c.edit(&s)
 			path, _ := s.build(t)
 			_, _, err := LoadGGUF(path)
 			if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -124,7 +124,7 @@ func (m *Model) layer(li int, p *pass) error {
 		cos, sin = grow(p.cosL, n*half), grow(p.sinL, n*half)
 		p.cosL, p.sinL = cos, sin
 		for t := 0; t < n; t++ {
-			angles(cos[t*half:(t+1)*half], sin[t*half:(t+1)*half], m.freqLocal, int(p.pos[t]))
+			m.anglesOf(cos[t*half:(t+1)*half], sin[t*half:(t+1)*half], m.freqLocal, int(p.pos[t]))
 		}
 	}
 	m.ropeRows(p.q, cos, sin, n, c.Heads)
@@ -308,14 +308,19 @@ func (m *Model) ropeFreqs() []float32 {
 }
 
 // angles fills the cosines and sines ([HeadDim/2] each) of position pos.
-func (m *Model) angles(cos, sin []float32, pos int) { angles(cos, sin, m.ropeFreqs(), pos) }
+func (m *Model) angles(cos, sin []float32, pos int) { m.anglesOf(cos, sin, m.ropeFreqs(), pos) }
 
-// angles fills the cosines and sines of position pos for frequencies freq.
-func angles(cos, sin, freq []float32, pos int) {
+// anglesOf fills the cosines and sines of position pos for frequencies
+// freq, times the RoPE attention factor (Config.RopeAttnFactor).
+func (m *Model) anglesOf(cos, sin, freq []float32, pos int) {
+	scale := float32(1)
+	if m.RopeAttnFactor != 0 {
+		scale = m.RopeAttnFactor
+	}
 	for j, f := range freq {
 		a := float32(pos) * f
-		cos[j] = float32(math.Cos(float64(a)))
-		sin[j] = float32(math.Sin(float64(a)))
+		cos[j] = float32(math.Cos(float64(a))) * scale
+		sin[j] = float32(math.Sin(float64(a))) * scale
 	}
 }
 
