@@ -179,7 +179,7 @@ var llamaArchCases = []struct {
 	// quantized files within 0.04 (README.md).
 	{"gemma2-tiny", "F32", 2e-3}, {"gemma2-tiny", "Q8_0", 0.04}, {"gemma2-tiny", "Q4_K_M", 0.04},
 	{"gemma2-cap-tiny", "F32", 2e-3},
-	{"phi3-tiny", "F32", 1e-4}, {"phi3-tiny", "Q8_0", 0.02},
+	{"phi3-tiny", "F32", 1e-4}, {"phi3-tiny", "Q8_0", 0.02}, {"phi3-tiny", "Q4_K_M", 0.02},
 	// Phi-3 LongRoPE: the long factor set and attention factor (context
 	// above the original), and the short set.
 	{"phi3-long-tiny", "F32", 1e-4}, {"phi3-long-tiny", "Q8_0", 0.02},
