@@ -165,10 +165,17 @@ func gemmaLayers(f *gguf.File, a Arch, c *Config, w int) error {
 	}
 	key := a.Name + ".attention.sliding_window_pattern"
 	pattern := a.SWAPattern
-	if _, ok := f.Lookup(key); ok {
+	if kv, ok := f.Lookup(key); ok {
+		if _, arr := kv.Value.(gguf.Array); arr {
+			// gemma3n's converter writes a per-layer bool array; llama.cpp
+			// (get_key_or_arr into one uint32) reads only a number for
+			// gemma2 and gemma3 and on an array keeps the default period
+			// silently, so no file it runs needs one: refused.
+			return fmt.Errorf("model: %s is an array (per-layer, as gemma3n's); %s takes a number, the period of the global layers (llama.cpp ignores an array here)", key, a.Name)
+		}
 		v, err := f.Uint(key)
 		if err != nil {
-			return fmt.Errorf("model: %s: %w (a per-layer array is not supported)", key, err)
+			return fmt.Errorf("model: %s: %w", key, err)
 		}
 		if v > 1<<20 {
 			return fmt.Errorf("model: %s = %d is out of range", key, v)

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -428,6 +429,52 @@ func TestArchLoadErrors(t *testing.T) {
 			s.skip = c.skip
 			path, _ := s.build(t)
 			_, _, err := LoadGGUF(path)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestSlidingWindowPatternArray: a per-layer sliding_window_pattern (an
+// array, as gemma3n's converter writes) is refused on gemma2 and gemma3
+// with the reason, and a number other than the default is read.
+// llama.cpp reads only a number for these architectures (an array is
+// ignored there, the default period kept), so kvlm does not guess.
+func TestSlidingWindowPatternArray(t *testing.T) {
+	for _, c := range []struct {
+		arch    string
+		pattern any
+		want    string // the error; "" for none
+		windows []int  // else the layer windows
+	}{
+		{"gemma3", []bool{true, true, false, true, true, false}, "gemma3.attention.sliding_window_pattern is an array (per-layer, as gemma3n's); gemma3 takes a number", nil},
+		{"gemma3", []uint32{6, 6, 6, 6, 6, 6}, "is an array", nil},
+		{"gemma2", []bool{true, false, true, false, true, false}, "gemma2.attention.sliding_window_pattern is an array", nil},
+		{"gemma3", uint32(3), "", []int{8, 8, 0, 8, 8, 0}},
+		{"gemma3", "3", "sliding_window_pattern", nil},
+	} {
+		t.Run(fmt.Sprintf("%s %T", c.arch, c.pattern), func(t *testing.T) {
+			var s tinySpec
+			for _, a := range newArchs {
+				if a.name == c.arch {
+					s = a.spec
+				}
+			}
+			s.meta = maps.Clone(s.meta)
+			s.meta["attention.sliding_window_pattern"] = c.pattern
+			path, _ := s.build(t)
+			m, _, err := LoadGGUF(path)
+			if c.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				if !slices.Equal(m.LayerWindows, c.windows) {
+					t.Fatalf("layer windows %v, want %v", m.LayerWindows, c.windows)
+				}
+				return
+			}
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %v, want %q", err, c.want)
 			}
