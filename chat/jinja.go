@@ -52,7 +52,7 @@ func compileJinja(src string) (tm *jinja.Template, err error) {
 			tm, err = nil, fmt.Errorf("the Jinja engine failed: %v", r)
 		}
 	}()
-	return jinja.Compile(src)
+	return jinja.Compile(renameToJSON(src))
 }
 
 // renderJinja renders msgs, each as {"role": …, "content": …}, with no tools.
@@ -79,9 +79,9 @@ func (r raised) Error() string { return r.msg }
 // raise_exception(message), which fails the rendering with message, and
 // strftime_now(format), Python's strftime of the time t.Now gives (time.Now
 // if nil). Its environment renders with trim_blocks and lstrip_blocks, as
-// the engine always does. tojson is the engine's (json.dumps's separators
-// and key order, ensure_ascii=False; its indent form sorts keys, unlike
-// json.dumps: docs/CHAT.md lists what renders differently from Jinja2).
+// the engine always does. tojson is Hugging Face's (json.dumps with its
+// options, ensure_ascii=False by default: hfToJSON, the filter renamed in
+// the source by compileJinja, chat/tojson.go).
 func (t *Template) applyJinja(messages, tools jinja.Value, gen bool) (out string, err error) {
 	str := func(s string) jinja.Value {
 		if s == "" {
@@ -106,6 +106,7 @@ func (t *Template) applyJinja(messages, tools jinja.Value, gen bool) (out string
 			}
 			return jinja.Undefined(), raised{args[0].AsString()}
 		}),
+		tojsonName: jinja.NewCallable("tojson", hfToJSON),
 		"strftime_now": jinja.NewCallable("strftime_now", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
 			if len(args) != 1 || !args[0].IsString() {
 				return jinja.Undefined(), errors.New("strftime_now takes one format string")

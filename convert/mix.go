@@ -16,7 +16,8 @@ import (
 //   - the classifier (output.weight, or token_embd.weight when the
 //     embedding is tied): Q8_0 when its rows are not whole blocks of the
 //     mix's base type, else Q6_K;
-//   - attn_v (and fused attn_qkv) of layer i of n:
+//   - attn_v (and fused attn_qkv: llama-quantize's category_is_attn_v;
+//     its ATTENTION_QKV branch after it is never reached) of layer i of n:
 //     Q2_K: Q4_K when heads/kv_heads >= 4, else Q3_K;
 //     Q3_K_M: Q5_K for i < 2, else Q4_K;
 //     Q4_K_M, Q5_K_M: Q6_K when useMoreBits(i, n);

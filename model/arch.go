@@ -1,6 +1,7 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -116,6 +117,9 @@ func (c Config) validateRopeScaling() error {
 			}
 		}
 	}
+	if c.RopeAttnFactor < 0 || math.IsNaN(float64(c.RopeAttnFactor)) || math.IsInf(float64(c.RopeAttnFactor), 0) {
+		return fmt.Errorf("model: RoPE attention factor %g must be positive", c.RopeAttnFactor)
+	}
 	if c.RopeScale < 0 || math.IsNaN(float64(c.RopeScale)) || math.IsInf(float64(c.RopeScale), 0) {
 		return fmt.Errorf("model: RoPE linear scale %g must be positive", c.RopeScale)
 	}
@@ -161,10 +165,17 @@ func gemmaLayers(f *gguf.File, a Arch, c *Config, w int) error {
 	}
 	key := a.Name + ".attention.sliding_window_pattern"
 	pattern := a.SWAPattern
-	if _, ok := f.Lookup(key); ok {
+	if kv, ok := f.Lookup(key); ok {
+		if _, arr := kv.Value.(gguf.Array); arr {
+			// gemma3n's converter writes a per-layer bool array; llama.cpp
+			// (get_key_or_arr into one uint32) reads only a number for
+			// gemma2 and gemma3 and on an array keeps the default period
+			// silently, so no file it runs needs one: refused.
+			return fmt.Errorf("model: %s is an array (per-layer, as gemma3n's); %s takes a number, the period of the global layers (llama.cpp ignores an array here)", key, a.Name)
+		}
 		v, err := f.Uint(key)
 		if err != nil {
-			return fmt.Errorf("model: %s: %w (a per-layer array is not supported)", key, err)
+			return fmt.Errorf("model: %s: %w", key, err)
 		}
 		if v > 1<<20 {
 			return fmt.Errorf("model: %s = %d is out of range", key, v)
@@ -192,6 +203,57 @@ func gemmaLayers(f *gguf.File, a Arch, c *Config, w int) error {
 }
 
 func hasKey(f *gguf.File, key string) bool { _, ok := f.Lookup(key); return ok }
+
+// longRope reads Phi-3's LongRoPE (the 128K-context models): two sets of
+// per-pair frequency divisors, rope_factors_long and rope_factors_short
+// ([HeadDim/2] each), of which llama.cpp uses the long one when its
+// context exceeds rope.scaling.original_context_length (default: the
+// trained context) and the short one otherwise, choosing once for the
+// context it is created with (llama_model::get_rope_factors), not per
+// token as Hugging Face does. kvlm's context is the trained one
+// (context_length), so it picks the set for that at load: the long one for
+// a real 128K file, as llama.cpp at its default context. Config.LongRope
+// says which.
+func longRope(f *gguf.File, a Arch, c *Config, long, short *gguf.TensorInfo) error {
+	if a.Name != "phi3" {
+		return fmt.Errorf("model: tensor rope_factors_long/short.weight (LongRoPE): llama.cpp reads them for phi3 only, not %s", a.Name)
+	}
+	if long == nil || short == nil {
+		return errors.New("model: LongRoPE needs both rope_factors_long.weight and rope_factors_short.weight; the file has one")
+	}
+	if _, ok := f.Tensor("rope_freqs.weight"); ok {
+		return errors.New("model: tensor rope_freqs.weight beside LongRoPE's rope_factors_long/short.weight: a phi3 file has one kind of RoPE factors")
+	}
+	key := a.Name + ".rope.scaling.original_context_length"
+	orig := c.CtxLen
+	if hasKey(f, key) {
+		v, err := f.Uint(key)
+		if err != nil {
+			return err
+		}
+		if v == 0 || v > 1<<30 {
+			return fmt.Errorf("model: %s = %d is out of range", key, v)
+		}
+		orig = int(v)
+	}
+	t, name := short, "short"
+	if c.CtxLen > orig {
+		t, name = long, "long"
+	}
+	tn := "rope_factors_" + name + ".weight"
+	if len(t.Shape) != 1 || int(t.Shape[0]) != c.HeadDim/2 {
+		return fmt.Errorf("model: tensor %s has shape %v, want [%d]", tn, t.Shape, c.HeadDim/2)
+	}
+	if !t.Type.Supported() {
+		return fmt.Errorf("model: tensor %s has type %s, which is not supported", tn, t.Type)
+	}
+	v := make([]float32, c.HeadDim/2)
+	if err := tensor.Dequantize(t.Type, f.TensorData(t), v); err != nil {
+		return fmt.Errorf("model: tensor %s: %w", tn, err)
+	}
+	c.RopeFreqFactors, c.LongRope, c.RopeOrigCtx = v, name, orig
+	return nil
+}
 
 // archFromGGUF reads the architecture-dependent settings: the RoPE style,
 // RoPE scaling and the sliding window. c.HeadDim and c.RopeTheta must be set.
@@ -309,12 +371,19 @@ func archFromGGUF(f *gguf.File, a Arch, c *Config) error {
 	default:
 		return fmt.Errorf("model: %s = %q is not supported (supported: none, linear, llama3)", k("rope.scaling.type"), typ)
 	}
-	// Phi-3's LongRoPE (the 128K models) keeps two factor sets, chosen by
-	// the context length: not supported.
-	for _, name := range []string{"rope_factors_long.weight", "rope_factors_short.weight"} {
-		if _, ok := f.Tensor(name); ok {
-			return fmt.Errorf("model: tensor %s: LongRoPE (Phi-3's 128K-context models) is not supported; the 4K-context models are", name)
-		}
+	// rope.scaling.attn_factor multiplies RoPE's cosines and sines (llama.cpp
+	// reads it for every architecture; Phi-3's 128K models carry it).
+	af, err := float("rope.scaling.attn_factor", 1)
+	if err != nil {
+		return err
+	}
+	if af != 1 {
+		c.RopeAttnFactor = float32(af)
+	}
+	long, _ := f.Tensor("rope_factors_long.weight")
+	short, _ := f.Tensor("rope_factors_short.weight")
+	if long != nil || short != nil {
+		return longRope(f, a, c, long, short)
 	}
 	// Precomputed factors, as llama.cpp's converter writes them for Llama
 	// 3.1 and later, take precedence.

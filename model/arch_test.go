@@ -28,6 +28,7 @@ type tinySpec struct {
 	postNorms                           bool           // post_attention_norm / post_ffw_norm ([dim]) in every layer
 	fused                               bool           // attn_qkv (Q, K, V rows) and ffn_up (gate, up rows) instead of the separate matrices (phi3)
 	ropeFreqs                           []float32      // written as rope_freqs.weight
+	ropeLong, ropeShort                 []float32      // written as rope_factors_long.weight / rope_factors_short.weight (phi3 LongRoPE)
 	meta                                map[string]any // extra keys, without the arch prefix
 	tok                                 map[string]any // tokenizer.ggml.* keys (full names)
 	vocab                               int
@@ -178,6 +179,13 @@ func (s tinySpec) build(t testing.TB) (string, *tinyWeights) {
 	}
 	mat("token_embd.weight", w.emb)
 	vec("rope_freqs.weight", w.ropeFreqs)
+	for name, f := range map[string][]float32{"rope_factors_long.weight": s.ropeLong, "rope_factors_short.weight": s.ropeShort} {
+		if f != nil && !skip(name) {
+			if err := gw.AddTensor(name, tensor.F32, []uint64{uint64(len(f))}, f32bytes(f64s(f))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	for i, L := range w.layers {
 		p := "blk." + itoa(i) + "."
 		vec(p+"attn_norm.weight", L.attnNorm)
@@ -216,6 +224,15 @@ func (s tinySpec) build(t testing.TB) (string, *tinyWeights) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// f64s widens v.
+func f64s(v []float32) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
+}
 
 // refRope says how the reference rotates: the layout and the per-pair
 // frequencies, written from the definitions (Llama: pairs (2j, 2j+1);

@@ -1,6 +1,8 @@
 package model
 
 import (
+	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -16,16 +18,18 @@ import (
 // archStep is one architecture-specific step the reference can switch off,
 // to show that the match is that step's doing.
 type archStep struct {
-	qkNorm    bool    // per-head RMSNorm of queries and keys before RoPE (qwen3, gemma3)
-	embScale  float64 // the embedding times this (gemma3: √dim); 0: 1
-	postNorms bool    // RMSNorm of the attention and FFN outputs before their residual adds (gemma3)
-	gelu      bool    // GeGLU (tanh GELU) instead of SwiGLU (gemma3)
-	attnScale float64 // q·k times this; 0: 1/√head dim
-	win       []int   // each layer's window (0 or nil: full attention)
-	local     float64 // the RoPE base of the windowed layers (gemma3); 0: theta
-	softcap   float64 // final logits c·tanh(x/c); 0: none
-	attnCap   float64 // scaled attention scores c·tanh(s/c); 0: none (gemma2)
-	swapGU    bool    // gate and up exchanged: the halves of a fused ffn_up read the wrong way round
+	qkNorm    bool      // per-head RMSNorm of queries and keys before RoPE (qwen3, gemma3)
+	embScale  float64   // the embedding times this (gemma3: √dim); 0: 1
+	postNorms bool      // RMSNorm of the attention and FFN outputs before their residual adds (gemma3)
+	gelu      bool      // GeGLU (tanh GELU) instead of SwiGLU (gemma3)
+	attnScale float64   // q·k times this; 0: 1/√head dim
+	win       []int     // each layer's window (0 or nil: full attention)
+	local     float64   // the RoPE base of the windowed layers (gemma3); 0: theta
+	softcap   float64   // final logits c·tanh(x/c); 0: none
+	attnCap   float64   // scaled attention scores c·tanh(s/c); 0: none (gemma2)
+	swapGU    bool      // gate and up exchanged: the halves of a fused ffn_up read the wrong way round
+	factors   []float32 // each RoPE pair's frequency divided by factors[j] (phi3 LongRoPE); nil: 1
+	mscale    float64   // rotated queries and keys times this (rope.scaling.attn_factor); 0: 1
 }
 
 // newArch is an architecture's tiny model and its special steps.
@@ -84,6 +88,28 @@ func init() {
 			"embedding scale": gemma2Steps(func(s *archStep) { s.embScale = 0 }), "post-norms": gemma2Steps(func(s *archStep) { s.postNorms = false }),
 			"GeGLU": gemma2Steps(func(s *archStep) { s.gelu = false }), "windows": gemma2Steps(func(s *archStep) { s.win = nil }),
 		}})
+	// Phi-3 LongRoPE (the 128K models): two sets of frequency divisors and
+	// the attention factor llama.cpp's converter writes,
+	// √(1 + ln(ctx/orig)/ln orig). Context 256 over an original 64: the
+	// long set (llama.cpp's choice for a context above the original); an
+	// original of 256: the short set, attention factor 1.
+	long, short := make([]float32, 8), make([]float32, 8)
+	for j := range long {
+		long[j], short[j] = 1.5+3*float32(j), 1+0.25*float32(j)
+	}
+	af := float32(math.Sqrt(1 + math.Log(256.0/64)/math.Log(64)))
+	p := newArchs[len(newArchs)-2]
+	p.name = "phi3 longrope"
+	p.spec.ropeLong, p.spec.ropeShort, p.spec.seed = long, short, 71
+	p.spec.meta = map[string]any{"rope.scaling.original_context_length": uint32(64), "rope.scaling.attn_factor": af}
+	p.steps = archStep{factors: long, mscale: float64(af)}
+	p.off = map[string]archStep{"the long set": {factors: short, mscale: float64(af)}, "the attention factor": {factors: long}}
+	newArchs = append(newArchs, p)
+	p.name = "phi3 longrope short"
+	p.spec.meta = map[string]any{"rope.scaling.original_context_length": uint32(256), "rope.scaling.attn_factor": float32(1)}
+	p.steps = archStep{factors: short}
+	p.off = map[string]archStep{"the short set": {factors: long}}
+	newArchs = append(newArchs, p)
 	// gemma3 with final_logit_softcapping (llama.cpp reads it when present).
 	g := newArchs[1]
 	g.name = "gemma3 softcap"
@@ -118,6 +144,20 @@ func gemma3Steps(f func(*archStep)) archStep {
 // RoPE), NEOX RoPE (pairs (j, j + d/2)), softmax(q·k/√d), the output
 // projection, RMSNorm, SwiGLU. It returns every position's logits.
 func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]float64 {
+	return refArchRun(s, w, tokens, st, nil)
+}
+
+// refCache says, for token t at layer i, which earlier tokens' keys and
+// values it attends (idx, indices into the tokens, ascending), at which
+// positions (pos[r] the position of token idx[r]), and token t's own
+// position qpos: the cache a policy left, re-indexed positions included.
+type refCache func(t, i int) (idx, pos []int, qpos int)
+
+// refArchRun is refArchForward over the cache kept describes (nil: every
+// earlier token at its own position). The keys are kept before RoPE and
+// rotated at their current positions with their layer's base at every
+// step: what re-indexing the cached keys must give.
+func refArchRun(s tinySpec, w *tinyWeights, tokens []int, st archStep, kept refCache) [][]float64 {
 	n, D, hd, L := len(tokens), s.dim, s.hd(), s.layers
 	half := hd / 2
 	rms := func(x, g []float64) []float64 {
@@ -148,25 +188,35 @@ func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]f
 		return st.win[i]
 	}
 	theta := float64(s.theta)
+	mscale := 1.0
+	if st.mscale != 0 {
+		mscale = st.mscale
+	}
 	rotate := func(v []float64, pos int) {
 		for j := 0; j < half; j++ {
 			a := float64(pos) * math.Pow(theta, -float64(2*j)/float64(hd))
+			if st.factors != nil {
+				a /= float64(st.factors[j])
+			}
 			x0, x1 := v[j], v[j+half]
-			v[j] = x0*math.Cos(a) - x1*math.Sin(a)
-			v[j+half] = x0*math.Sin(a) + x1*math.Cos(a)
+			v[j] = mscale * (x0*math.Cos(a) - x1*math.Sin(a))
+			v[j+half] = mscale * (x0*math.Sin(a) + x1*math.Cos(a))
 		}
 	}
-	// heads normalises and rotates each head of x ([heads][hd]) in place.
+	// heads normalises each head of x ([heads][hd]) in place, and rotates
+	// it to pos unless pos < 0.
 	heads := func(x []float64, nh int, g []float64, pos int) {
 		for h := 0; h < nh; h++ {
 			v := x[h*hd : (h+1)*hd]
 			if st.qkNorm {
 				copy(v, rms(v, g))
 			}
-			rotate(v, pos)
+			if pos >= 0 {
+				rotate(v, pos)
+			}
 		}
 	}
-	keys := make([][][]float64, L) // [layer][token] rotated keys
+	keys := make([][][]float64, L) // [layer][token] keys before RoPE
 	vals := make([][][]float64, L)
 	group := s.heads / s.kvHeads
 	logits := make([][]float64, n)
@@ -188,37 +238,55 @@ func refArchForward(s tinySpec, w *tinyWeights, tokens []int, st archStep) [][]f
 			}
 			xb := rms(x, Ly.attnNorm)
 			q, k, v := matvec(Ly.wq, xb), matvec(Ly.wk, xb), matvec(Ly.wv, xb)
-			heads(q, s.heads, Ly.qNorm, t)
-			heads(k, s.kvHeads, Ly.kNorm, t)
+			var seen, pos []int // the tokens attended and their positions, token t last
+			p := t              // token t's position
+			if kept == nil {
+				for u := range t {
+					seen, pos = append(seen, u), append(pos, u)
+				}
+			} else {
+				seen, pos, p = kept(t, i)
+				seen, pos = slices.Clone(seen), slices.Clone(pos)
+			}
+			seen, pos = append(seen, t), append(pos, p)
+			heads(q, s.heads, Ly.qNorm, p)
+			heads(k, s.kvHeads, Ly.kNorm, -1)
 			keys[i], vals[i] = append(keys[i], k), append(vals[i], v)
+			rk := make([][]float64, len(seen)) // the keys at their positions
+			for r, u := range seen {
+				rk[r] = slices.Clone(keys[i][u])
+				for h := 0; h < s.kvHeads; h++ {
+					rotate(rk[r][h*hd:(h+1)*hd], pos[r])
+				}
+			}
 			att := make([]float64, s.heads*hd)
 			for h := 0; h < s.heads; h++ {
 				kh := h / group
-				logit := make([]float64, t+1)
+				logit := make([]float64, len(seen))
 				mx := math.Inf(-1)
-				for u := 0; u <= t; u++ {
-					if w := window(i); w > 0 && t-u >= w {
-						logit[u] = math.Inf(-1) // outside the window
+				for r := range seen {
+					if w := window(i); w > 0 && p-pos[r] >= w {
+						logit[r] = math.Inf(-1) // outside the window
 						continue
 					}
 					var d float64
 					for c := 0; c < hd; c++ {
-						d += q[h*hd+c] * keys[i][u][kh*hd+c]
+						d += q[h*hd+c] * rk[r][kh*hd+c]
 					}
-					logit[u] = d * scale
+					logit[r] = d * scale
 					if st.attnCap != 0 {
-						logit[u] = st.attnCap * math.Tanh(logit[u]/st.attnCap)
+						logit[r] = st.attnCap * math.Tanh(logit[r]/st.attnCap)
 					}
-					mx = math.Max(mx, logit[u])
+					mx = math.Max(mx, logit[r])
 				}
 				var sum float64
-				for u := range logit {
-					logit[u] = math.Exp(logit[u] - mx)
-					sum += logit[u]
+				for r := range logit {
+					logit[r] = math.Exp(logit[r] - mx)
+					sum += logit[r]
 				}
-				for u := range logit {
+				for r, u := range seen {
 					for c := 0; c < hd; c++ {
-						att[h*hd+c] += logit[u] / sum * vals[i][u][kh*hd+c]
+						att[h*hd+c] += logit[r] / sum * vals[i][u][kh*hd+c]
 					}
 				}
 			}
@@ -359,6 +427,94 @@ func TestArchLoadErrors(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := base
 			s.skip = c.skip
+			path, _ := s.build(t)
+			_, _, err := LoadGGUF(path)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestSlidingWindowPatternArray: a per-layer sliding_window_pattern (an
+// array, as gemma3n's converter writes) is refused on gemma2 and gemma3
+// with the reason, and a number other than the default is read.
+// llama.cpp reads only a number for these architectures (an array is
+// ignored there, the default period kept), so kvlm does not guess.
+func TestSlidingWindowPatternArray(t *testing.T) {
+	for _, c := range []struct {
+		arch    string
+		pattern any
+		want    string // the error; "" for none
+		windows []int  // else the layer windows
+	}{
+		{"gemma3", []bool{true, true, false, true, true, false}, "gemma3.attention.sliding_window_pattern is an array (per-layer, as gemma3n's); gemma3 takes a number", nil},
+		{"gemma3", []uint32{6, 6, 6, 6, 6, 6}, "is an array", nil},
+		{"gemma2", []bool{true, false, true, false, true, false}, "gemma2.attention.sliding_window_pattern is an array", nil},
+		{"gemma3", uint32(3), "", []int{8, 8, 0, 8, 8, 0}},
+		{"gemma3", "3", "sliding_window_pattern", nil},
+	} {
+		t.Run(fmt.Sprintf("%s %T", c.arch, c.pattern), func(t *testing.T) {
+			var s tinySpec
+			for _, a := range newArchs {
+				if a.name == c.arch {
+					s = a.spec
+				}
+			}
+			s.meta = maps.Clone(s.meta)
+			s.meta["attention.sliding_window_pattern"] = c.pattern
+			path, _ := s.build(t)
+			m, _, err := LoadGGUF(path)
+			if c.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				if !slices.Equal(m.LayerWindows, c.windows) {
+					t.Fatalf("layer windows %v, want %v", m.LayerWindows, c.windows)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestLongRopeErrors: LongRoPE files kvlm cannot run as llama.cpp does are
+// refused with the reason: one factor set of the two, factors of the wrong
+// length, rope_freqs beside them, the tensors on another architecture, a
+// non-positive attention factor or original context.
+func TestLongRopeErrors(t *testing.T) {
+	var phi tinySpec
+	for _, a := range newArchs {
+		if a.name == "phi3 longrope" {
+			phi = a.spec
+		}
+	}
+	f := []float32{1, 2, 3, 4, 5, 6, 7, 8}
+	for _, c := range []struct {
+		name string
+		edit func(s *tinySpec)
+		want string
+	}{
+		{"long only", func(s *tinySpec) { s.skip = []string{"rope_factors_short.weight"} }, "needs both rope_factors_long.weight and rope_factors_short.weight"},
+		{"short only", func(s *tinySpec) { s.skip = []string{"rope_factors_long.weight"} }, "needs both"},
+		{"long factors too short", func(s *tinySpec) { s.ropeLong = f[:4] }, "tensor rope_factors_long.weight has shape [4], want [8]"},
+		{"short set chosen, wrong length", func(s *tinySpec) {
+			s.ropeShort = f[:5]
+			s.meta = map[string]any{"rope.scaling.original_context_length": uint32(256)}
+		}, "tensor rope_factors_short.weight has shape [5], want [8]"},
+		{"rope_freqs beside", func(s *tinySpec) { s.ropeFreqs = f }, "rope_freqs.weight beside LongRoPE"},
+		{"not phi3", func(s *tinySpec) { s.arch, s.fused = "llama", false }, "llama.cpp reads them for phi3 only, not llama"},
+		{"attention factor 0", func(s *tinySpec) { s.meta = map[string]any{"rope.scaling.attn_factor": float32(0)} }, "rope.scaling.attn_factor = 0 must be positive"},
+		{"original context 0", func(s *tinySpec) { s.meta = map[string]any{"rope.scaling.original_context_length": uint32(0)} }, "original_context_length = 0 is out of range"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := phi
+			s.meta = maps.Clone(phi.meta)
+			c.edit(&s)
 			path, _ := s.build(t)
 			_, _, err := LoadGGUF(path)
 			if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -70,6 +70,18 @@ type Config struct {
 	// positions divided by RopeScale (0 or 1: none).
 	RopeFreqFactors []float32 `json:",omitempty"`
 	RopeScale       float32   `json:",omitempty"`
+	// LongRope is the Phi-3 LongRoPE factor set RopeFreqFactors holds,
+	// "long" (rope_factors_long: CtxLen > RopeOrigCtx) or "short"
+	// (rope_factors_short), chosen at load as llama.cpp chooses for its
+	// context; "" for no LongRoPE. RopeOrigCtx is
+	// rope.scaling.original_context_length (default CtxLen).
+	LongRope    string `json:",omitempty"`
+	RopeOrigCtx int    `json:",omitempty"`
+	// RopeAttnFactor multiplies RoPE's cosines and sines, so every rotated
+	// query and key (rope.scaling.attn_factor, Phi-3 LongRoPE's
+	// √(1 + ln(CtxLen/RopeOrigCtx)/ln RopeOrigCtx); 0: 1), as llama.cpp's
+	// ggml_rope_ext with its attn_factor.
+	RopeAttnFactor float32 `json:",omitempty"`
 	// SlidingWindow is the attention window of {arch}.attention.sliding_window
 	// (0: none), applied in every layer by prefill, decode and DecodeBatch:
 	// the query at position p sees the keys at positions p−W+1 … p, i.e. a

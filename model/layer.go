@@ -118,13 +118,13 @@ func (m *Model) layer(li int, p *pass) error {
 	addBias(p.q, L.Bq, n)
 	headNorm(p.q, L.QNorm, c, n*c.Heads) // Q/K norm (qwen3, gemma3): every head of every row
 	cos, sin := p.cos, p.sin
-	if m.freqLocal != nil && c.Window(li) > 0 {
+	if m.localRope(li) {
 		// A local layer's own RoPE base (gemma3).
 		half := c.HeadDim / 2
 		cos, sin = grow(p.cosL, n*half), grow(p.sinL, n*half)
 		p.cosL, p.sinL = cos, sin
 		for t := 0; t < n; t++ {
-			angles(cos[t*half:(t+1)*half], sin[t*half:(t+1)*half], m.freqLocal, int(p.pos[t]))
+			m.anglesOf(cos[t*half:(t+1)*half], sin[t*half:(t+1)*half], m.freqLocal, int(p.pos[t]))
 		}
 	}
 	m.ropeRows(p.q, cos, sin, n, c.Heads)
@@ -308,14 +308,19 @@ func (m *Model) ropeFreqs() []float32 {
 }
 
 // angles fills the cosines and sines ([HeadDim/2] each) of position pos.
-func (m *Model) angles(cos, sin []float32, pos int) { angles(cos, sin, m.ropeFreqs(), pos) }
+func (m *Model) angles(cos, sin []float32, pos int) { m.anglesOf(cos, sin, m.ropeFreqs(), pos) }
 
-// angles fills the cosines and sines of position pos for frequencies freq.
-func angles(cos, sin, freq []float32, pos int) {
+// anglesOf fills the cosines and sines of position pos for frequencies
+// freq, times the RoPE attention factor (Config.RopeAttnFactor).
+func (m *Model) anglesOf(cos, sin, freq []float32, pos int) {
+	scale := float32(1)
+	if m.RopeAttnFactor != 0 {
+		scale = m.RopeAttnFactor
+	}
 	for j, f := range freq {
 		a := float32(pos) * f
-		cos[j] = float32(math.Cos(float64(a)))
-		sin[j] = float32(math.Sin(float64(a)))
+		cos[j] = float32(math.Cos(float64(a))) * scale
+		sin[j] = float32(math.Sin(float64(a))) * scale
 	}
 }
 
@@ -355,42 +360,66 @@ func (m *Model) ropeRows(x, cos, sin []float32, n, heads int) {
 	})
 }
 
-// Rotate turns one head's key, rotated by RoPE for some position, into the
-// key for a position delta further on (delta may be negative): how a policy
-// re-indexes the positions of cached keys. A Rotator does the same faster
-// when many keys move.
-func (m *Model) Rotate(key []float32, delta int) { m.NewRotator().Rotate(key, delta) }
+// localRope reports whether layer li rotates with the local layers' own
+// RoPE base (Config.LocalRopeTheta: a windowed layer of gemma3).
+func (m *Model) localRope(li int) bool { return m.freqLocal != nil && m.Window(li) > 0 }
 
-// Rotator re-rotates keys by position deltas, keeping the cosines and sines
-// of the deltas it has seen (a re-indexing policy moves most keys by the same
+// Rotate turns one head's key of cache layer cl, rotated by RoPE for some
+// position, into the key for a position delta further on (delta may be
+// negative): how a policy re-indexes the positions of cached keys. A
+// Rotator does the same faster when many keys move.
+func (m *Model) Rotate(key []float32, cl, delta int) { m.NewRotator().Rotate(key, cl, delta) }
+
+// Rotator re-rotates the keys of each cache layer by position deltas, with
+// the RoPE of the layer that wrote them (a local layer's own base on gemma3,
+// the global base and scaling elsewhere), keeping the cosines and sines of
+// the deltas it has seen (a re-indexing policy moves most keys by the same
 // few deltas step after step). Not safe for concurrent use.
 type Rotator struct {
-	freq   []float32            // the model's RoPE frequencies [HeadDim/2]
-	neox   bool                 // NEOX halves instead of interleaved pairs
+	neox  bool     // NEOX halves instead of interleaved pairs
+	sets  []rotSet // the model's distinct frequency tables: global, then local if any
+	layer []int    // [cache layers] index into sets of the owner layer's RoPE
+}
+
+// rotSet is one RoPE frequency table and its rotations by delta.
+type rotSet struct {
+	freq   []float32            // RoPE frequencies [HeadDim/2]
 	tables map[int][2][]float32 // delta → cosines, sines [HeadDim/2]
 }
 
-// NewRotator returns a rotator for the model's RoPE.
+// NewRotator returns a rotator for the model's RoPE, layer by layer.
 func (m *Model) NewRotator() *Rotator {
-	return &Rotator{freq: m.ropeFreqs(), neox: m.Rope == RopeNeoX, tables: map[int][2][]float32{}}
+	r := &Rotator{neox: m.Rope == RopeNeoX, sets: []rotSet{{freq: m.ropeFreqs(), tables: map[int][2][]float32{}}}}
+	if m.freqLocal != nil {
+		r.sets = append(r.sets, rotSet{freq: m.freqLocal, tables: map[int][2][]float32{}})
+	}
+	owners := m.Owners()
+	r.layer = make([]int, len(owners))
+	for cl, li := range owners {
+		if m.localRope(li) {
+			r.layer[cl] = 1
+		}
+	}
+	return r
 }
 
-// Rotate moves key by delta positions.
-func (r *Rotator) Rotate(key []float32, delta int) {
+// Rotate moves key, of cache layer cl, by delta positions.
+func (r *Rotator) Rotate(key []float32, cl, delta int) {
 	if delta == 0 {
 		return
 	}
-	t, ok := r.tables[delta]
+	set := &r.sets[r.layer[cl]]
+	t, ok := set.tables[delta]
 	if !ok {
-		if len(r.tables) > 256 {
-			clear(r.tables)
+		if len(set.tables) > 256 {
+			clear(set.tables)
 		}
-		t = [2][]float32{make([]float32, len(r.freq)), make([]float32, len(r.freq))}
-		for j, f := range r.freq {
+		t = [2][]float32{make([]float32, len(set.freq)), make([]float32, len(set.freq))}
+		for j, f := range set.freq {
 			a := float64(delta) * float64(f)
 			t[0][j], t[1][j] = float32(math.Cos(a)), float32(math.Sin(a))
 		}
-		r.tables[delta] = t
+		set.tables[delta] = t
 	}
 	rotate(key, t[0], t[1], r.neox)
 }

@@ -360,7 +360,7 @@ func TestRotate(t *testing.T) {
 		}
 		for _, c := range []struct{ p, d int }{{5, 3}, {100, -40}, {7, -7}, {0, 511}} {
 			got := at(c.p)
-			m.Rotate(got, c.d)
+			m.Rotate(got, 0, c.d)
 			want := at(c.p + c.d)
 			for i := range got {
 				if math.Abs(float64(got[i]-want[i])) > 2e-5 {

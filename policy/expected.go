@@ -94,7 +94,7 @@ func (e *expected) Done(st *State, layer int, _ *attention.MassRequest, q []floa
 		}
 		for g := 0; g < heads; g++ {
 			copy(row, q[t*qd+g*d:t*qd+(g+1)*d])
-			rot.Rotate(row, -int(pos[t]))
+			rot.Rotate(row, layer, -int(pos[t]))
 			for i, v := range row {
 				x[i] = float64(v)
 			}

@@ -29,7 +29,7 @@ func (lmInfinite) Step(st *State, incoming int) error {
 			if target <= pos {
 				return pos
 			}
-			m.Rotate(key, int(target-pos))
+			m.Rotate(key, l, int(target-pos))
 			return target
 		})
 		if err != nil {

@@ -489,7 +489,7 @@ func (st *State) reindex() error {
 		i := 0
 		err := st.cache.RewriteKeys(l, h, slots, func(pos int32, key []float32) int32 {
 			np := int32(i)
-			m.Rotate(key, int(np-pos))
+			m.Rotate(key, l, int(np-pos))
 			i++
 			return np
 		})

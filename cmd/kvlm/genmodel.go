@@ -64,6 +64,12 @@ type genShape struct {
 	// Llama3Rope, if set, is Llama 3.1's rope_scaling (type llama3), written
 	// as the rope_freqs.weight tensor llama.cpp's converter stores.
 	Llama3Rope *genLlama3Rope
+	// LongRope, if set, is Phi-3's LongRoPE as llama.cpp's converter writes
+	// it: rope.scaling.original_context_length, rope.scaling.attn_factor
+	// √(1 + ln(Ctx/orig)/ln orig) (1 when Ctx ≤ orig), and the
+	// rope_factors_long / rope_factors_short tensors ([head dim/2]: long
+	// 1 … 64 and short 1 … 3, growing with the pair, as Phi-3-mini-128k's).
+	LongRope *genLongRope
 	// KVSource and LayerWindows, if set ([Layers] each), are the KV source
 	// map and the per-layer windows (model.Config, docs/ARCHITECTURES.md),
 	// written as {arch}.attention.kv_source / layer_window; the layers that
@@ -82,6 +88,28 @@ type genShape struct {
 type genLlama3Rope struct {
 	Factor, Low, High float64
 	OrigCtx           int
+}
+
+// genLongRope is LongRoPE's original_max_position_embeddings.
+type genLongRope struct{ OrigCtx int }
+
+// factors are the long and short sets of half pairs.
+func (r genLongRope) factors(half int) (long, short []float32) {
+	long, short = make([]float32, half), make([]float32, half)
+	for j := range long {
+		x := float64(j) / float64(max(half-1, 1))
+		long[j], short[j] = float32(1+63*x*x), float32(1+2*x)
+	}
+	return long, short
+}
+
+// attnFactor is the converter's rope.scaling.attn_factor for context ctx.
+func (r genLongRope) attnFactor(ctx int) float32 {
+	scale := float64(ctx) / float64(r.OrigCtx)
+	if scale <= 1 {
+		return 1
+	}
+	return float32(math.Sqrt(1 + math.Log(scale)/math.Log(float64(r.OrigCtx))))
 }
 
 func (sh genShape) arch() string {
@@ -137,6 +165,14 @@ var genShapes = map[string]genShape{
 	// For tests against llama.cpp: a phi3 model (fused attn_qkv and
 	// ffn_up, NEOX RoPE) whose matrices are whole K-quant blocks, GQA 4:2.
 	"phi3-tiny": {Arch: "phi3", Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 10000, Fused: true, Name: "tiny (fused QKV)"},
+	// phi3-tiny with Phi-3's LongRoPE (the 128K models): context 256 over
+	// an original 64 (llama.cpp, and kvlm, use the long factors, and the
+	// attention factor 1.155), or over an original 256 (the short ones,
+	// attention factor 1).
+	"phi3-long-tiny": {Arch: "phi3", Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 10000, Fused: true, Name: "tiny (fused QKV, LongRoPE)",
+		LongRope: &genLongRope{OrigCtx: 64}},
+	"phi3-short-tiny": {Arch: "phi3", Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, Hidden: 512, Ctx: 256, RopeTheta: 10000, Fused: true, Name: "tiny (fused QKV, LongRoPE)",
+		LongRope: &genLongRope{OrigCtx: 256}},
 	// Architectures that share KV across layers (docs/ARCHITECTURES.md),
 	// for tests and benchmarks: width 256 (head dim 64), GQA 4:2 unless
 	// named otherwise, context 4096, the llama2 vocabulary.
@@ -445,6 +481,10 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 	if sh.LocalTheta > 0 {
 		kvs = append(kvs, genKV{a + ".rope.freq_base_swa", sh.LocalTheta})
 	}
+	if r := sh.LongRope; r != nil {
+		kvs = append(kvs, genKV{a + ".rope.scaling.original_context_length", uint32(r.OrigCtx)},
+			genKV{a + ".rope.scaling.attn_factor", r.attnFactor(sh.Ctx)})
+	}
 	kvmap := model.Config{Layers: sh.Layers, KVSource: sh.KVSource, LayerWindows: sh.LayerWindows}
 	for _, m := range convert.KVMapMetadata(a, kvmap) {
 		kvs = append(kvs, genKV{m.Key, m.Val})
@@ -520,6 +560,15 @@ func genWriter(sh genShape, mix convert.Mix, name string, voc genVocab, seed uin
 	if r := sh.Llama3Rope; r != nil {
 		f := model.Llama3RopeFactors(hd, float64(sh.RopeTheta), r.Factor, r.Low, r.High, r.OrigCtx)
 		if err := f32vec("rope_freqs.weight", f); err != nil {
+			return nil, nil, err
+		}
+	}
+	if r := sh.LongRope; r != nil {
+		long, short := r.factors(hd / 2)
+		if err := f32vec("rope_factors_long.weight", long); err != nil {
+			return nil, nil, err
+		}
+		if err := f32vec("rope_factors_short.weight", short); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -166,6 +166,12 @@ func printInspect(w io.Writer, path string, info inspectJSON) {
 	if model.Archs[c.Arch].Fused {
 		fmt.Fprintf(w, ", fused QKV and gate/up matrices")
 	}
+	if c.LongRope != "" {
+		fmt.Fprintf(w, ", LongRoPE: the %s factor set (context %d against the original %d)", c.LongRope, c.CtxLen, c.RopeOrigCtx)
+	}
+	if c.RopeAttnFactor != 0 {
+		fmt.Fprintf(w, ", RoPE attention factor %g", c.RopeAttnFactor)
+	}
 	if c.QKNorm {
 		fmt.Fprintf(w, ", Q/K norm (every query and key head RMS-normalised before RoPE)")
 	}

@@ -179,7 +179,11 @@ var llamaArchCases = []struct {
 	// quantized files within 0.04 (README.md).
 	{"gemma2-tiny", "F32", 2e-3}, {"gemma2-tiny", "Q8_0", 0.04}, {"gemma2-tiny", "Q4_K_M", 0.04},
 	{"gemma2-cap-tiny", "F32", 2e-3},
-	{"phi3-tiny", "F32", 1e-4}, {"phi3-tiny", "Q8_0", 0.02},
+	{"phi3-tiny", "F32", 1e-4}, {"phi3-tiny", "Q8_0", 0.02}, {"phi3-tiny", "Q4_K_M", 0.02},
+	// Phi-3 LongRoPE: the long factor set and attention factor (context
+	// above the original), and the short set.
+	{"phi3-long-tiny", "F32", 1e-4}, {"phi3-long-tiny", "Q8_0", 0.02},
+	{"phi3-short-tiny", "F32", 1e-4}, {"phi3-short-tiny", "Q8_0", 0.02},
 	{"gemma3-tiny", "F32", 2e-3}, {"gemma3-tiny", "Q8_0", 0.04}, {"gemma3-tiny", "Q4_K_M", 0.04},
 }
 
@@ -190,6 +194,8 @@ var archInspect = map[string][]string{
 	"gemma2-tiny":     {"architecture gemma2:", "embedding ×16", "post-norms", "GeGLU", "attention soft-cap 50", "final logit soft-cap 30"},
 	"phi3-tiny":       {"architecture phi3:", "rope neox", "fused QKV and gate/up matrices"},
 	"gemma2-cap-tiny": {"attention soft-cap 1", "final logit soft-cap 1"},
+	"phi3-long-tiny":  {"architecture phi3:", "LongRoPE: the long factor set (context 256 against the original 64)", "RoPE attention factor 1.1547"},
+	"phi3-short-tiny": {"architecture phi3:", "LongRoPE: the short factor set (context 256 against the original 256)"},
 	"gemma3-tiny":     {"architecture gemma3:", "Q/K norm", "embedding ×16", "post-norms", "GeGLU", "local layers 0-1 (window 16, rope θ=10000; the others global)"},
 }
 
