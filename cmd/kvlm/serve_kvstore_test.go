@@ -126,7 +126,9 @@ func scrape(t *testing.T, url string) string {
 	return string(raw)
 }
 
-// TestServeKVStore: two kvlm serve replicas share a password-protected
+// TestServeKVStore: two kvlm serve replicas (store timeouts of seconds:
+// a loaded 2-core machine exceeds the default 50ms on loopback) share a
+// password-protected
 // redis-server (one given the password by flag, the other by
 // $KVLM_KV_STORE_PASSWORD): the second answers the first's long prompt
 // from the blocks the first wrote, with the same text; usage.kv and
@@ -140,9 +142,9 @@ func TestServeKVStore(t *testing.T) {
 	}
 	prompt := string(text[:700])
 	t.Setenv("KVLM_KV_STORE_PASSWORD", "")
-	one := serveStore(t, "-m", s.bin, "--tokenizer", s.tok, "--kv-store", srv.URL(), "--kv-store-password", "pw")
+	one := serveStore(t, "-m", s.bin, "--tokenizer", s.tok, "--kv-store", srv.URL(), "--kv-store-password", "pw", "--kv-store-timeout", "10s")
 	t.Setenv("KVLM_KV_STORE_PASSWORD", "pw")
-	two := serveStore(t, "-m", s.bin, "--tokenizer", s.tok, "--kv-store", srv.URL(), "--kv-store-timeout", "1s", "--kv-store-queue", "8MiB")
+	two := serveStore(t, "-m", s.bin, "--tokenizer", s.tok, "--kv-store", srv.URL(), "--kv-store-timeout", "5s", "--kv-store-queue", "8MiB")
 	a := complete(t, one, prompt)
 	if a.Usage.KV.StoreTokens != 0 || a.Usage.KV.ComputedTokens < 200 {
 		t.Fatalf("replica one: %+v", a.Usage.KV)
