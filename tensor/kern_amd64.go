@@ -723,6 +723,12 @@ func qIQ4_XSArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *floa
 func qQ6_KArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
+func qQ3_KArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qQ2_KArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
 func qQ8_0Vrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
@@ -736,6 +742,12 @@ func qQ5_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float3
 
 //go:noescape
 func qQ6_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qQ3_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qQ2_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
 func qQ8_0Ar1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
@@ -768,6 +780,12 @@ func qIQ4_XSAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *floa
 func qQ6_KAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
+func qQ3_KAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ2_KAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
 func qQ4_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
@@ -778,6 +796,12 @@ func qIQ4_XSAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *floa
 
 //go:noescape
 func qQ6_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ3_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ2_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
 func qQ8_0Vr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
@@ -795,6 +819,12 @@ func qQ5_KVr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float3
 func qQ6_KVr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
+func qQ3_KVr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ2_KVr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
 func qQ8_0Vr4t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
@@ -810,6 +840,12 @@ func qQ5_KVr4t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float3
 func qQ6_KVr4t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
+func qQ3_KVr4t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ2_KVr4t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
 func qQ8_0Vr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
@@ -823,6 +859,12 @@ func qQ5_KVr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float3
 
 //go:noescape
 func qQ6_KVr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ3_KVr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ2_KVr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
 func qQ8_0Vp8t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, xs int, nb int, acc *float32, load int, bs int)

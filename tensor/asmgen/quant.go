@@ -43,6 +43,8 @@ func genQuantKernels(e *emitter) {
 	e.data16("qones16", 16, 1)
 	e.data("qmask03", 32, 0x03)
 	e.data("qmask01", 32, 0x01)
+	e.data("qmask04", 32, 0x04) // Q3_K's high bit
+	e.data16("qw32", 16, 32)    // Q3_K's scale offset
 	// kvalues_iq4nl in both 128-bit lanes (genIQ4XS's VPSHUFB table).
 	kv := []int8{-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
 	var kvb [32]byte
@@ -73,6 +75,8 @@ func genQuantKernels(e *emitter) {
 			genIQ4XS(e, 1, 1)
 		}
 		genQ6K(e, isa, 1, 1)
+		genQ3K(e, isa, 1, 1)
+		genQ2K(e, isa, 1, 1)
 	}
 	rowsMode = false
 	for _, s := range qshapesA {
@@ -84,6 +88,8 @@ func genQuantKernels(e *emitter) {
 		genQ4K(e, "Q5_K", "A", s.r, s.t)
 		genIQ4XS(e, s.r, s.t)
 		genQ6K(e, "A", s.r, s.t)
+		genQ3K(e, "A", s.r, s.t)
+		genQ2K(e, "A", s.r, s.t)
 	}
 	for _, s := range qshapesV {
 		genQ32(e, "Q8_0", "V", s.r, s.t)
@@ -91,6 +97,8 @@ func genQuantKernels(e *emitter) {
 		genQ4K(e, "Q4_K", "V", s.r, s.t)
 		genQ4K(e, "Q5_K", "V", s.r, s.t)
 		genQ6K(e, "V", s.r, s.t)
+		genQ3K(e, "V", s.r, s.t)
+		genQ2K(e, "V", s.r, s.t)
 	}
 	for _, typ := range []string{"Q8_0", "Q4_0"} {
 		for t := 1; t <= 8; t++ {
@@ -147,14 +155,14 @@ func rowAddr(r, off int) string {
 
 // mnemonics that differ between VEX (AVX2) and EVEX (AVX-512) encodings.
 type isaOps struct {
-	movdqu, pand, pxor, inserti128, broadcasti128 string
+	movdqu, pand, pxor, inserti128, broadcasti128, por string
 }
 
 func opsFor(isa string) isaOps {
 	if isa == "V" {
-		return isaOps{"VMOVDQU32", "VPANDD", "VPXORD", "VINSERTI32X4", "VBROADCASTI32X4"}
+		return isaOps{"VMOVDQU32", "VPANDD", "VPXORD", "VINSERTI32X4", "VBROADCASTI32X4", "VPORD"}
 	}
-	return isaOps{"VMOVDQU", "VPAND", "VPXOR", "VINSERTI128", "VBROADCASTI128"}
+	return isaOps{"VMOVDQU", "VPAND", "VPXOR", "VINSERTI128", "VBROADCASTI128", "VPOR"}
 }
 
 // qprologue loads the arguments and the accumulators A[t][r].
