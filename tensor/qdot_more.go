@@ -150,12 +150,22 @@ func dotQ5_K(w, x []byte, acc *[8]float32) {
 }
 
 // unpackQ2 sets q[i] to the two low bits of value i of a Q2_K or Q3_K
-// super-block (q2Low).
-func unpackQ2(qs []byte, q *[QK_K]int8) {
+// super-block (q2Low) and, when hm (Q3_K's hmask) is not nil, bit g =
+// i/32 of hm[i%32] as its bit 2: Q3_K's q3 = q+4 in 0..7. A group's 32
+// values at a time, the bounds checked once per group.
+func unpackQ2(qs []byte, hm []byte, q *[QK_K]int8) {
 	for g := 0; g < 8; g++ {
-		src, sh := qs[32*(g/4):32*(g/4)+32], 2*(g%4)
-		for e := 0; e < 32; e++ {
-			q[32*g+e] = int8(src[e] >> sh & 3)
+		src, sh := (*[32]byte)(qs[32*(g/4):]), 2*(g%4)
+		dst := (*[32]int8)(q[32*g:])
+		if hm == nil {
+			for e := range dst {
+				dst[e] = int8(src[e] >> sh & 3)
+			}
+			continue
+		}
+		h := (*[32]byte)(hm)
+		for e := range dst {
+			dst[e] = int8(src[e]>>sh&3 | (h[e]>>g&1)<<2)
 		}
 	}
 }
@@ -165,7 +175,7 @@ func dotQ2_K(w, x []byte, acc *[8]float32) {
 	a := F16ToF32(le16(w[80:])) * dx
 	bm := F16ToF32(le16(w[82:])) * dx
 	var q [QK_K]int8
-	unpackQ2(w[16:80], &q)
+	unpackQ2(w[16:80], nil, &q)
 	p := lanePartials(&q, x)
 	for l := 0; l < 8; l++ {
 		var I int32
@@ -182,10 +192,7 @@ func dotQ3_K(w, x []byte, acc *[8]float32) {
 	s := F16ToF32(le16(w[108:])) * f32at(x[xbKD:])
 	sc := scalesQ3K(w[96:108])
 	var q [QK_K]int8
-	unpackQ2(w[32:96], &q)
-	for i := range q {
-		q[i] |= int8(w[i%32]>>(i/32)&1) << 2 // q3 = q+4 in 0..7
-	}
+	unpackQ2(w[32:96], w[:32], &q)
 	p := lanePartials(&q, x)
 	for l := 0; l < 8; l++ {
 		var I int32

@@ -59,14 +59,15 @@ func BenchmarkQuantTile(b *testing.B) {
 // BenchmarkQuantRowsK: the 256-value types' integer kernels alone, one
 // thread, on 64 rows × 2048 columns that stay in L2 (the kernels'
 // arithmetic, not the memory): the decode rows kernel (one token) and the
-// prefill tile (rp×tp), per kernel set. GMAC/s counts weights × tokens.
+// prefill tile (rp×tp), per kernel set (go: the twins). GMAC/s counts
+// weights × tokens.
 func BenchmarkQuantRowsK(b *testing.B) {
 	r := rand.New(rand.NewPCG(5, 6))
 	const rows, cols = 64, 2048
 	for _, t := range []DType{Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS} {
 		m := randRawMatrix(r, t, rows, cols)
 		nb := cols / QK_K
-		for l := levelAVX2; l <= cpuLevel; l++ {
+		for l := levelGo; l <= cpuLevel; l++ {
 			level = l
 			k := quantKern(t)
 			level = cpuLevel
