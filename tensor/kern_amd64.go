@@ -729,6 +729,18 @@ func qQ3_KArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float3
 func qQ2_KArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
+func qQ4_1Arows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qQ5_0Arows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qQ5_1Arows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qIQ4_NLArows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
 func qQ8_0Vrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
@@ -748,6 +760,66 @@ func qQ3_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float3
 
 //go:noescape
 func qQ2_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qQ4_1Vrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qQ5_0Vrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qQ5_1Vrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qIQ4_NLVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
+func qQ4_1Ar1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_1Ar1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ5_0Ar1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ5_0Ar1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ5_1Ar1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ5_1Ar1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qIQ4_NLAr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qIQ4_NLAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_1Vr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ4_1Vr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ5_0Vr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ5_0Vr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ5_1Vr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qQ5_1Vr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qIQ4_NLVr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qIQ4_NLVr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
 func qQ8_0Ar1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)

@@ -4,10 +4,10 @@ import "encoding/binary"
 
 // The integer block products of quant_more.go's types, in qdot.go's
 // scheme (eight float32 lanes per row and token; lane l covers values
-// 4l..4l+3 of each 32 values). Q5_K has AVX2 and AVX-512 VNNI kernels
-// (asmgen's genQ4K, Q4_K's with the fifth bit) that must give these sums
-// bit for bit; the other types run as these plain Go functions on every
-// kernel set (quantKern falls back to quantKernGo).
+// 4l..4l+3 of each 32 values). They are the twins of asmgen's AVX2 and
+// AVX-512 VNNI kernels, which must give these sums bit for bit: Q5_K
+// (genQ4K, Q4_K's with the fifth bit), Q3_K and Q2_K (q3k.go, q2k.go),
+// Q4_1, Q5_0, Q5_1 and IQ4_NL (q32more.go), IQ4_XS (genIQ4XS, AVX2 only).
 //
 //	Q5_0, IQ4_NL (blocks of 32; q in -16..15, or IQ4's levels):
 //	  P = Σ q·qx;  acc[l] = fma(float32(P)·dx[l], dw, acc[l])   (as Q4_0)

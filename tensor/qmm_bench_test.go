@@ -56,17 +56,17 @@ func BenchmarkQuantTile(b *testing.B) {
 	}
 }
 
-// BenchmarkQuantRowsK: the 256-value types' integer kernels alone, one
+// BenchmarkQuantRows: the quantized types' integer kernels alone, one
 // thread, on 64 rows × 2048 columns that stay in L2 (the kernels'
 // arithmetic, not the memory): the decode rows kernel (one token) and the
 // prefill tile (rp×tp), per kernel set (go: the twins). GMAC/s counts
 // weights × tokens.
-func BenchmarkQuantRowsK(b *testing.B) {
+func BenchmarkQuantRows(b *testing.B) {
 	r := rand.New(rand.NewPCG(5, 6))
 	const rows, cols = 64, 2048
-	for _, t := range []DType{Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS} {
+	for _, t := range []DType{Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL} {
 		m := randRawMatrix(r, t, rows, cols)
-		nb := cols / QK_K
+		nb := cols / t.BlockSize()
 		for l := levelGo; l <= cpuLevel; l++ {
 			level = l
 			k := quantKern(t)

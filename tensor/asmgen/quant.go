@@ -27,6 +27,9 @@ const (
 
 type qshape struct{ r, t int }
 
+// q32More are the 32-value types of genQ32More (one row; tiles 1×1, 1×4).
+var q32More = []string{"Q4_1", "Q5_0", "Q5_1", "IQ4_NL"}
+
 // Shapes per instruction set: decode (T=1) and prefill (T=4) tiles. The
 // AVX2 K-quant kernels have registers for one row at T=4 only. Decode
 // reads one row at a time: a single stream from memory runs about twice
@@ -52,6 +55,7 @@ func genQuantKernels(e *emitter) {
 		kvb[i] = byte(kv[i%16])
 	}
 	e.dataBytes("kvIQ4", kvb[:])
+	genQ32MoreData(e)
 	e.data("qmask0C", 32, 0x0C)
 	e.data("qmask30", 32, 0x30)
 	e.data("qmaskC0", 32, 0xC0)
@@ -77,8 +81,17 @@ func genQuantKernels(e *emitter) {
 		genQ6K(e, isa, 1, 1)
 		genQ3K(e, isa, 1, 1)
 		genQ2K(e, isa, 1, 1)
+		for _, typ := range q32More {
+			genQ32More(e, typ, isa, 1, 1)
+		}
 	}
 	rowsMode = false
+	for _, isa := range []string{"A", "V"} {
+		for _, typ := range q32More {
+			genQ32More(e, typ, isa, 1, 1)
+			genQ32More(e, typ, isa, 1, 4)
+		}
+	}
 	for _, s := range qshapesA {
 		genQ32(e, "Q8_0", "A", s.r, s.t)
 		genQ32(e, "Q4_0", "A", s.r, s.t)
