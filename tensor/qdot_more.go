@@ -4,10 +4,10 @@ import "encoding/binary"
 
 // The integer block products of quant_more.go's types, in qdot.go's
 // scheme (eight float32 lanes per row and token; lane l covers values
-// 4l..4l+3 of each 32 values). Q5_K has AVX2 and AVX-512 VNNI kernels
-// (asmgen's genQ4K, Q4_K's with the fifth bit) that must give these sums
-// bit for bit; the other types run as these plain Go functions on every
-// kernel set (quantKern falls back to quantKernGo).
+// 4l..4l+3 of each 32 values). They are the twins of asmgen's AVX2 and
+// AVX-512 VNNI kernels, which must give these sums bit for bit: Q5_K
+// (genQ4K, Q4_K's with the fifth bit), Q3_K and Q2_K (q3k.go, q2k.go),
+// Q4_1, Q5_0, Q5_1 and IQ4_NL (q32more.go), IQ4_XS (genIQ4XS, AVX2 only).
 //
 //	Q5_0, IQ4_NL (blocks of 32; q in -16..15, or IQ4's levels):
 //	  P = Σ q·qx;  acc[l] = fma(float32(P)·dx[l], dw, acc[l])   (as Q4_0)
@@ -150,12 +150,22 @@ func dotQ5_K(w, x []byte, acc *[8]float32) {
 }
 
 // unpackQ2 sets q[i] to the two low bits of value i of a Q2_K or Q3_K
-// super-block (q2Low).
-func unpackQ2(qs []byte, q *[QK_K]int8) {
+// super-block (q2Low) and, when hm (Q3_K's hmask) is not nil, bit g =
+// i/32 of hm[i%32] as its bit 2: Q3_K's q3 = q+4 in 0..7. A group's 32
+// values at a time, the bounds checked once per group.
+func unpackQ2(qs []byte, hm []byte, q *[QK_K]int8) {
 	for g := 0; g < 8; g++ {
-		src, sh := qs[32*(g/4):32*(g/4)+32], 2*(g%4)
-		for e := 0; e < 32; e++ {
-			q[32*g+e] = int8(src[e] >> sh & 3)
+		src, sh := (*[32]byte)(qs[32*(g/4):]), 2*(g%4)
+		dst := (*[32]int8)(q[32*g:])
+		if hm == nil {
+			for e := range dst {
+				dst[e] = int8(src[e] >> sh & 3)
+			}
+			continue
+		}
+		h := (*[32]byte)(hm)
+		for e := range dst {
+			dst[e] = int8(src[e]>>sh&3 | (h[e]>>g&1)<<2)
 		}
 	}
 }
@@ -165,7 +175,7 @@ func dotQ2_K(w, x []byte, acc *[8]float32) {
 	a := F16ToF32(le16(w[80:])) * dx
 	bm := F16ToF32(le16(w[82:])) * dx
 	var q [QK_K]int8
-	unpackQ2(w[16:80], &q)
+	unpackQ2(w[16:80], nil, &q)
 	p := lanePartials(&q, x)
 	for l := 0; l < 8; l++ {
 		var I int32
@@ -182,10 +192,7 @@ func dotQ3_K(w, x []byte, acc *[8]float32) {
 	s := F16ToF32(le16(w[108:])) * f32at(x[xbKD:])
 	sc := scalesQ3K(w[96:108])
 	var q [QK_K]int8
-	unpackQ2(w[32:96], &q)
-	for i := range q {
-		q[i] |= int8(w[i%32]>>(i/32)&1) << 2 // q3 = q+4 in 0..7
-	}
+	unpackQ2(w[32:96], w[:32], &q)
 	p := lanePartials(&q, x)
 	for l := 0; l < 8; l++ {
 		var I int32

@@ -55,3 +55,41 @@ func BenchmarkQuantTile(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkQuantRows: the quantized types' integer kernels alone, one
+// thread, on 64 rows × 2048 columns that stay in L2 (the kernels'
+// arithmetic, not the memory): the decode rows kernel (one token) and the
+// prefill tile (rp×tp), per kernel set (go: the twins). GMAC/s counts
+// weights × tokens.
+func BenchmarkQuantRows(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const rows, cols = 64, 2048
+	for _, t := range []DType{Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL} {
+		m := randRawMatrix(r, t, rows, cols)
+		nb := cols / t.BlockSize()
+		for l := levelGo; l <= cpuLevel; l++ {
+			level = l
+			k := quantKern(t)
+			level = cpuLevel
+			_, xb := actLayout(t)
+			act := make([]byte, k.tp*nb*xb)
+			quantizeActs(t, act, randF32(r, k.tp*cols), cols, [][2]int{{0, k.tp}})
+			out := make([]float32, rows)
+			acc := make([]float32, k.rp*k.tp*8)
+			b.Run(fmt.Sprintf("%s/rows/%s", t, l), func(b *testing.B) {
+				for b.Loop() {
+					k.rows(ptr(m.Data), m.rowBytes, ptr(act), nb, &out[0], rows)
+				}
+				b.ReportMetric(float64(b.N)*rows*cols/b.Elapsed().Seconds()/1e9, "GMAC/s")
+			})
+			b.Run(fmt.Sprintf("%s/tile/%s", t, l), func(b *testing.B) {
+				for b.Loop() {
+					for i := 0; i < rows; i += k.rp {
+						k.pre(unsafe.Pointer(&m.Data[i*m.rowBytes]), m.rowBytes, ptr(act), nb, &acc[0], 0)
+					}
+				}
+				b.ReportMetric(float64(b.N)*float64(k.tp*rows*cols)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+			})
+		}
+	}
+}

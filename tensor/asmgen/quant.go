@@ -27,6 +27,9 @@ const (
 
 type qshape struct{ r, t int }
 
+// q32More are the 32-value types of genQ32More (one row; tiles 1×1, 1×4).
+var q32More = []string{"Q4_1", "Q5_0", "Q5_1", "IQ4_NL"}
+
 // Shapes per instruction set: decode (T=1) and prefill (T=4) tiles. The
 // AVX2 K-quant kernels have registers for one row at T=4 only. Decode
 // reads one row at a time: a single stream from memory runs about twice
@@ -43,6 +46,8 @@ func genQuantKernels(e *emitter) {
 	e.data16("qones16", 16, 1)
 	e.data("qmask03", 32, 0x03)
 	e.data("qmask01", 32, 0x01)
+	e.data("qmask04", 32, 0x04) // Q3_K's high bit
+	e.data16("qw32", 16, 32)    // Q3_K's scale offset
 	// kvalues_iq4nl in both 128-bit lanes (genIQ4XS's VPSHUFB table).
 	kv := []int8{-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
 	var kvb [32]byte
@@ -50,6 +55,7 @@ func genQuantKernels(e *emitter) {
 		kvb[i] = byte(kv[i%16])
 	}
 	e.dataBytes("kvIQ4", kvb[:])
+	genQ32MoreData(e)
 	e.data("qmask0C", 32, 0x0C)
 	e.data("qmask30", 32, 0x30)
 	e.data("qmaskC0", 32, 0xC0)
@@ -73,8 +79,19 @@ func genQuantKernels(e *emitter) {
 			genIQ4XS(e, 1, 1)
 		}
 		genQ6K(e, isa, 1, 1)
+		genQ3K(e, isa, 1, 1)
+		genQ2K(e, isa, 1, 1)
+		for _, typ := range q32More {
+			genQ32More(e, typ, isa, 1, 1)
+		}
 	}
 	rowsMode = false
+	for _, isa := range []string{"A", "V"} {
+		for _, typ := range q32More {
+			genQ32More(e, typ, isa, 1, 1)
+			genQ32More(e, typ, isa, 1, 4)
+		}
+	}
 	for _, s := range qshapesA {
 		genQ32(e, "Q8_0", "A", s.r, s.t)
 		genQ32(e, "Q4_0", "A", s.r, s.t)
@@ -84,6 +101,8 @@ func genQuantKernels(e *emitter) {
 		genQ4K(e, "Q5_K", "A", s.r, s.t)
 		genIQ4XS(e, s.r, s.t)
 		genQ6K(e, "A", s.r, s.t)
+		genQ3K(e, "A", s.r, s.t)
+		genQ2K(e, "A", s.r, s.t)
 	}
 	for _, s := range qshapesV {
 		genQ32(e, "Q8_0", "V", s.r, s.t)
@@ -91,6 +110,8 @@ func genQuantKernels(e *emitter) {
 		genQ4K(e, "Q4_K", "V", s.r, s.t)
 		genQ4K(e, "Q5_K", "V", s.r, s.t)
 		genQ6K(e, "V", s.r, s.t)
+		genQ3K(e, "V", s.r, s.t)
+		genQ2K(e, "V", s.r, s.t)
 	}
 	for _, typ := range []string{"Q8_0", "Q4_0"} {
 		for t := 1; t <= 8; t++ {
@@ -147,14 +168,14 @@ func rowAddr(r, off int) string {
 
 // mnemonics that differ between VEX (AVX2) and EVEX (AVX-512) encodings.
 type isaOps struct {
-	movdqu, pand, pxor, inserti128, broadcasti128 string
+	movdqu, pand, pxor, inserti128, broadcasti128, por string
 }
 
 func opsFor(isa string) isaOps {
 	if isa == "V" {
-		return isaOps{"VMOVDQU32", "VPANDD", "VPXORD", "VINSERTI32X4", "VBROADCASTI32X4"}
+		return isaOps{"VMOVDQU32", "VPANDD", "VPXORD", "VINSERTI32X4", "VBROADCASTI32X4", "VPORD"}
 	}
-	return isaOps{"VMOVDQU", "VPAND", "VPXOR", "VINSERTI128", "VBROADCASTI128"}
+	return isaOps{"VMOVDQU", "VPAND", "VPXOR", "VINSERTI128", "VBROADCASTI128", "VPOR"}
 }
 
 // qprologue loads the arguments and the accumulators A[t][r].
