@@ -1,8 +1,8 @@
 package kvcache
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
-	"hash/fnv"
 	"slices"
 	"testing"
 )
@@ -31,10 +31,11 @@ func (r *recorder) take() []obsEvent {
 }
 
 // refHash is the prefix cache's chain hash written from its definition
-// with the standard library's FNV-1a: the parent hash, extra and every
-// token (as a uint32, widened) as 8 little-endian bytes each.
+// with the standard library's SHA-256 (its first 8 bytes, big-endian) over
+// the parent hash, extra and every token (as a uint32, widened) as 8
+// little-endian bytes each.
 func refHash(parent uint64, tokens []int, extra uint64) uint64 {
-	h := fnv.New64a()
+	h := sha256.New()
 	var b [8]byte
 	for _, v := range append([]uint64{parent, extra}, func() []uint64 {
 		var out []uint64
@@ -46,7 +47,7 @@ func refHash(parent uint64, tokens []int, extra uint64) uint64 {
 		binary.LittleEndian.PutUint64(b[:], v)
 		h.Write(b[:])
 	}
-	return h.Sum64()
+	return binary.BigEndian.Uint64(h.Sum(nil)[:8])
 }
 
 func toks32(ts []int) []int32 {

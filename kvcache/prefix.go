@@ -1,6 +1,10 @@
 package kvcache
 
-import "slices"
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"slices"
+)
 
 // The prefix cache: a full block of a sequence whose tables still hold
 // tokens 0..n-1 in order is indexed by
@@ -28,27 +32,23 @@ type prefixEntry struct {
 	dropped    bool
 }
 
-const (
-	fnvOffset = 14695981039346656037
-	fnvPrime  = 1099511628211
-)
-
-// blockHash chains a block's tokens onto its parent's hash (FNV-1a 64).
+// blockHash chains a block's tokens onto its parent's hash: the first 8
+// bytes (big-endian) of SHA-256 over the parent hash, extra and every token
+// (widened from uint32), each as 8 little-endian bytes. A cryptographic
+// hash, not a fast one such as FNV: a prompt's chain names KV that other
+// clients (and, through the shared tier, other replicas) reuse, and FNV
+// second preimages can be computed, which would let one client's prompt
+// poison the cached KV of another's (as vLLM's CVE-2025-25183 did with
+// Python's hash). Tokens are compared on lookup, parents by this hash.
 func blockHash(parent uint64, tokens []int32, extra uint64) uint64 {
-	h := uint64(fnvOffset)
-	mix := func(v uint64) {
-		for i := 0; i < 8; i++ {
-			h ^= v & 0xff
-			h *= fnvPrime
-			v >>= 8
-		}
-	}
-	mix(parent)
-	mix(extra)
+	buf := make([]byte, 0, 16+8*len(tokens))
+	buf = binary.LittleEndian.AppendUint64(buf, parent)
+	buf = binary.LittleEndian.AppendUint64(buf, extra)
 	for _, t := range tokens {
-		mix(uint64(uint32(t)))
+		buf = binary.LittleEndian.AppendUint64(buf, uint64(uint32(t)))
 	}
-	return h
+	sum := sha256.Sum256(buf)
+	return binary.BigEndian.Uint64(sum[:8])
 }
 
 func sameTokens(a []int32, b []int) bool {

@@ -2,8 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
-	"hash/fnv"
 	"reflect"
 	"slices"
 	"testing"
@@ -161,11 +161,11 @@ func anyUint(t *testing.T, v any) uint64 {
 }
 
 // chainHash is kvlm's prefix-cache hash of a block, written from its
-// definition with the standard library's FNV-1a (parent, extra 0, each
-// token as 8 little-endian bytes): what a router that hashes prompts
+// definition with the standard library's SHA-256 (parent, extra 0, each
+// token as 8 little-endian bytes; the digest's first 8 bytes, big-endian): what a router that hashes prompts
 // itself would compute.
 func chainHash(parent uint64, tokens []int) uint64 {
-	h := fnv.New64a()
+	h := sha256.New()
 	var b [8]byte
 	for _, v := range append([]uint64{parent, 0}, func() (o []uint64) {
 		for _, x := range tokens {
@@ -176,7 +176,7 @@ func chainHash(parent uint64, tokens []int) uint64 {
 		binary.LittleEndian.PutUint64(b[:], v)
 		h.Write(b[:])
 	}
-	return h.Sum64()
+	return binary.BigEndian.Uint64(h.Sum(nil)[:8])
 }
 
 // A router fed only by the events knows what the replica caches: the

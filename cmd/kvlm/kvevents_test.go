@@ -3,10 +3,10 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"net"
 	"net/http"
@@ -82,10 +82,10 @@ func pythonZMQ(t *testing.T) string {
 }
 
 // chainHash is kvlm's prefix-cache block hash, from its definition
-// (FNV-1a over parent, extra 0 and each token, 8 little-endian bytes
-// each), as a router hashing prompts would compute it.
+// (SHA-256 over parent, extra 0 and each token, 8 little-endian bytes
+// each; the digest's first 8 bytes, big-endian), as a router hashing prompts would compute it.
 func chainHash(parent uint64, tokens []int) uint64 {
-	h := fnv.New64a()
+	h := sha256.New()
 	var b [8]byte
 	put := func(v uint64) { binary.LittleEndian.PutUint64(b[:], v); h.Write(b[:]) }
 	put(parent)
@@ -93,7 +93,7 @@ func chainHash(parent uint64, tokens []int) uint64 {
 	for _, x := range tokens {
 		put(uint64(uint32(x)))
 	}
-	return h.Sum64()
+	return binary.BigEndian.Uint64(h.Sum(nil)[:8])
 }
 
 // kvlm serve --kv-events read by an independent subscriber: pyzmq and
