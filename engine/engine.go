@@ -68,6 +68,10 @@ type Config struct {
 	Store        kvstore.Store
 	StoreTimeout time.Duration // bounds one store round trip (kvstore.DefaultTimeout)
 	StoreQueue   int64         // bytes of writes queued at most; more are dropped (kvstore.DefaultQueueBytes)
+	// StoreFetchBytes bounds the bytes of fetched blocks that queued
+	// requests hold until they start (DefaultFetchBytes); a lookup past
+	// it stops, and the rest of that prompt is computed.
+	StoreFetchBytes int64
 	// PrefixObserver, if set, hears of the default pool's prefix-cache
 	// blocks as they are stored and dropped (KV events: kvevents). Pools
 	// of other codec pairs, which requests choose with kv.type_k/type_v,
@@ -138,7 +142,10 @@ type Engine struct {
 
 	store  kvstore.Store   // Config.Store, or nil
 	writer *kvstore.Writer // its write queue, when store is set
-	st     storeCounters
+	// fetchHeld is the bytes of fetched blocks queued requests hold
+	// (request.fetched), at most cfg.StoreFetchBytes.
+	fetchHeld atomic.Int64
+	st        storeCounters
 }
 
 // New starts an engine over m. Close stops it.
@@ -172,8 +179,11 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	if e.obs == nil {
 		e.obs = nopObserver{}
 	}
-	if cfg.StoreTimeout < 0 || cfg.StoreQueue < 0 {
-		return nil, fmt.Errorf("the KV store's timeout and queue must not be negative, got %s and %d bytes", cfg.StoreTimeout, cfg.StoreQueue)
+	if cfg.StoreTimeout < 0 || cfg.StoreQueue < 0 || cfg.StoreFetchBytes < 0 {
+		return nil, fmt.Errorf("the KV store's timeout, queue and fetch bound must not be negative, got %s, %d and %d bytes", cfg.StoreTimeout, cfg.StoreQueue, cfg.StoreFetchBytes)
+	}
+	if cfg.StoreFetchBytes == 0 {
+		cfg.StoreFetchBytes = DefaultFetchBytes
 	}
 	if cfg.StoreTimeout == 0 {
 		cfg.StoreTimeout = kvstore.DefaultTimeout
@@ -461,9 +471,11 @@ func (e *Engine) Submit(r GenRequest) (*Handle, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
+		e.dropFetched(found)
 		return nil, ErrClosed
 	}
 	if len(e.waiting) >= e.cfg.MaxQueue {
+		e.dropFetched(found)
 		return nil, capacity(ErrQueueFull, "%v (%d requests waiting); retry later", ErrQueueFull, len(e.waiting))
 	}
 	e.nextID++

@@ -94,6 +94,7 @@ func (e *Engine) namespace(p *kvcache.Pool) (kvstore.Namespace, bool) {
 type fetched struct {
 	from   int
 	blocks [][]byte
+	bytes  int64   // held against Config.StoreFetchBytes (Engine.fetchHeld) until dropFetched
 	comp   *slotV2 // decoded and checked against the model and the request (readSlotV2)
 }
 
@@ -114,8 +115,8 @@ func (e *Engine) lookup(pool *kvcache.Pool, r *GenRequest, pol policy.Config, st
 		k = r.PrefixTokens
 	}
 	if pol.Method != "full" {
-		if d := e.lookupCompressed(pool, ns, r.Prompt, k, pol); d != nil {
-			return &fetched{comp: d}
+		if d, n := e.lookupCompressed(pool, ns, r.Prompt, k, pol); d != nil {
+			return &fetched{comp: d, bytes: n}
 		}
 	}
 	toks := r.Prompt[:k-pol.ComputedTail(k)+1]
@@ -159,6 +160,10 @@ func (e *Engine) lookup(pool *kvcache.Pool, r *GenRequest, pol policy.Config, st
 				e.st.corrupt.Add(1)
 				break
 			}
+			if !e.holdFetched(int64(len(val))) {
+				break // queued requests hold StoreFetchBytes already: computed, counted as a miss
+			}
+			f.bytes += int64(len(val))
 			f.blocks = append(f.blocks, payload)
 		}
 		j += n
@@ -173,20 +178,41 @@ func (e *Engine) lookup(pool *kvcache.Pool, r *GenRequest, pol policy.Config, st
 	return f
 }
 
+// DefaultFetchBytes is Config.StoreFetchBytes's default.
+const DefaultFetchBytes = 64 << 20
+
+// holdFetched takes n bytes of the fetch bound for a queued request's
+// fetched blocks, if they fit.
+func (e *Engine) holdFetched(n int64) bool {
+	if e.fetchHeld.Add(n) > e.cfg.StoreFetchBytes {
+		e.fetchHeld.Add(-n)
+		return false
+	}
+	return true
+}
+
+// dropFetched gives back what f holds of the fetch bound (f may be nil).
+func (e *Engine) dropFetched(f *fetched) {
+	if f != nil && f.bytes > 0 {
+		e.fetchHeld.Add(-f.bytes)
+		f.bytes = 0
+	}
+}
+
 // lookupCompressed reads from the store the compressed prefix of the
 // prompt's first k tokens under pol, unless the local pool has it. The
 // entry's payload is a slot encoding (slotv2.go) of the compressed
 // tables, the policy's state and the logits after token k; it is decoded
 // and checked here, outside the scheduler. A compressed prefix counts as
 // one block in the hit and miss counters.
-func (e *Engine) lookupCompressed(pool *kvcache.Pool, ns kvstore.Namespace, prompt []int, k int, pol policy.Config) *slotV2 {
+func (e *Engine) lookupCompressed(pool *kvcache.Pool, ns kvstore.Namespace, prompt []int, k int, pol policy.Config) (*slotV2, int64) {
 	if policy.SlotSavable(pol) != nil {
-		return nil
+		return nil, 0
 	}
 	toks := prompt[:k]
 	extra := compKey(pol, pool)
 	if pool.HasCompressed(toks, extra) {
-		return nil
+		return nil, 0
 	}
 	h := kvcache.CompressedHash(toks, extra)
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.StoreTimeout)
@@ -195,11 +221,11 @@ func (e *Engine) lookupCompressed(pool *kvcache.Pool, ns kvstore.Namespace, prom
 	if err != nil {
 		e.st.lastGetErr.Store(err.Error())
 		e.st.getErr.Add(1)
-		return nil
+		return nil, 0
 	}
 	if vals[0] == nil {
 		e.st.miss.Add(1)
-		return nil
+		return nil, 0
 	}
 	hdr := kvstore.Header{Kind: kvstore.KindCompressed, NS: ns, Hash: h, Tokens: make([]int32, k)}
 	for i, t := range toks {
@@ -216,9 +242,14 @@ func (e *Engine) lookupCompressed(pool *kvcache.Pool, ns kvstore.Namespace, prom
 	if err != nil {
 		e.st.corrupt.Add(1)
 		e.st.miss.Add(1)
-		return nil
+		return nil, 0
 	}
-	return d
+	n := int64(len(vals[0]))
+	if !e.holdFetched(n) {
+		e.st.miss.Add(1)
+		return nil, 0 // queued requests hold StoreFetchBytes already: computed
+	}
+	return d, n
 }
 
 // compressedKey is the store key of a compressed prefix (its hash is not
@@ -237,6 +268,7 @@ func (e *Engine) startFetchedCompressed(s *seqState, cache *kvcache.Paged, k int
 		return false
 	}
 	q.fetched = nil
+	e.dropFetched(f)
 	sl, err := e.restoreV2(f.comp, q.pool)
 	if err != nil {
 		e.st.miss.Add(1)
@@ -297,6 +329,7 @@ func (e *Engine) writeCompressed(s *seqState, tokens []int, snap *policy.Snapsho
 func (e *Engine) loadFetched(q *request, cache kvcache.Scheduled, hist []int, matched int) int {
 	f := q.fetched
 	q.fetched = nil
+	e.dropFetched(f)
 	c, ok := cache.(tierSeq)
 	if f == nil || f.comp != nil || !ok {
 		return 0

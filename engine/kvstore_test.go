@@ -552,3 +552,94 @@ func mustNormalize(t *testing.T, c policy.Config) policy.Config {
 	}
 	return n
 }
+
+// The blocks a lookup fetches wait on the request until it starts; their
+// bytes are bounded by Config.StoreFetchBytes over all queued requests:
+// past it the lookup stops and the rest of the prompt is computed (a
+// miss), and every way a request leaves the queue gives its bytes back.
+func TestStoreFetchBound(t *testing.T) {
+	srv := redistest.Start(t)
+	const T, gen, B = 300, 4, 16
+	cfg := Config{PrefillChunk: 64, KeyShiftPrompt: []int{1}}
+	a, _ := replica(t, openStore(t, srv.URL()), cfg)
+	ref, _ := replica(t, nil, cfg)
+	_, tok := loadStories(t)
+	prompt := longPrompt(t, tok, T)
+	r := GenRequest{Prompt: prompt, MaxTokens: gen, K: "f32", V: "f32"}
+	want := run(t, ref, r).tokens[0]
+	run(t, a, r)
+	flushed(t, a)
+	pool, err := a.pool("f32", "f32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.ref(pool, -1)
+	entry := int64(kvstore.EntrySize(B, pool.TierBlockBytes()))
+	full := (T - 1) / B
+	for _, tc := range []struct {
+		name  string
+		bound int64
+		want  int // blocks loaded
+	}{
+		{"three blocks", 3 * entry, 3},
+		{"less than one block", entry - 1, 0},
+		{"every block", int64(full) * entry, full},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cfg
+			c.StoreFetchBytes = tc.bound
+			b, _ := replica(t, openStore(t, srv.URL()), c)
+			b0 := b.StoreStats()
+			o := run(t, b, r)
+			sb := storeDelta(b0, b.StoreStats())
+			if u := o.usage; u.StoreTokens != tc.want*B || u.ComputedTokens != T-tc.want*B {
+				t.Fatalf("%d store tokens, %d computed; want %d, %d", u.StoreTokens, u.ComputedTokens, tc.want*B, T-tc.want*B)
+			}
+			if sb.HitBlocks != int64(tc.want) || sb.MissBlocks != int64(full-tc.want) {
+				t.Fatalf("%+v; want %d hits, %d misses", sb, tc.want, full-tc.want)
+			}
+			if !slices.Equal(o.tokens[0], want) {
+				t.Fatalf("tokens %v; want %v", o.tokens[0], want)
+			}
+			if h := b.fetchHeld.Load(); h != 0 {
+				t.Fatalf("%d fetched bytes still held after the request ended", h)
+			}
+		})
+	}
+	t.Run("queued and cancelled", func(t *testing.T) {
+		c := cfg
+		c.StoreFetchBytes = int64(full) * entry
+		c.MaxRunning = 1
+		b, _ := replica(t, openStore(t, srv.URL()), c)
+		// A long request runs; the next waits with its fetched blocks and
+		// is cancelled there; a third, submitted while the second still
+		// holds the whole bound, fetches nothing.
+		long := GenRequest{Prompt: longPrompt(t, tok, 40), MaxTokens: 400}
+		hl, err := b.Submit(long)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h2, err := b.Submit(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := b.fetchHeld.Load(); got != int64(full)*entry {
+			t.Fatalf("a queued request holds %d fetched bytes; want %d", got, int64(full)*entry)
+		}
+		h3, err := b.Submit(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h2.Cancel()
+		collect(t, h2)
+		hl.Cancel()
+		collect(t, hl)
+		u3 := collect(t, h3).usage
+		if u3.StoreTokens != 0 {
+			t.Fatalf("the third request loaded %d tokens from the store; the bound was taken by the second", u3.StoreTokens)
+		}
+		if h := b.fetchHeld.Load(); h != 0 {
+			t.Fatalf("%d fetched bytes still held after every request ended", h)
+		}
+	})
+}

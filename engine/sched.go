@@ -197,6 +197,8 @@ func (e *Engine) reap() {
 
 // endRequest ends every sample of a request that never started.
 func (e *Engine) endRequest(q *request, why FinishReason, err error) {
+	e.dropFetched(q.fetched)
+	q.fetched = nil
 	if q.ended == nil {
 		q.ended = make([]bool, q.r.N)
 		q.live = q.r.N
@@ -356,6 +358,7 @@ func (e *Engine) start(s *seqState) {
 	cache := q.pool.NewSequence()
 	k := s.compressedLen()
 	if q.prefix() && q.r.Policy.Method != "full" && (e.startFromSlot(s, cache, k) || e.startCompressed(s, cache, k) || e.startFetchedCompressed(s, cache, k)) {
+		e.dropFetched(q.fetched)
 		q.fetched = nil
 		return
 	}

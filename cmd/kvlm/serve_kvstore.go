@@ -16,11 +16,11 @@ import (
 type storeFlags struct {
 	url, password, ca, serverName string
 	timeout                       time.Duration
-	queue                         string
+	queue, fetch                  string
 }
 
 // storeFlagNames are the flags that mean nothing without --kv-store.
-var storeFlagNames = []string{"kv-store-password", "kv-store-tls-ca", "kv-store-tls-server-name", "kv-store-timeout", "kv-store-queue"}
+var storeFlagNames = []string{"kv-store-password", "kv-store-tls-ca", "kv-store-tls-server-name", "kv-store-timeout", "kv-store-queue", "kv-store-fetch-mem"}
 
 func (f *storeFlags) register(c *cobra.Command) {
 	fl := c.Flags()
@@ -30,6 +30,7 @@ func (f *storeFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.serverName, "kv-store-tls-server-name", "", "name the --kv-store server's certificate must hold (rediss:// only; default: the URL's host)")
 	fl.DurationVar(&f.timeout, "kv-store-timeout", kvstore.DefaultTimeout, "longest time one --kv-store operation may take (a lookup's round trip, a batch of writes); past it: a miss, counted")
 	fl.StringVar(&f.queue, "kv-store-queue", "64MiB", "bytes of --kv-store writes queued at most; more are dropped and counted, never waited for")
+	fl.StringVar(&f.fetch, "kv-store-fetch-mem", "64MiB", "bytes of blocks read from --kv-store that queued requests may hold until they start, all together; past it a lookup stops and the rest of its prompt is computed")
 }
 
 // open checks the flags and, with --kv-store, makes the store and sets
@@ -53,6 +54,13 @@ func (f *storeFlags) open(cmd *cobra.Command, cfg *engine.Config) (*kvstore.Redi
 	if q <= 0 {
 		return nil, fmt.Errorf("--kv-store-queue must be positive, got %s", f.queue)
 	}
+	fm, err := parseBytes(f.fetch)
+	if err != nil {
+		return nil, fmt.Errorf("--kv-store-fetch-mem: %w", err)
+	}
+	if fm <= 0 {
+		return nil, fmt.Errorf("--kv-store-fetch-mem must be positive, got %s", f.fetch)
+	}
 	pw := f.password
 	if !cmd.Flags().Changed("kv-store-password") {
 		pw = os.Getenv("KVLM_KV_STORE_PASSWORD")
@@ -61,7 +69,7 @@ func (f *storeFlags) open(cmd *cobra.Command, cfg *engine.Config) (*kvstore.Redi
 	if err != nil {
 		return nil, fmt.Errorf("--kv-store: %w", err)
 	}
-	cfg.Store, cfg.StoreTimeout, cfg.StoreQueue = st, f.timeout, q
+	cfg.Store, cfg.StoreTimeout, cfg.StoreQueue, cfg.StoreFetchBytes = st, f.timeout, q, fm
 	return st, nil
 }
 

@@ -39,6 +39,8 @@ func TestServeKVStoreFlags(t *testing.T) {
 		{"bad db", []string{"--kv-store", "redis://127.0.0.1:6379/zero"}, "", "bad URL"},
 		{"zero timeout", []string{"--kv-store", "redis://127.0.0.1:6379", "--kv-store-timeout", "0s"}, "", "--kv-store-timeout must be positive"},
 		{"bad queue", []string{"--kv-store", "redis://127.0.0.1:6379", "--kv-store-queue", "lots"}, "", "--kv-store-queue"},
+		{"fetch bound alone", []string{"--kv-store-fetch-mem", "1MiB"}, "", "--kv-store-fetch-mem needs --kv-store"},
+		{"bad fetch bound", []string{"--kv-store", "redis://127.0.0.1:6379", "--kv-store-fetch-mem", "0"}, "", "--kv-store-fetch-mem"},
 		{"CA without TLS", []string{"--kv-store", "redis://127.0.0.1:6379", "--kv-store-tls-ca", ca}, "", "needs a rediss:// URL"},
 		{"CA not PEM", []string{"--kv-store", "rediss://127.0.0.1:6379", "--kv-store-tls-ca", ca}, "", "holds no PEM certificate"},
 		{"two passwords", []string{"--kv-store", "redis://:a@127.0.0.1:6379", "--kv-store-password", "b"}, "", "password is given both"},
