@@ -79,33 +79,62 @@ def rows(samples, ctx):
 
 class Pool:
     """The training samples of one context: per task, arrays of rows
-    (niah_single also per depth)."""
+    (niah_single also per depth). A task that does not fit the context
+    (kvlm refuses: too few haystack tokens) is left out of it."""
 
     def __init__(self, ctx, count):
         self.ctx = ctx
         self.cells = {}  # (task, depth or None) -> (x, y, ans)
+        self.tasks = []  # the tasks that fit ctx
         for task in TASKS:
-            if task == "niah_single":
-                per = max(1, count // len(DEPTHS))
-                for dep in DEPTHS:
-                    self.cells[(task, dep)] = rows(generate(task, ctx, TRAIN_SEED, per, dep), ctx)
-            else:
-                self.cells[(task, None)] = rows(generate(task, ctx, TRAIN_SEED, count), ctx)
+            try:
+                if task == "niah_single":
+                    per = max(1, count // len(DEPTHS))
+                    for dep in DEPTHS:
+                        self.cells[(task, dep)] = rows(generate(task, ctx, TRAIN_SEED, per, dep), ctx)
+                else:
+                    self.cells[(task, None)] = rows(generate(task, ctx, TRAIN_SEED, count), ctx)
+            except subprocess.CalledProcessError as e:
+                if b"haystack tokens" not in e.stderr and b"too short" not in e.stderr:
+                    raise
+                continue
+            self.tasks.append(task)
+        if not self.tasks:
+            raise SystemExit(f"recall: no task fits a context of {ctx}")
 
     def draw(self, rng, n, depth_floor):
-        """n rows: tasks by TASK_WEIGHT, niah_single's depth uniform over
-        DEPTHS ≥ depth_floor, a sample uniform in its cell."""
-        w = np.array([TASK_WEIGHT[t] for t in TASKS])
-        tasks = rng.choice(len(TASKS), size=n, p=w / w.sum())
+        """n rows: tasks (those that fit) by TASK_WEIGHT, niah_single's
+        depth uniform over DEPTHS ≥ depth_floor, a sample uniform in its
+        cell."""
+        w = np.array([TASK_WEIGHT[t] for t in self.tasks])
+        tasks = rng.choice(len(self.tasks), size=n, p=w / w.sum())
         deps = [d for d in DEPTHS if d >= depth_floor - 1e-9]
         xs, ys, ans = [], [], []
         for t in tasks:
-            task = TASKS[t]
+            task = self.tasks[t]
             key = (task, deps[rng.integers(len(deps))]) if task == "niah_single" else (task, None)
             x, y, a = self.cells[key]
             i = rng.integers(len(x))
             xs.append(x[i]), ys.append(y[i]), ans.append(a[i])
         return np.stack(xs), np.stack(ys), np.stack(ans)
+
+
+def parse_curriculum(text, full):
+    """"64:0.1,128:0.3,512" → [(64, 0.1), (128, 0.3), (512, 1.0)]: row
+    length 64 until 10% of the steps, 128 until 30%, then 512 (the last
+    entry has no end and is at most the context)."""
+    out = []
+    for i, part in enumerate(text.split(",")):
+        L, _, end = part.partition(":")
+        last = i == len(text.split(",")) - 1
+        try:
+            L, end = int(L), (1.0 if last and not end else float(end))
+        except ValueError:
+            raise SystemExit(f"--recall-curriculum {text!r}: want LEN:END,…,LEN")
+        if L < 32 or L > full or (out and end <= out[-1][1]) or (last and end != 1.0) or not 0 < end <= 1:
+            raise SystemExit(f"--recall-curriculum {text!r}: lengths in [32, --ctx], ends rising, the last open")
+        out.append((L, end))
+    return out
 
 
 def context_at(f, full):
@@ -115,19 +144,21 @@ def context_at(f, full):
     return min(256, full) if f < 0.3 else full
 
 
-def step_context(step, steps, full):
-    """Step `step`'s row length: context_at, with every fourth step of the
-    full-context part at 256 (the quick suite's context)."""
-    ctx = context_at(step / steps, full)
+def step_context(step, steps, full, curriculum=None):
+    """Step `step`'s row length: context_at (or the parse_curriculum
+    stages), with every fourth step of the full-context part at 256 (the
+    quick suite's context)."""
+    f = step / steps
+    ctx = context_at(f, full) if curriculum is None else next(L for L, end in curriculum if f < end or end == 1.0)
     if ctx == full and full > 256 and step % 4 == 3:
         return 256
     return ctx
 
 
-def depth_floor(f):
+def depth_floor(f, until=0.3):
     """niah_single's shallowest depth at training fraction f: 0.8 at the
-    start (the needle near the question), 0 (every depth) from 30% on."""
-    return max(0.0, 0.8 * (1 - f / 0.3))
+    start (the needle near the question), 0 (every depth) from `until` on."""
+    return max(0.0, 0.8 * (1 - f / until))
 
 
 def heldout_set(ctx, per_task, depths=(0.0, 0.25, 0.5, 0.75, 1.0)):

@@ -320,6 +320,19 @@ class RecallTest(unittest.TestCase):
         floors = [recall.depth_floor(f / 10) for f in range(11)]
         self.assertEqual(floors, sorted(floors, reverse=True))
 
+    def test_custom_curriculum(self):
+        """--recall-curriculum's stages, refused when malformed; a pool
+        leaves out the tasks that do not fit its length (at 64 tokens only
+        the single needle does)."""
+        cur = recall.parse_curriculum("64:0.1,128:0.25,512", 512)
+        self.assertEqual(cur, [(64, 0.1), (128, 0.25), (512, 1.0)])
+        ctxs = [recall.step_context(s, 100, 512, cur) for s in range(100)]
+        self.assertEqual((set(ctxs[:10]), set(ctxs[10:25]), ctxs[25:29]), ({64}, {128}, [512, 512, 256, 512]))
+        for bad in ("64:0.5,128:0.2,512", "16:0.1,512", "64:0.1,1024", "64:0.1,128:0.5", "x,512"):
+            with self.assertRaises(SystemExit, msg=bad):
+                recall.parse_curriculum(bad, 512)
+        self.assertEqual(recall.Pool(64, 21).tasks, ["niah_single"])
+
     def test_recall_batch(self):
         """A recall batch holds batch·ctx/L rows of the curriculum's length
         L, the --recall share of them from the pool, and is a function of

@@ -82,6 +82,10 @@ def parse(argv):
     p.add_argument("--recall", type=float, default=0.0,
                    help="share of rows that are recall-suite samples (recall.py; 0: story text only); with it, "
                         "a curriculum of row lengths 256, then --ctx")
+    p.add_argument("--recall-curriculum", default="",
+                   help="row lengths LEN:END,…,LEN (END a fraction of --steps; the last runs to the end), e.g. "
+                        "64:0.1,128:0.25,192:0.4,256:0.55,512; tasks that do not fit a length sit it out "
+                        "(default 256:0.3,--ctx); niah_single's depths widen until the first full-context stage")
     p.add_argument("--recall-weight", type=float, default=1.0,
                    help="the loss adds this times the mean NLL of the batch's answer tokens")
     p.add_argument("--recall-pool", type=int, default=2000, help="training samples per task and context")
@@ -92,6 +96,7 @@ def parse(argv):
         p.error("--export-now needs --resume")
     if not 0 <= a.recall <= 1:
         p.error("--recall must be in [0, 1]")
+    a.curriculum = recall.parse_curriculum(a.recall_curriculum, a.ctx) if a.recall_curriculum else None
     if a.recall and (a.recall_pool < 21 or a.recall_eval_every < 1 or a.recall_eval_n < 1 or a.ctx < 256):
         p.error("--recall needs --recall-pool ≥ 21, positive --recall-eval-every and --recall-eval-n, --ctx ≥ 256")
     for name in ("steps", "batch", "ctx", "threads", "eval_windows", "ckpt_every", "log_every"):
@@ -123,7 +128,14 @@ def batch(a, ids, step):
 
 def recall_contexts(a):
     """The row lengths the curriculum uses (recall.step_context)."""
-    return sorted({recall.step_context(s, a.steps, a.ctx) for s in range(a.steps)})
+    return sorted({recall.step_context(s, a.steps, a.ctx, a.curriculum) for s in range(a.steps)})
+
+
+def recall_depth_floor(a, step):
+    """niah_single's shallowest depth at step: widening until 30% of the
+    steps, or until the custom curriculum's last stage starts."""
+    until = 0.3 if a.curriculum is None else a.curriculum[-2][1] if len(a.curriculum) > 1 else 0.3
+    return recall.depth_floor(step / a.steps, until)
 
 
 def recall_batch(a, ids, pools, step):
@@ -131,7 +143,7 @@ def recall_batch(a, ids, pools, step):
     curriculum, batch·ctx/L rows of which a --recall share are recall
     samples (the rest story windows as batch()), all drawn from (seed,
     step) alone. Returns x, y (PAD where no loss) and the answer mask."""
-    L = recall.step_context(step, a.steps, a.ctx)
+    L = recall.step_context(step, a.steps, a.ctx, a.curriculum)
     n = a.batch * a.ctx // L
     rng = np.random.default_rng([a.seed, step])
     nr = int(round(n * a.recall))
@@ -140,7 +152,7 @@ def recall_batch(a, ids, pools, step):
     x = np.concatenate([np.full((n - nr, 1), data.BOS, dtype=np.int64), rows[:, :-1]], axis=1)
     y, ans = rows.astype(np.int64), np.zeros(rows.shape, dtype=bool)
     if nr:
-        rx, ry, ra = pools[L].draw(rng, nr, recall.depth_floor(step / a.steps))
+        rx, ry, ra = pools[L].draw(rng, nr, recall_depth_floor(a, step))
         x, y, ans = np.concatenate([x, rx]), np.concatenate([y, ry]), np.concatenate([ans, ra])
     return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(ans)
 
@@ -206,6 +218,8 @@ def main(argv=None):
                        "recall_tasks": recall.TASKS, "recall_task_weight": recall.TASK_WEIGHT,
                        "recall_seed": recall.TRAIN_SEED, "recall_haystack": "train",
                        "recall_contexts": recall_contexts(a)})
+        if a.curriculum:
+            recipe["recall_curriculum"] = a.recall_curriculum
     train_ids, held_ids = data.split_ids()
     train_ids = np.asarray(train_ids, dtype=np.int64)
     windows = data.heldout_windows(held_ids, a.ctx, a.eval_windows)
