@@ -35,13 +35,21 @@ const (
 	TrainSeedStart = uint64(1) << 32
 )
 
-// The held-out part of the haystack text, as train/README.md splits it:
-// bytes [HeldOutStart, HeldOutEnd) of tinystories_valid_head.txt. Nothing
-// before HeldOutStart (the trainer's training range) is used.
+// The haystack text's parts, as train/README.md splits
+// tinystories_valid_head.txt: the evaluation's haystack is the held-out
+// part, bytes [HeldOutStart, HeldOutEnd); a recall model's training
+// samples take theirs from the train part, bytes [0, HeldOutStart), so
+// that training never reads held-out text.
 const (
 	HeldOutFile  = "tinystories_valid_head.txt"
 	HeldOutStart = 700043
 	HeldOutEnd   = 794375
+)
+
+// The haystacks NewRecallVocabFrom accepts.
+const (
+	HaystackHeldOut = "heldout" // bytes [HeldOutStart, HeldOutEnd): the evaluation's
+	HaystackTrain   = "train"   // bytes [0, HeldOutStart): training samples'
 )
 
 // NeedleDepths are the single needle's depths: 0%, 10%, …, 100%.
@@ -87,7 +95,7 @@ type RecallVocab struct {
 	dot    int
 	words  []string // whole words each encoded in ≤ 2 tokens
 	wordID [][]int
-	hay    []int // the held-out text's tokens (no BOS)
+	hay    []int // the haystack part's tokens (no BOS)
 }
 
 // recallWordCandidates are story words; the vocabulary keeps those it
@@ -99,9 +107,25 @@ var recallWordCandidates = []string{
 }
 
 // NewRecallVocab reads the held-out text from dataDir and prepares tok's
-// ids. It refuses a vocabulary that does not encode each digit as one
-// token after a word-boundary piece.
+// ids: the evaluation's vocabulary (NewRecallVocabFrom with
+// HaystackHeldOut).
 func NewRecallVocab(tok tokenizer.Tokenizer, dataDir string) (*RecallVocab, error) {
+	return NewRecallVocabFrom(tok, dataDir, HaystackHeldOut)
+}
+
+// NewRecallVocabFrom reads the haystack part (HaystackHeldOut or
+// HaystackTrain) from dataDir and prepares tok's ids. It refuses a
+// vocabulary that does not encode each digit as one token after a
+// word-boundary piece.
+func NewRecallVocabFrom(tok tokenizer.Tokenizer, dataDir, haystack string) (*RecallVocab, error) {
+	lo, hi := HeldOutStart, HeldOutEnd
+	switch haystack {
+	case HaystackHeldOut:
+	case HaystackTrain:
+		lo, hi = 0, HeldOutStart
+	default:
+		return nil, fmt.Errorf("recall: unknown haystack %q (known: %s, %s)", haystack, HaystackHeldOut, HaystackTrain)
+	}
 	b, err := os.ReadFile(dataDir + "/" + HeldOutFile)
 	if err != nil {
 		return nil, fmt.Errorf("recall: the haystack text: %w", err)
@@ -133,7 +157,7 @@ func NewRecallVocab(tok tokenizer.Tokenizer, dataDir string) (*RecallVocab, erro
 			v.wordID = append(v.wordID, ids)
 		}
 	}
-	v.hay = tok.Encode(string(b[HeldOutStart:HeldOutEnd]), false, false)
+	v.hay = tok.Encode(string(b[lo:hi]), false, false)
 	return v, nil
 }
 
@@ -330,7 +354,7 @@ func (v *RecallVocab) Sample(spec RecallSpec, task string, ctx int, depth float6
 		return s, fmt.Errorf("recall: context %d leaves %d haystack tokens for %s", ctx, fill, task)
 	}
 	if fill > len(v.hay) {
-		return s, fmt.Errorf("recall: context %d needs %d haystack tokens; the held-out text has %d", ctx, fill, len(v.hay))
+		return s, fmt.Errorf("recall: context %d needs %d haystack tokens; the haystack text has %d", ctx, fill, len(v.hay))
 	}
 	start := rng.IntN(len(v.hay) - fill + 1)
 	hay := v.hay[start : start+fill]

@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"fmt"
 	"github.com/kvlm/kvlm/kvcache/codec"
 	"math"
 	"os"
@@ -372,5 +373,98 @@ func TestRecallSectionChance(t *testing.T) {
 	r.Cells[1].Correct = 300
 	if s := WriteRecallSection(r, nil, ReportInfo{}); strings.Contains(s, claim) {
 		t.Error("an at-chance statement though one cell is far above chance")
+	}
+}
+
+// TestRecallHaystack: a trainer's samples (HaystackTrain) take their
+// haystack from the train part only, bytes [0, HeldOutStart) tokenized on
+// their own, and are otherwise the evaluation's samples: the same seed
+// gives the same answer, question and length. Runs of 24 tokens that occur
+// in the held-out part and nowhere in the train part are the test's
+// witness: held-out samples contain them, train samples must not.
+func TestRecallHaystack(t *testing.T) {
+	_, tok, held := recallVocab(t)
+	dir := filepath.Dir(shared.Path(t, "data/"+HeldOutFile))
+	train, err := NewRecallVocabFrom(tok, dir, HaystackTrain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, HeldOutFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	trainIDs := tok.Encode(string(b[:HeldOutStart]), false, false)
+	heldIDs := tok.Encode(string(b[HeldOutStart:HeldOutEnd]), false, false)
+	if !slices.Equal(train.hay, trainIDs) || !slices.Equal(held.hay, heldIDs) {
+		t.Fatalf("haystacks: train %d tokens (want %d), held-out %d (want %d)", len(train.hay), len(trainIDs), len(held.hay), len(heldIDs))
+	}
+	const n = 24
+	key := func(xs []int) string { return fmt.Sprint(xs) }
+	inTrain := map[string]bool{}
+	for i := 0; i+n <= len(trainIDs); i++ {
+		inTrain[key(trainIDs[i:i+n])] = true
+	}
+	heldOnly := map[string]bool{}
+	for i := 0; i+n <= len(heldIDs); i++ {
+		if k := key(heldIDs[i : i+n]); !inTrain[k] {
+			heldOnly[k] = true
+		}
+	}
+	heldRuns := func(xs []int) int {
+		c := 0
+		for i := 0; i+n <= len(xs); i++ {
+			if heldOnly[key(xs[i:i+n])] {
+				c++
+			}
+		}
+		return c
+	}
+	spec := DefaultRecallSpec()
+	witnessed := 0
+	for _, task := range RecallTasks {
+		t.Run(task, func(t *testing.T) {
+			for _, ctx := range []int{256, 512} {
+				for i := range uint64(5) {
+					seed := TrainSeedStart + i
+					d := -1.0
+					if task == TaskNeedle {
+						d = NeedleDepths[int(i*3)%len(NeedleDepths)]
+					}
+					s, err := train.Sample(spec, task, ctx, d, seed)
+					if err != nil {
+						t.Fatal(err)
+					}
+					h, err := held.Sample(spec, task, ctx, d, seed)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(s.Prompt) != len(h.Prompt) || !slices.Equal(s.Answer, h.Answer) || !slices.Equal(s.Prompt[s.Question:], h.Prompt[h.Question:]) {
+						t.Fatalf("seed %d: the train haystack changed the sample beyond its haystack: answer %q against %q", seed, s.Text, h.Text)
+					}
+					if c := heldRuns(s.Prompt[:s.Question]); c > 0 {
+						t.Fatalf("ctx %d seed %d: %d held-out-only runs of %d tokens in a train-haystack sample", ctx, seed, c, n)
+					}
+					witnessed += heldRuns(h.Prompt[:h.Question])
+				}
+			}
+		})
+	}
+	if witnessed == 0 {
+		t.Error("no held-out sample holds a held-out-only run: the check above cannot fail")
+	}
+	t.Run("needle at the end", func(t *testing.T) {
+		// With the needle at depth 1 the haystack is one contiguous run
+		// after BOS: it must be a run of the train part.
+		s, err := train.Sample(spec, TaskNeedle, 512, 1, TrainSeedStart+7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := indexRun(s.Prompt[:s.Question], tok.Encode("The pass key is", false, false))
+		if at < 100 || !containsRun(trainIDs, s.Prompt[1:at]) {
+			t.Fatalf("needle at %d; the haystack before it is not a run of the train part", at)
+		}
+	})
+	if _, err := NewRecallVocabFrom(tok, dir, "test"); err == nil || !strings.Contains(err.Error(), "unknown haystack") {
+		t.Errorf("haystack \"test\": err %v", err)
 	}
 }

@@ -11,7 +11,8 @@
 - The vocabulary: tok512's tokenizer.ggml.* exactly as `kvlm convert
   llama2c` writes it (data.vocab_metadata).
 - The recipe: kvlm.train.* (data file and byte ranges, tokens seen, seed,
-  steps, final held-out NLL, the whole recipe as JSON).
+  steps, final held-out NLL, the whole recipe as JSON; for a recall model
+  kvlm.train.recall, the recall mix).
 """
 
 import json
@@ -24,7 +25,7 @@ def metadata(c, rec):
     A = "llama."
     m = {
         "general.architecture": gguf.string("llama"),
-        "general.name": gguf.string(f"kvlm-zoo-{c.arch}"),
+        "general.name": gguf.string("kvlm-recall" if rec["recipe"].get("recall") else f"kvlm-zoo-{c.arch}"),
         "general.file_type": gguf.u32(0),
         A + "context_length": gguf.u32(c.ctx),
         A + "embedding_length": gguf.u32(c.dim),
@@ -49,11 +50,17 @@ def metadata(c, rec):
         "kvlm.train.heldout_bytes": gguf.u32s(d["heldout_bytes"]),
         "kvlm.train.tokens": gguf.u64(rec["tokens_seen"]),
         "kvlm.train.seed": gguf.u32(rec["recipe"]["seed"]),
-        "kvlm.train.steps": gguf.u32(rec["recipe"]["steps"]),
+        "kvlm.train.steps": gguf.u32(rec.get("steps_done", rec["recipe"]["steps"])),
         "kvlm.train.heldout_nll": gguf.f32(rec["heldout"]["mean_nll"]),
         "kvlm.train.heldout_tokens": gguf.u32(sum(len(w) - 1 for w in rec["heldout"]["windows"])),
         "kvlm.train.recipe": gguf.string(json.dumps(rec["recipe"], sort_keys=True)),
     })
+    if rec["recipe"].get("recall"):
+        # The recall mix: its share of rows, answer weight, tasks and their
+        # weights, seeds (≥ 2^32) and haystack (train), curriculum contexts.
+        r = rec["recipe"]
+        m["kvlm.train.recall"] = gguf.string(json.dumps({k: r[k] for k in sorted(r) if k.startswith("recall")},
+                                                        sort_keys=True))
     if rec.get("init"):
         m["kvlm.train.init"] = gguf.string(rec["init"])
         m["kvlm.train.init_heldout_nll"] = gguf.f32(rec["init_heldout_nll"])

@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402
 import gguf  # noqa: E402
+import recall  # noqa: E402
 from model import ARCHS, Transformer, arch_config, rope_tables  # noqa: E402
 
 torch.set_num_threads(1)
@@ -228,6 +229,20 @@ class TrainTest(unittest.TestCase):
             self.assertEqual(meta["kvlm.train.heldout_bytes"].value, list(data.HELDOUT))
             self.assertEqual(meta["kvlm.train.tokens"].value, 1 * 2 * 32)
 
+    def test_export_now(self):
+        """--resume --export-now exports a stopped run's checkpoint as it
+        is: its steps and tokens, not the recipe's."""
+        with tempfile.TemporaryDirectory() as d:
+            self.run_train(d, "gqa", 4, "--stop-after", "2")
+            self.assertFalse(os.path.exists(os.path.join(d, "model.gguf")))
+            self.run_train(d, "gqa", 4, "--resume", "--export-now")
+            rec = json.load(open(os.path.join(d, "record.json")))
+            meta, _ = gguf.read(os.path.join(d, "model.gguf"))
+            self.assertEqual((rec["steps_done"], rec["tokens_seen"]), (2, 2 * 2 * 32))
+            self.assertEqual(meta["kvlm.train.steps"].value, 2)
+            with self.assertRaises(SystemExit):
+                self.run_train(os.path.join(d, "x"), "gqa", 4, "--export-now")
+
     def test_init(self):
         """--init loads a GGUF's weights exactly: their held-out NLL before
         training is the NLL the exporting run recorded; a file of another
@@ -249,6 +264,95 @@ class TrainTest(unittest.TestCase):
         held = data.text_bytes(*data.HELDOUT)
         self.assertTrue(held.startswith(b"Once upon a time, there was a little girl. She liked to have fun and play."))
         self.assertTrue(data.text_bytes(0, data.TRAIN[1]).endswith(b"\n\n"))
+
+
+class Oracle:
+    """A stand-in model whose logits are one-hot on each sequence's true
+    next token (the sequences it was given), for checking the scoring."""
+
+    def __init__(self, seqs, vocab=512):
+        self.seqs, self.vocab = seqs, vocab
+
+    def exact_logits(self, x):
+        out = torch.zeros(x.shape[0], x.shape[1], self.vocab)
+        for b, row in enumerate(x.tolist()):
+            seq = next((s for s in self.seqs if s[:len(row)] == row or s[:-1] == row[:len(s) - 1]), None)
+            for t in range(min(len(row), len(seq) - 1)):
+                out[b, t, seq[t + 1]] = 1.0
+        return out
+
+
+class RecallTest(unittest.TestCase):
+    SAMPLES = [{"prompt": [1, 10, 11, 12, 13], "answer": [20, 21, 22]},
+               {"prompt": [1, 30, 31], "answer": [40, 41]}]
+
+    def test_rows(self):
+        """Inputs are the sequence without its last token, targets shifted
+        by one, PAD past a short sample's end; the answer mask selects
+        exactly the answer's tokens as targets."""
+        x, y, ans = recall.rows(self.SAMPLES, 8)
+        self.assertEqual(x[0].tolist(), [1, 10, 11, 12, 13, 20, 21, 0])
+        self.assertEqual(y[0].tolist(), [10, 11, 12, 13, 20, 21, 22, recall.PAD])
+        self.assertEqual(y[1].tolist(), [30, 31, 40, 41] + [recall.PAD] * 4)
+        for r, s in enumerate(self.SAMPLES):
+            self.assertEqual(y[r][ans[r]].tolist(), s["answer"])
+        with self.assertRaises(SystemExit):
+            recall.rows(self.SAMPLES, 6)
+
+    def test_accuracy_is_greedy_exact_match(self):
+        """Teacher-forced scoring counts a sample right iff greedy decoding
+        would produce its whole answer: an oracle scores 1, one whose
+        answer differs in one (last) token scores 0 on that sample."""
+        seqs = [s["prompt"] + s["answer"] for s in self.SAMPLES]
+        self.assertEqual(recall.accuracy(Oracle(seqs), self.SAMPLES), 1.0)
+        wrong = [seqs[0][:-1] + [23], seqs[1]]
+        self.assertEqual(recall.accuracy(Oracle(wrong), self.SAMPLES), 0.5)
+
+    def test_curriculum(self):
+        """256-token rows for the first 30%, then the full context with
+        every fourth step at 256; the single needle's depths start near
+        the question and cover every depth from 30% on."""
+        ctxs = [recall.step_context(s, 100, 512) for s in range(100)]
+        self.assertEqual(set(ctxs[:30]), {256})
+        self.assertEqual(ctxs[30:36], [512, 256, 512, 512, 512, 256])
+        self.assertAlmostEqual(recall.depth_floor(0.0), 0.8)
+        self.assertEqual(recall.depth_floor(0.3), 0.0)
+        floors = [recall.depth_floor(f / 10) for f in range(11)]
+        self.assertEqual(floors, sorted(floors, reverse=True))
+
+    def test_custom_curriculum(self):
+        """--recall-curriculum's stages, refused when malformed; a pool
+        leaves out the tasks that do not fit its length (at 64 tokens only
+        the single needle does)."""
+        cur = recall.parse_curriculum("64:0.1,128:0.25,512", 512)
+        self.assertEqual(cur, [(64, 0.1), (128, 0.25), (512, 1.0)])
+        ctxs = [recall.step_context(s, 100, 512, cur) for s in range(100)]
+        self.assertEqual((set(ctxs[:10]), set(ctxs[10:25]), ctxs[25:29]), ({64}, {128}, [512, 512, 256, 512]))
+        for bad in ("64:0.5,128:0.2,512", "16:0.1,512", "64:0.1,1024", "64:0.1,128:0.5", "x,512"):
+            with self.assertRaises(SystemExit, msg=bad):
+                recall.parse_curriculum(bad, 512)
+        self.assertEqual(recall.Pool(64, 21).tasks, ["niah_single"])
+
+    def test_recall_batch(self):
+        """A recall batch holds batch·ctx/L rows of the curriculum's length
+        L, the --recall share of them from the pool, and is a function of
+        (seed, step)."""
+        import train
+
+        class FakePool:
+            def draw(self, rng, n, floor):
+                x, y, a = recall.rows(RecallTest.SAMPLES * n, 256)
+                return x[:n], y[:n], a[:n]
+
+        a = train.parse(["--arch", "gqa", "--out", "/nonexistent", "--steps", "10", "--ctx", "512", "--batch", "4",
+                         "--recall", "0.5"])
+        ids = np.arange(5000) % 500
+        x, y, ans = train.recall_batch(a, ids, {256: FakePool()}, 0)
+        self.assertEqual(tuple(x.shape), (8, 256))
+        self.assertEqual(int(ans.any(dim=1).sum()), 4)
+        self.assertTrue(torch.equal(x[:4, 0], torch.full((4,), data.BOS)))
+        x2, _, _ = train.recall_batch(a, ids, {256: FakePool()}, 0)
+        self.assertTrue(torch.equal(x, x2))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import torch.nn.functional as F  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402
 import export  # noqa: E402
+import recall  # noqa: E402
 from model import ARCHS, Config, Transformer, arch_config  # noqa: E402
 
 # The fixed prompt whose logits kvlm must reproduce: longer than the zoo's
@@ -76,7 +77,28 @@ def parse(argv):
     p.add_argument("--resume", action="store_true", help="continue from --out/ckpt.pt")
     p.add_argument("--no-export", action="store_true", help="stop after training and the checkpoint")
     p.add_argument("--stop-after", type=int, default=0, help="stop after this step (checkpointed; --resume continues)")
+    p.add_argument("--export-now", action="store_true",
+                   help="with --resume: train no further; evaluate, record and export the checkpoint as it is")
+    p.add_argument("--recall", type=float, default=0.0,
+                   help="share of rows that are recall-suite samples (recall.py; 0: story text only); with it, "
+                        "a curriculum of row lengths 256, then --ctx")
+    p.add_argument("--recall-curriculum", default="",
+                   help="row lengths LEN:END,…,LEN (END a fraction of --steps; the last runs to the end), e.g. "
+                        "64:0.1,128:0.25,192:0.4,256:0.55,512; tasks that do not fit a length sit it out "
+                        "(default 256:0.3,--ctx); niah_single's depths widen until the first full-context stage")
+    p.add_argument("--recall-weight", type=float, default=1.0,
+                   help="the loss adds this times the mean NLL of the batch's answer tokens")
+    p.add_argument("--recall-pool", type=int, default=2000, help="training samples per task and context")
+    p.add_argument("--recall-eval-every", type=int, default=100, help="steps between held-out recall checks")
+    p.add_argument("--recall-eval-n", type=int, default=12, help="held-out samples per task (and depth) per check")
     a = p.parse_args(argv)
+    if a.export_now and not a.resume:
+        p.error("--export-now needs --resume")
+    if not 0 <= a.recall <= 1:
+        p.error("--recall must be in [0, 1]")
+    a.curriculum = recall.parse_curriculum(a.recall_curriculum, a.ctx) if a.recall_curriculum else None
+    if a.recall and (a.recall_pool < 21 or a.recall_eval_every < 1 or a.recall_eval_n < 1 or a.ctx < 256):
+        p.error("--recall needs --recall-pool ≥ 21, positive --recall-eval-every and --recall-eval-n, --ctx ≥ 256")
     for name in ("steps", "batch", "ctx", "threads", "eval_windows", "ckpt_every", "log_every"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive")
@@ -102,6 +124,37 @@ def batch(a, ids, step):
     rows = np.stack([ids[o:o + a.ctx] for o in off])  # [B, ctx]
     x = np.concatenate([np.full((a.batch, 1), data.BOS, dtype=np.int64), rows[:, :-1]], axis=1)
     return torch.from_numpy(x), torch.from_numpy(rows.astype(np.int64))
+
+
+def recall_contexts(a):
+    """The row lengths the curriculum uses (recall.step_context)."""
+    return sorted({recall.step_context(s, a.steps, a.ctx, a.curriculum) for s in range(a.steps)})
+
+
+def recall_depth_floor(a, step):
+    """niah_single's shallowest depth at step: widening until 30% of the
+    steps, or until the custom curriculum's last stage starts."""
+    until = 0.3 if a.curriculum is None else a.curriculum[-2][1] if len(a.curriculum) > 1 else 0.3
+    return recall.depth_floor(step / a.steps, until)
+
+
+def recall_batch(a, ids, pools, step):
+    """The batch of step `step` with --recall: row length L from the
+    curriculum, batch·ctx/L rows of which a --recall share are recall
+    samples (the rest story windows as batch()), all drawn from (seed,
+    step) alone. Returns x, y (PAD where no loss) and the answer mask."""
+    L = recall.step_context(step, a.steps, a.ctx, a.curriculum)
+    n = a.batch * a.ctx // L
+    rng = np.random.default_rng([a.seed, step])
+    nr = int(round(n * a.recall))
+    off = rng.integers(0, len(ids) - L, size=n - nr)
+    rows = np.stack([ids[o:o + L] for o in off]) if n > nr else np.zeros((0, L), dtype=np.int64)
+    x = np.concatenate([np.full((n - nr, 1), data.BOS, dtype=np.int64), rows[:, :-1]], axis=1)
+    y, ans = rows.astype(np.int64), np.zeros(rows.shape, dtype=bool)
+    if nr:
+        rx, ry, ra = pools[L].draw(rng, nr, recall_depth_floor(a, step))
+        x, y, ans = np.concatenate([x, rx]), np.concatenate([y, ry]), np.concatenate([ans, ra])
+    return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(ans)
 
 
 def mean_nll(logits, targets):
@@ -160,6 +213,13 @@ def main(argv=None):
     recipe = {k: getattr(a, k) for k in RECIPE_KEYS}
     if a.init:
         recipe["init"] = a.init
+    if a.recall:
+        recipe.update({"recall": a.recall, "recall_weight": a.recall_weight, "recall_pool": a.recall_pool,
+                       "recall_tasks": recall.TASKS, "recall_task_weight": recall.TASK_WEIGHT,
+                       "recall_seed": recall.TRAIN_SEED, "recall_haystack": "train",
+                       "recall_contexts": recall_contexts(a)})
+        if a.curriculum:
+            recipe["recall_curriculum"] = a.recall_curriculum
     train_ids, held_ids = data.split_ids()
     train_ids = np.asarray(train_ids, dtype=np.int64)
     windows = data.heldout_windows(held_ids, a.ctx, a.eval_windows)
@@ -188,14 +248,23 @@ def main(argv=None):
     elif os.path.exists(ckpt_path):
         raise SystemExit(f"{ckpt_path} exists: give --resume to continue it, or another --out")
 
+    pools, checks, curve = None, None, []
+    if a.recall:
+        pools = {L: recall.Pool(L, a.recall_pool) for L in recall_contexts(a)}
+        checks = recall.heldout_set(a.ctx, a.recall_eval_n)
+        curve_path = os.path.join(a.out, "recall_curve.json")
+        if a.resume and os.path.exists(curve_path):
+            with open(curve_path) as f:
+                curve = [e for e in json.load(f) if e["step"] <= step]
     log = open(os.path.join(a.out, "train.log"), "a")
     try:
-        run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log, init_nll)
+        run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log, init_nll, pools, checks, curve)
     finally:
         log.close()
 
 
-def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log, init_nll):
+def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log, init_nll, pools=None, checks=None,
+        curve=None):
     def say(line):
         log.write(line + "\n")
         log.flush()
@@ -219,13 +288,23 @@ def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, 
     tok_per_step = a.batch * a.ctx
     t_win, n_win, loss_sum = time.time(), 0, 0.0
     model.train()
-    while step < a.steps:
+    if a.export_now:
+        say(f"# --export-now at step {step} of {a.steps}")
+    while step < a.steps and not a.export_now:
         t0 = time.time()
         for g in opt.param_groups:
             g["lr"] = lr_at(a, step)
-        x, y = batch(a, train_ids, step)
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, c.vocab), y.reshape(-1))
+        if pools is None:
+            x, y = batch(a, train_ids, step)
+            logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, c.vocab), y.reshape(-1))
+        else:
+            x, y, ans = recall_batch(a, train_ids, pools, step)
+            logits = model(x).reshape(-1, c.vocab)
+            y, ans = y.reshape(-1), ans.reshape(-1)
+            loss = F.cross_entropy(logits, y, ignore_index=recall.PAD)
+            if ans.any():
+                loss = loss + a.recall_weight * F.cross_entropy(logits[ans], y[ans])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -238,6 +317,14 @@ def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, 
         if step % a.log_every == 0 or step == a.steps:
             say(f"step {step} loss {loss_sum / n_win:.4f} lr {lr_at(a, step - 1):.2e} tok/s {tps:.0f} tokens {step * tok_per_step}")
             t_win, n_win, loss_sum = time.time(), 0, 0.0
+        if checks is not None and (step % a.recall_eval_every == 0 or step == a.steps):
+            model.eval()
+            acc = recall.monitor(model, checks)
+            model.train()
+            curve.append({"step": step, "tokens": step * tok_per_step, "seconds": round(seconds, 1), "acc": acc})
+            with open(os.path.join(a.out, "recall_curve.json"), "w") as f:
+                json.dump(curve, f)
+            say(f"recall step {step} " + " ".join(f"{k} {v:.2f}" for k, v in acc.items()))
         if step % a.ckpt_every == 0 or step == a.steps or step == a.stop_after:
             save()
         if step == a.stop_after:
@@ -260,6 +347,7 @@ def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, 
         "kv_bytes_per_token_f32": c.kv_bytes(1 << 30) / (1 << 30),
         "kv_bytes_at_ctx_f32": c.kv_bytes(a.ctx),
         "tokens_seen": step * tok_per_step,
+        "steps_done": step,
         "train_seconds": round(seconds, 1),
         "data": {"file": data.TEXT, "train_bytes": list(data.TRAIN), "heldout_bytes": list(data.HELDOUT)},
         "heldout": {"windows": windows, "mean_nll": nll},
@@ -267,11 +355,29 @@ def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, 
         "init_heldout_nll": init_nll,
         "prompt": {"text": PROMPT, "ids": prompt_ids, "logits": f32list(plog)},
     }
+    if checks is not None:
+        rec["recall"] = {"curve": curve, "heldout_n": a.recall_eval_n, "prompt": recall_prompt(model, a.ctx)}
     with open(os.path.join(a.out, "record.json"), "w") as f:
         json.dump(rec, f)
     export.write(os.path.join(a.out, "model.gguf"), model, rec)
     say(f"# done: steps {step} tokens {step * tok_per_step} train minutes {seconds / 60:.2f} held-out NLL {nll:.6f} "
         f"({a.eval_windows} windows of {a.ctx})")
+
+
+def recall_prompt(model, ctx, tail=24):
+    """A held-out recall prompt (the suite's niah_multikey seed 0 at --ctx),
+    PyTorch's logits at its last `tail` positions and its greedy answer
+    (decoded token by token, as kvlm decodes)."""
+    s = recall.generate("niah_multikey", ctx, 0, 1, haystack="heldout")[0]
+    ids = list(s["prompt"])
+    with torch.no_grad():
+        lg = model.exact_logits(torch.tensor([ids]))[0]
+        out = []
+        for _ in range(len(s["answer"])):
+            nxt = int(model.exact_logits(torch.tensor([ids + out]))[0, -1].argmax())
+            out.append(nxt)
+    return {"task": s["task"], "context": ctx, "seed": s["seed"], "ids": ids, "answer": s["answer"],
+            "tail": tail, "logits_tail": f32list(lg[-tail:]), "greedy": out}
 
 
 if __name__ == "__main__":

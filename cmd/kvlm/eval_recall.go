@@ -169,11 +169,11 @@ func runRecall(cmd *cobra.Command, a recallArgs) error {
 // trainer (seeds ≥ 2^32) or for reading.
 func newRecallData() *cobra.Command {
 	var (
-		modelPath, tokPath, task, dataDir string
-		ctx, count                        int
-		depth                             float64
-		seed                              uint64
-		asJSON                            bool
+		modelPath, tokPath, task, dataDir, haystack string
+		ctx, count                                  int
+		depth                                       float64
+		seed                                        uint64
+		asJSON                                      bool
 	)
 	c := &cobra.Command{
 		Use:   "recall-data -m MODEL --task T --context N --seed S [--count K] [--depth D] [--json]",
@@ -181,8 +181,11 @@ func newRecallData() *cobra.Command {
 		Long: fmt.Sprintf(`Print the recall suite's samples: the prompts and answers kvlm eval --suite
 recall scores, in the model's vocabulary, one JSON object a line with --json.
 A sample is a function of (task, context, depth, seed) alone. The evaluation
-uses seeds [0, %d); a recall model must be trained on seeds ≥ %d, so that
-it never sees an evaluation sample. Tasks: %s.`, eval.EvalSeedEnd, eval.TrainSeedStart, strings.Join(eval.RecallTasks, ", ")),
+uses seeds [0, %d) and the held-out haystack (--haystack heldout, bytes
+[%d, %d) of %s); a recall model must be trained on seeds ≥ %d and
+--haystack train (bytes [0, %d)), so that it never sees an evaluation
+sample nor held-out text. Tasks: %s.`, eval.EvalSeedEnd, eval.HeldOutStart, eval.HeldOutEnd, eval.HeldOutFile,
+			eval.TrainSeedStart, eval.HeldOutStart, strings.Join(eval.RecallTasks, ", ")),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if modelPath == "" && tokPath == "" {
@@ -219,7 +222,7 @@ it never sees an evaluation sample. Tasks: %s.`, eval.EvalSeedEnd, eval.TrainSee
 			if err != nil {
 				return err
 			}
-			v, err := eval.NewRecallVocab(t, data)
+			v, err := eval.NewRecallVocabFrom(t, data, haystack)
 			if err != nil {
 				return err
 			}
@@ -254,5 +257,6 @@ it never sees an evaluation sample. Tasks: %s.`, eval.EvalSeedEnd, eval.TrainSee
 	f.IntVar(&count, "count", 1, "samples: seeds seed..seed+count−1")
 	f.BoolVar(&asJSON, "json", false, "one JSON object a line: task, context, depth, seed, prompt, question_start, answer, parts")
 	f.StringVar(&dataDir, "data", "", "the folder of "+eval.HeldOutFile+" (default ../shared/data)")
+	f.StringVar(&haystack, "haystack", eval.HaystackHeldOut, "the haystack text: heldout (the evaluation's) or train (a trainer's: bytes before the held-out part)")
 	return c
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -113,6 +114,7 @@ func TestEvalRecallFlags(t *testing.T) {
 		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "vt", "--context", "512", "--seed", "4294967295", "--count", "2"}, "straddle"},
 		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "nope", "--context", "512"}, "unknown task"},
 		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "vt", "--context", "40"}, "haystack"},
+		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "vt", "--context", "512", "--haystack", "test"}, "unknown haystack"},
 	} {
 		_, errOut, code := kvlm(t, c.args...)
 		if code == 0 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
@@ -134,5 +136,30 @@ func TestEvalRecallFlags(t *testing.T) {
 	}
 	if s.Seed != 1<<32+1 || len(s.Prompt)+len(s.Answer) != 512 || len(s.Parts) != 1 || s.Question <= 0 {
 		t.Errorf("sample %+v", s)
+	}
+	// --haystack train: the same sample but for its story text, which is
+	// the train part's (eval.NewRecallVocabFrom with eval.HaystackTrain).
+	out, errOut, code = kvlm(t, "eval", "recall-data", "--tokenizer", tok, "--task", "niah_multikey", "--context", "512", "--seed", "4294967297", "--haystack", "train", "--json")
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	var st eval.RecallSample
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := loadTokenizer("", tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := eval.NewRecallVocabFrom(tk, filepath.Dir(shared.Path(t, "data/"+eval.HeldOutFile)), eval.HaystackTrain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := v.Sample(eval.DefaultRecallSpec(), eval.TaskMultiKey, 512, -1, 1<<32+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(st.Prompt, want.Prompt) || !slices.Equal(st.Answer, s.Answer) || slices.Equal(st.Prompt, s.Prompt) {
+		t.Errorf("--haystack train: not the train-haystack sample of the same seed")
 	}
 }
