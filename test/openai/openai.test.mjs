@@ -235,7 +235,10 @@ test('the same prompt twice is served from the prefix cache', async () => {
   const cached = b.usage.prompt_tokens_details.cached_tokens;
   assert.ok(cached >= b.usage.prompt_tokens - 16 && cached > 0, `${cached} of ${b.usage.prompt_tokens}`);
   assert.equal(after.kvlm_prefix_cache_hits_total - before.kvlm_prefix_cache_hits_total, cached);
-  assert.equal(after['vllm:prefix_cache_hits_total{model_name="stories260K"}'] - before['vllm:prefix_cache_hits_total{model_name="stories260K"}'], cached);
+  // vLLM's labels: engine and model_name (in the exposition's order).
+  const vllmHits = 'vllm:prefix_cache_hits_total{engine="0",model_name="stories260K"}';
+  assert.ok(vllmHits in after, `no ${vllmHits} in /metrics`);
+  assert.equal(after[vllmHits] - before[vllmHits], cached);
 });
 
 test('a cancelled stream frees its KV blocks', async () => {
