@@ -16,7 +16,8 @@
 # the digits after the first began to be copied (above chance), not more.
 # Each step's batch is a function of (seed, step): rerunning a phase sees
 # the same data (and, on the same thread count, the same model:
-# test_resume_is_bitwise). PHASE=1, 2 or 3 runs one phase; RESUME=1
+# test_resume_is_bitwise). PHASE=1, 2 or 3 runs one phase, PHASE=4 the
+# fourth (from phase 3's model, into $OUT/phase4); RESUME=1
 # continues a stopped one.
 set -e
 cd "$(dirname "$0")/.."
@@ -39,6 +40,16 @@ if [ "${PHASE:-2}" = 2 ]; then
         --recall 0.8 --recall-weight 2 --recall-eval-every 100 --ckpt-every 50 \
         --init "$OUT/phase1/model.gguf" --out "$OUT/phase2" --resume --export-now
     [ -n "$PHASE" ] && exit 0
+fi
+if [ "${PHASE:-}" = 4 ]; then
+    # phase 4 (docs/ZOO.md): from phase 3's model, a 3,000-step schedule
+    # stopped at step 1,950 and exported as it was, into $OUT/phase4
+    /usr/bin/python3 train/train.py $COMMON --lr 2e-3 --steps 3000 --stop-after 1950 --seed 1340 \
+        --recall 0.8 --recall-weight 2 --recall-curriculum 64:0.05,128:0.15,256:0.4,512 --recall-eval-every 100 \
+        --ckpt-every 50 --init "$OUT/model.gguf" --out "$OUT/phase4" ${RESUME:+--resume} "$@"
+    exec /usr/bin/python3 train/train.py $COMMON --lr 2e-3 --steps 3000 --seed 1340 \
+        --recall 0.8 --recall-weight 2 --recall-curriculum 64:0.05,128:0.15,256:0.4,512 --recall-eval-every 100 \
+        --ckpt-every 50 --init "$OUT/model.gguf" --out "$OUT/phase4" --resume --export-now
 fi
 exec /usr/bin/python3 train/train.py $COMMON --steps 1300 --seed 1339 \
     --recall 0.8 --recall-weight 2 --recall-curriculum 64:0.1,128:0.25,256:0.5,512 --recall-eval-every 100 \

@@ -51,7 +51,17 @@ type recallRecord struct {
 // PyTorch's. The GGUF's recall metadata names training seeds ≥ 2^32 and the
 // train haystack.
 func TestRecallModel(t *testing.T) {
-	dir := recallModelDir()
+	dirs := []string{recallModelDir()}
+	if os.Getenv("KVLM_RECALL") == "" {
+		dirs = append(dirs, filepath.Join(dirs[0], "phase4")) // docs/ZOO.md, "Phase 4"
+	}
+	for _, dir := range dirs {
+		t.Run(filepath.Base(dir), func(t *testing.T) { checkRecallModel(t, dir) })
+	}
+}
+
+// checkRecallModel is TestRecallModel on the model in dir.
+func checkRecallModel(t *testing.T, dir string) {
 	path := filepath.Join(dir, "model.gguf")
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("the recall model: %v", err)
