@@ -614,7 +614,7 @@ func TestStoreFetchBound(t *testing.T) {
 		// A long request runs; the next waits with its fetched blocks and
 		// is cancelled there; a third, submitted while the second still
 		// holds the whole bound, fetches nothing.
-		long := GenRequest{Prompt: longPrompt(t, tok, 40), MaxTokens: 400}
+		long := GenRequest{Prompt: slices.Clone(longPrompt(t, tok, 400)[250:290]), MaxTokens: 400} // shares no block with prompt
 		hl, err := b.Submit(long)
 		if err != nil {
 			t.Fatal(err)
