@@ -102,11 +102,14 @@ class Pool:
         if not self.tasks:
             raise SystemExit(f"recall: no task fits a context of {ctx}")
 
-    def draw(self, rng, n, depth_floor):
-        """n rows: tasks (those that fit) by TASK_WEIGHT, niah_single's
-        depth uniform over DEPTHS ≥ depth_floor, a sample uniform in its
-        cell."""
-        w = np.array([TASK_WEIGHT[t] for t in self.tasks])
+    def draw(self, rng, n, depth_floor, weights=None):
+        """n rows: tasks (those that fit) by weights (TASK_WEIGHT by
+        default), niah_single's depth uniform over DEPTHS ≥ depth_floor, a
+        sample uniform in its cell."""
+        weights = weights or TASK_WEIGHT
+        w = np.array([weights[t] for t in self.tasks])
+        if not w.sum():
+            raise SystemExit(f"recall: every task that fits {self.ctx} tokens ({', '.join(self.tasks)}) has share 0")
         tasks = rng.choice(len(self.tasks), size=n, p=w / w.sum())
         deps = [d for d in DEPTHS if d >= depth_floor - 1e-9]
         xs, ys, ans = [], [], []
@@ -117,6 +120,25 @@ class Pool:
             i = rng.integers(len(x))
             xs.append(x[i]), ys.append(y[i]), ans.append(a[i])
         return np.stack(xs), np.stack(ys), np.stack(ans)
+
+
+def parse_task_weights(text):
+    """"niah_single=0.5,vt=2" → TASK_WEIGHT with those tasks' shares
+    replaced; unknown tasks, negative shares and all-zero shares are
+    refused."""
+    out = dict(TASK_WEIGHT)
+    for part in text.split(","):
+        task, eq, w = part.partition("=")
+        try:
+            w = float(w)
+        except ValueError:
+            w = None
+        if not eq or task not in TASK_WEIGHT or w is None or w < 0:
+            raise SystemExit(f"--recall-task-weight {text!r}: want TASK=SHARE,… with TASK one of {', '.join(TASKS)}")
+        out[task] = w
+    if not any(out.values()):
+        raise SystemExit(f"--recall-task-weight {text!r}: every share is 0")
+    return out
 
 
 def parse_curriculum(text, full):

@@ -17,7 +17,8 @@
 # Each step's batch is a function of (seed, step): rerunning a phase sees
 # the same data (and, on the same thread count, the same model:
 # test_resume_is_bitwise). PHASE=1, 2 or 3 runs one phase, PHASE=4 the
-# fourth (from phase 3's model, into $OUT/phase4); RESUME=1
+# fourth (from phase 3's model, into $OUT/phase4), PHASE=5 the fifth
+# (from phase 4's, into $OUT/phase5); RESUME=1
 # continues a stopped one.
 set -e
 cd "$(dirname "$0")/.."
@@ -40,6 +41,15 @@ if [ "${PHASE:-2}" = 2 ]; then
         --recall 0.8 --recall-weight 2 --recall-eval-every 100 --ckpt-every 50 \
         --init "$OUT/phase1/model.gguf" --out "$OUT/phase2" --resume --export-now
     [ -n "$PHASE" ] && exit 0
+fi
+if [ "${PHASE:-}" = 5 ]; then
+    # phase 5 (docs/ZOO.md): from phase 4's model, 2,400 steps with the
+    # single needle's share cut (it is learned) and the other tasks' raised
+    /usr/bin/python3 train/train.py $COMMON --lr 1.5e-3 --steps 2400 --seed 1341 \
+        --recall 0.8 --recall-weight 2 --recall-curriculum 256:0.35,512 --recall-eval-every 100 \
+        --recall-task-weight niah_single=0.4,niah_multikey=1.5,niah_multivalue=1.5,niah_multiquery=1.5,vt=1.5,cwe=0.5 \
+        --ckpt-every 50 --init "$OUT/phase4/model.gguf" --out "$OUT/phase5" ${RESUME:+--resume} "$@"
+    exit 0
 fi
 if [ "${PHASE:-}" = 4 ]; then
     # phase 4 (docs/ZOO.md): from phase 3's model, a 3,000-step schedule

@@ -333,6 +333,20 @@ class RecallTest(unittest.TestCase):
                 recall.parse_curriculum(bad, 512)
         self.assertEqual(recall.Pool(64, 21).tasks, ["niah_single"])
 
+    def test_task_weights(self):
+        """--recall-task-weight replaces the named tasks' shares and keeps
+        the others'; a pool draws by them (a zero share never drawn)."""
+        w = recall.parse_task_weights("niah_single=0,vt=2")
+        self.assertEqual((w["niah_single"], w["vt"], w["cwe"]), (0.0, 2.0, recall.TASK_WEIGHT["cwe"]))
+        for bad in ("nope=1", "vt", "vt=x", "vt=-1", ",".join(f"{t}=0" for t in recall.TASKS)):
+            with self.assertRaises(SystemExit, msg=bad):
+                recall.parse_task_weights(bad)
+        pool = recall.Pool(64, 21)  # the single needle alone fits 64 tokens
+        with self.assertRaises(SystemExit):  # its share 0: nothing to draw
+            pool.draw(np.random.default_rng(0), 4, 0.0, w)
+        x, _, _ = pool.draw(np.random.default_rng(0), 4, 0.0, recall.parse_task_weights("niah_single=3"))
+        self.assertEqual(x.shape[0], 4)
+
     def test_recall_batch(self):
         """A recall batch holds batch·ctx/L rows of the curriculum's length
         L, the --recall share of them from the pool, and is a function of
@@ -340,7 +354,7 @@ class RecallTest(unittest.TestCase):
         import train
 
         class FakePool:
-            def draw(self, rng, n, floor):
+            def draw(self, rng, n, floor, weights=None):
                 x, y, a = recall.rows(RecallTest.SAMPLES * n, 256)
                 return x[:n], y[:n], a[:n]
 

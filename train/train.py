@@ -88,6 +88,9 @@ def parse(argv):
                         "(default 256:0.3,--ctx); niah_single's depths widen until the first full-context stage")
     p.add_argument("--recall-weight", type=float, default=1.0,
                    help="the loss adds this times the mean NLL of the batch's answer tokens")
+    p.add_argument("--recall-task-weight", default="",
+                   help="TASK=SHARE,… : the recall rows' task shares, replacing recall.TASK_WEIGHT's for those "
+                        "tasks (e.g. niah_single=0.5,niah_multikey=1.5)")
     p.add_argument("--recall-pool", type=int, default=2000, help="training samples per task and context")
     p.add_argument("--recall-eval-every", type=int, default=100, help="steps between held-out recall checks")
     p.add_argument("--recall-eval-n", type=int, default=12, help="held-out samples per task (and depth) per check")
@@ -97,6 +100,7 @@ def parse(argv):
     if not 0 <= a.recall <= 1:
         p.error("--recall must be in [0, 1]")
     a.curriculum = recall.parse_curriculum(a.recall_curriculum, a.ctx) if a.recall_curriculum else None
+    a.task_weight = recall.parse_task_weights(a.recall_task_weight) if a.recall_task_weight else recall.TASK_WEIGHT
     if a.recall and (a.recall_pool < 21 or a.recall_eval_every < 1 or a.recall_eval_n < 1 or a.ctx < 256):
         p.error("--recall needs --recall-pool ≥ 21, positive --recall-eval-every and --recall-eval-n, --ctx ≥ 256")
     for name in ("steps", "batch", "ctx", "threads", "eval_windows", "ckpt_every", "log_every"):
@@ -152,7 +156,7 @@ def recall_batch(a, ids, pools, step):
     x = np.concatenate([np.full((n - nr, 1), data.BOS, dtype=np.int64), rows[:, :-1]], axis=1)
     y, ans = rows.astype(np.int64), np.zeros(rows.shape, dtype=bool)
     if nr:
-        rx, ry, ra = pools[L].draw(rng, nr, recall_depth_floor(a, step))
+        rx, ry, ra = pools[L].draw(rng, nr, recall_depth_floor(a, step), a.task_weight)
         x, y, ans = np.concatenate([x, rx]), np.concatenate([y, ry]), np.concatenate([ans, ra])
     return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(ans)
 
@@ -215,7 +219,7 @@ def main(argv=None):
         recipe["init"] = a.init
     if a.recall:
         recipe.update({"recall": a.recall, "recall_weight": a.recall_weight, "recall_pool": a.recall_pool,
-                       "recall_tasks": recall.TASKS, "recall_task_weight": recall.TASK_WEIGHT,
+                       "recall_tasks": recall.TASKS, "recall_task_weight": a.task_weight,
                        "recall_seed": recall.TRAIN_SEED, "recall_haystack": "train",
                        "recall_contexts": recall_contexts(a)})
         if a.curriculum:
