@@ -36,6 +36,7 @@ func newEval() *cobra.Command {
 		suite, zoo, dataDir                   string
 		samples                               int
 		methods                               []string
+		matrix                                recallMatrix
 	)
 	c := &cobra.Command{
 		Use:   "eval -m MODEL [--tokenizer T] --out DIR [--suite compress|recall] [--quick]",
@@ -76,11 +77,12 @@ The committed docs/RESULTS.md comes from:
 			case "compress":
 			case "recall":
 				return runRecall(cmd, recallArgs{model: modelPath, tok: tokPath, out: out, report: report, quick: quick,
-					zoo: zoo, data: dataDir, samples: samples, jobs: jobs, noProgress: noProgress, methods: methods})
+					zoo: zoo, data: dataDir, samples: samples, jobs: jobs, noProgress: noProgress, methods: methods,
+					matrix: matrix})
 			default:
 				return fmt.Errorf("--suite must be compress or recall, got %q", suite)
 			}
-			for _, name := range []string{"zoo", "data", "samples", "methods"} {
+			for _, name := range append([]string{"zoo", "data", "samples", "methods"}, recallMatrixFlags...) {
 				if cmd.Flags().Changed(name) {
 					return fmt.Errorf("--%s belongs to --suite recall", name)
 				}
@@ -205,6 +207,7 @@ The committed docs/RESULTS.md comes from:
 	f.StringVar(&dataDir, "data", "", "recall: the folder of "+eval.HeldOutFile+" (default ../shared/data)")
 	f.IntVar(&samples, "samples", 0, "recall: samples per cell (default: the ±5-point Wilson count, 381; --quick 8)")
 	f.StringSliceVar(&methods, "methods", nil, "recall: the methods to score besides the full cache (default: every registered method; --quick snapkv)")
+	matrix.flags(f)
 	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr (there is none unless stderr is a terminal)")
 	c.AddCommand(newRecallData())
 	return c

@@ -14,7 +14,9 @@ import (
 	"github.com/kvlm/kvlm/eval"
 	"github.com/kvlm/kvlm/internal/progress"
 	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // recallArgs are the flags `kvlm eval --suite recall` reads.
@@ -23,6 +25,90 @@ type recallArgs struct {
 	quick, noProgress                  bool
 	samples, jobs                      int
 	methods                            []string
+	matrix                             recallMatrix
+}
+
+// recallMatrix is the part of the recall suite's matrix a run covers
+// (each nil: the default's, or --quick's).
+type recallMatrix struct {
+	tasks, codecs, schedules, protocols []string
+	ratios, depths                      []float64
+	contexts                            []int
+}
+
+// recallMatrixFlags are recallMatrix's flags (refused by --suite compress).
+var recallMatrixFlags = []string{"tasks", "ratios", "codecs", "schedules", "protocols", "recall-contexts", "depths"}
+
+func (m *recallMatrix) flags(f *pflag.FlagSet) {
+	f.StringSliceVar(&m.tasks, "tasks", nil, "recall: the tasks (default all: "+strings.Join(eval.RecallTasks, ", ")+")")
+	f.Float64SliceVar(&m.ratios, "ratios", nil, "recall: the ratios of kept tokens, each in (0, 1) (default 0.5,0.25,0.125,0.0625; --quick 0.25)")
+	f.StringSliceVar(&m.codecs, "codecs", nil, "recall: the codecs the compressed caches store (default f16,q8,q4,kivi2; --quick f16)")
+	f.StringSliceVar(&m.schedules, "schedules", nil, "recall: "+eval.SchedPrefill+" (compress once after the prompt) and/or "+eval.SchedDecode+" (and at every step) (default both; --quick prefill)")
+	f.StringSliceVar(&m.protocols, "protocols", nil, "recall: "+eval.ProtoAware+" and/or "+eval.ProtoAgnostic+" (default both)")
+	f.IntSliceVar(&m.contexts, "recall-contexts", nil, "recall: the context lengths (default 512,1024,2048 as the model fits; --quick 256)")
+	f.Float64SliceVar(&m.depths, "depths", nil, "recall: niah_single's needle depths, each in [0, 1] (default 0,0.1,…,1; --quick 0,0.5,1)")
+}
+
+// apply checks m and sets the parts of cfg it names.
+func (m recallMatrix) apply(cfg *eval.RecallConfig) error {
+	oneOf := func(flag string, got, allowed []string) ([]string, error) {
+		var out []string
+		for _, g := range got {
+			if !slices.Contains(allowed, g) {
+				return nil, fmt.Errorf("--%s: unknown %q (want %s)", flag, g, strings.Join(allowed, ", "))
+			}
+			if !slices.Contains(out, g) {
+				out = append(out, g)
+			}
+		}
+		return out, nil
+	}
+	var err error
+	if m.tasks != nil {
+		if cfg.Tasks, err = oneOf("tasks", m.tasks, eval.RecallTasks); err != nil {
+			return err
+		}
+	}
+	if m.codecs != nil {
+		if cfg.Codecs, err = oneOf("codecs", m.codecs, codec.Names); err != nil {
+			return err
+		}
+	}
+	if m.schedules != nil {
+		if cfg.Schedules, err = oneOf("schedules", m.schedules, []string{eval.SchedPrefill, eval.SchedDecode}); err != nil {
+			return err
+		}
+	}
+	if m.protocols != nil {
+		if cfg.Protocols, err = oneOf("protocols", m.protocols, []string{eval.ProtoAware, eval.ProtoAgnostic}); err != nil {
+			return err
+		}
+	}
+	if m.ratios != nil {
+		for _, r := range m.ratios {
+			if !(r > 0 && r < 1) {
+				return fmt.Errorf("--ratios: %g is not in (0, 1)", r)
+			}
+		}
+		cfg.Ratios = m.ratios
+	}
+	if m.depths != nil {
+		for _, d := range m.depths {
+			if !(d >= 0 && d <= 1) {
+				return fmt.Errorf("--depths: %g is not in [0, 1]", d)
+			}
+		}
+		cfg.Depths = m.depths
+	}
+	if m.contexts != nil {
+		for _, c := range m.contexts {
+			if c < 1 {
+				return fmt.Errorf("--recall-contexts: %d is not positive", c)
+			}
+		}
+		cfg.Contexts = m.contexts
+	}
+	return nil
 }
 
 // recallIgnored are eval's flags that the recall suite does not read.
@@ -83,6 +169,9 @@ func runRecall(cmd *cobra.Command, a recallArgs) error {
 		cfg.N = a.samples
 	}
 	cfg.Model, cfg.Workers = p, a.jobs
+	if err := a.matrix.apply(&cfg); err != nil {
+		return err
+	}
 	if a.methods != nil {
 		cfg.Methods = []string{"full"}
 		for _, m := range a.methods {

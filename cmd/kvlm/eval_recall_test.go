@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -92,6 +93,45 @@ func TestEvalRecallQuick(t *testing.T) {
 	}
 }
 
+// TestEvalRecallMatrix runs a part of the matrix the flags name and
+// checks that the cells are exactly that part.
+func TestEvalRecallMatrix(t *testing.T) {
+	bin := shared.Path(t, "models/stories260K/stories260K.bin")
+	tok := shared.Path(t, "models/stories260K/tok512.bin")
+	dir := t.TempDir()
+	_, errOut, code := kvlm(t, "eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--samples", "2",
+		"--methods", "streaming", "--tasks", "niah_single,vt", "--ratios", "0.5,0.125", "--codecs", "q8", "--schedules", "decode",
+		"--protocols", "query-agnostic", "--recall-contexts", "256", "--depths", "0.3")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "recall.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r eval.RecallResults
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range r.Cells {
+		if c.Error != "" || c.N != 2 {
+			t.Errorf("%+v", c)
+		}
+		got = append(got, fmt.Sprintf("%s %g %s %s %s %s %d %g", c.Method, c.Ratio, c.Codec, c.Schedule, c.Protocol, c.Task, c.Context, c.Depth))
+	}
+	want := []string{
+		"full 1 f32 - query-agnostic niah_single 256 0.3", "full 1 f32 - query-agnostic vt 256 -1",
+		"streaming 0.5 q8 decode query-agnostic niah_single 256 0.3", "streaming 0.5 q8 decode query-agnostic vt 256 -1",
+		"streaming 0.125 q8 decode query-agnostic niah_single 256 0.3", "streaming 0.125 q8 decode query-agnostic vt 256 -1",
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("cells\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // TestEvalRecallFlags checks that flags the recall suite does not read are
 // refused, not ignored, and that recall-data refuses bad input.
 func TestEvalRecallFlags(t *testing.T) {
@@ -109,6 +149,16 @@ func TestEvalRecallFlags(t *testing.T) {
 		{[]string{"eval", "--suite", "nope", "-m", bin, "--out", dir}, "--suite must be"},
 		{[]string{"eval", "-m", bin, "--out", dir, "--samples", "3"}, "--samples belongs to --suite recall"},
 		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--samples", "0"}, "--samples must be positive"},
+		{[]string{"eval", "-m", bin, "--out", dir, "--ratios", "0.5"}, "--ratios belongs to --suite recall"},
+		{[]string{"eval", "-m", bin, "--out", dir, "--recall-contexts", "256"}, "--recall-contexts belongs to --suite recall"},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--tasks", "vt,nope"}, `--tasks: unknown "nope"`},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--codecs", "q3"}, `--codecs: unknown "q3"`},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--schedules", "own"}, `--schedules: unknown "own"`},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--protocols", "aware"}, `--protocols: unknown "aware"`},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--ratios", "1"}, "--ratios: 1 is not in (0, 1)"},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--depths", "1.5"}, "--depths: 1.5 is not in [0, 1]"},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--recall-contexts", "0"}, "--recall-contexts: 0 is not positive"},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--recall-contexts", "1024"}, "exceeds the model's 512"},
 		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "niah_single", "--context", "512"}, "needs --depth"},
 		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "vt", "--context", "512", "--depth", "0.5"}, "--depth is niah_single's"},
 		{[]string{"eval", "recall-data", "--tokenizer", tok, "--task", "vt", "--context", "512", "--seed", "4294967295", "--count", "2"}, "straddle"},
