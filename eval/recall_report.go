@@ -307,7 +307,7 @@ func UpdateSection(path, section, begin, end string) error {
 	case i >= 0 && j > i:
 		s = s[:i] + strings.TrimSuffix(section, "\n") + s[j+len(end):]
 	case i >= 0 || j >= 0:
-		return fmt.Errorf("%s: one of the recall section's markers is missing", path)
+		return fmt.Errorf("%s: one of the markers %q and %q is missing", path, begin, end)
 	default:
 		if s != "" && !strings.HasSuffix(s, "\n\n") {
 			s = strings.TrimRight(s, "\n") + "\n\n"
@@ -452,15 +452,29 @@ func PlotRecall(dir string, r *RecallResults) ([]Figure, error) {
 	return figs, nil
 }
 
-// CarrySection is report with old's recall section (if any) appended:
-// the compress suite rewrites its report whole and must not drop the
-// recall suite's section.
+// CarrySection is report with old's sections written by the other suites
+// (recall, zoo; each kept if report lacks it) appended in their order in
+// old: the compress suite rewrites its report whole and must not drop them.
 func CarrySection(old, report []byte) []byte {
-	s := string(old)
-	i, j := strings.Index(s, RecallSectionBegin), strings.Index(s, RecallSectionEnd)
-	if i < 0 || j < i || strings.Contains(string(report), RecallSectionBegin) {
+	s, out := string(old), strings.TrimRight(string(report), "\n")
+	type sec struct {
+		at   int
+		text string
+	}
+	var secs []sec
+	for _, m := range [][2]string{{RecallSectionBegin, RecallSectionEnd}, {ZooSectionBegin, ZooSectionEnd}} {
+		i, j := strings.Index(s, m[0]), strings.Index(s, m[1])
+		if i < 0 || j < i || strings.Contains(string(report), m[0]) {
+			continue
+		}
+		secs = append(secs, sec{i, s[i : j+len(m[1])]})
+	}
+	if len(secs) == 0 {
 		return report
 	}
-	out := strings.TrimRight(string(report), "\n") + "\n\n" + s[i:j+len(RecallSectionEnd)] + "\n"
-	return []byte(out)
+	slices.SortFunc(secs, func(a, b sec) int { return a.at - b.at })
+	for _, x := range secs {
+		out += "\n\n" + x.text
+	}
+	return []byte(out + "\n")
 }

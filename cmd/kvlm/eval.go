@@ -39,7 +39,7 @@ func newEval() *cobra.Command {
 		matrix                                recallMatrix
 	)
 	c := &cobra.Command{
-		Use:   "eval -m MODEL [--tokenizer T] --out DIR [--suite compress|recall] [--quick]",
+		Use:   "eval -m MODEL [--tokenizer T] --out DIR [--suite compress|recall] [--quick] | eval --suite zoo --zoo DIR --out DIR",
 		Short: "Sweep the KV-cache methods and codecs; write results.json, plots and a Markdown report",
 		Long: `Sweep the KV-cache methods and codecs on a model and write, into --out:
 results.json (every number), PNG and SVG plots, and a Markdown report that
@@ -60,6 +60,17 @@ section of --report, leaving the rest of that file as it is. --zoo DIR adds
 every DIR/*/model.gguf under the best three methods. kvlm eval recall-data
 prints the suite's samples (for a trainer: seeds ≥ 2^32).
 
+--suite zoo --zoo DIR scores every DIR/*/model.gguf of the trained zoo
+(docs/ZOO.md; no -m) on the held-out windows of its record.json: kvlm's
+full-cache f32 NLL must equal the trainer's within 1e-3 (else it fails),
+then each window's first 192 tokens are prefilled (SnapKV: compressed) and
+the rest scored, under the full cache in f32, f16, q8, q4 and kivi2 and
+SnapKV at ratio 0.25 in f16 and q8, with the KV bytes per token each holds
+(pool and kvcalc); an uptrained FROM-to-TO model adds the MHA→GQA
+uptraining table (FROM converted in-process by convert kv-heads). It writes
+OUT/zoo.json and OUT/zoo_pareto.png and replaces the zoo section of
+--report. --quick scores 4 windows per model.
+
 --quick runs a small sweep (seconds): what the tests run.
 The committed docs/RESULTS.md comes from:
   kvlm eval -m ../shared/models/stories260K/stories260K.bin \
@@ -67,22 +78,27 @@ The committed docs/RESULTS.md comes from:
     --out docs/results --report docs/RESULTS.md`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if modelPath == "" {
-				return errors.New("no model given: use -m MODEL")
-			}
-			if out == "" {
-				return errors.New("no output folder given: use --out DIR")
-			}
 			switch suite {
 			case "compress":
 			case "recall":
 				return runRecall(cmd, recallArgs{model: modelPath, tok: tokPath, out: out, report: report, quick: quick,
 					zoo: zoo, data: dataDir, samples: samples, jobs: jobs, noProgress: noProgress, methods: methods,
 					matrix: matrix})
+			case "zoo":
+				return runZoo(cmd, zooArgs{zoo: zoo, out: out, report: report, quick: quick, jobs: jobs, noProgress: noProgress})
 			default:
-				return fmt.Errorf("--suite must be compress or recall, got %q", suite)
+				return fmt.Errorf("--suite must be compress, recall or zoo, got %q", suite)
 			}
-			for _, name := range append([]string{"zoo", "data", "samples", "methods"}, recallMatrixFlags...) {
+			if modelPath == "" {
+				return errors.New("no model given: use -m MODEL")
+			}
+			if out == "" {
+				return errors.New("no output folder given: use --out DIR")
+			}
+			if cmd.Flags().Changed("zoo") {
+				return errors.New("--zoo belongs to --suite recall and --suite zoo")
+			}
+			for _, name := range append([]string{"data", "samples", "methods"}, recallMatrixFlags...) {
 				if cmd.Flags().Changed(name) {
 					return fmt.Errorf("--%s belongs to --suite recall", name)
 				}
@@ -194,7 +210,7 @@ The committed docs/RESULTS.md comes from:
 	f.StringVar(&tokPath, "tokenizer", "", "llama2.c tokenizer.bin")
 	f.StringVar(&out, "out", "", "output folder: results.json and the figures")
 	f.StringVar(&report, "report", "", "Markdown report path (default OUT/RESULTS.md); figures are linked relative to it")
-	f.BoolVar(&quick, "quick", false, "a small sweep (seconds), as the tests run")
+	f.BoolVar(&quick, "quick", false, "a small sweep (seconds), as the tests run (zoo: 4 windows per model)")
 	f.StringVar(&text, "text", "", "held-out in-domain text (default ../shared/data/tinystories_valid_head.txt)")
 	f.StringSliceVar(&ood, "ood", nil, "out-of-domain texts to stream (default: Sherlock Holmes and War and Peace from ../shared/data; none with --quick)")
 	f.Uint64Var(&seed, "seed", 1, "seed of the context sampling")
@@ -202,8 +218,8 @@ The committed docs/RESULTS.md comes from:
 	f.IntVar(&streamTokens, "stream-tokens", 0, "tokens streamed through the bounded caches (default 20000; --quick 1200)")
 	f.IntVar(&denseTokens, "dense-tokens", 0, "tokens streamed through the dense cache (default 4096; --quick 1200)")
 	f.IntVar(&jobs, "jobs", runtime.NumCPU(), "trials run at once")
-	f.StringVar(&suite, "suite", "compress", "compress: perplexity and compress-then-continue; recall: the RULER-style recall suite (docs/RECALL.md)")
-	f.StringVar(&zoo, "zoo", "", "recall: also score every DIR/*/model.gguf with the best three methods")
+	f.StringVar(&suite, "suite", "compress", "compress: perplexity and compress-then-continue; recall: the RULER-style recall suite (docs/RECALL.md); zoo: every --zoo model × codec × SnapKV (docs/ZOO.md)")
+	f.StringVar(&zoo, "zoo", "", "recall: also score every DIR/*/model.gguf with the best three methods; zoo: the models (DIR/*/model.gguf with record.json)")
 	f.StringVar(&dataDir, "data", "", "recall: the folder of "+eval.HeldOutFile+" (default ../shared/data)")
 	f.IntVar(&samples, "samples", 0, "recall: samples per cell (default: the ±5-point Wilson count, 381; --quick 8)")
 	f.StringSliceVar(&methods, "methods", nil, "recall: the methods to score besides the full cache (default: every registered method; --quick snapkv)")
