@@ -286,6 +286,18 @@ func TestUpdateSection(t *testing.T) {
 	if got := string(CarrySection([]byte(head), []byte("# new\n"))); got != "# new\n" {
 		t.Errorf("carried from a report without the section: %q", got)
 	}
+	// With the zoo suite's section too: both carried, in their order.
+	zoo := ZooSectionBegin + "\nzoo\n" + ZooSectionEnd + "\n"
+	if err := UpdateSection(path, zoo, ZooSectionBegin, ZooSectionEnd); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(path)
+	if got, want := string(CarrySection(b, []byte("# new\n"))), "# new\n\n"+sec("two")+"\n"+zoo; got != want {
+		t.Errorf("carried both:\n%q\nwant\n%q", got, want)
+	}
+	if got, want := string(CarrySection(b, []byte("# new\n\n"+zoo))), "# new\n\n"+zoo+"\n"+sec("two"); got != want {
+		t.Errorf("carried the recall section after a report holding the zoo's:\n%q\nwant\n%q", got, want)
+	}
 	if err := os.WriteFile(path, []byte(head+RecallSectionBegin+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}

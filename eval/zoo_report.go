@@ -136,7 +136,7 @@ func WriteZooSection(r *ZooResults, figs []Figure, info ReportInfo) string {
 			case v.Codec == "f32" && v.Method == "full":
 				p(" %.4f |", row.NLL)
 			default:
-				p(" %.4f (%+.4f ± %.4f) |", row.NLL, row.Delta, row.DeltaSE)
+				p(" %.4f (%s) |", row.NLL, zooDelta(row.Delta, row.DeltaSE))
 			}
 		}
 		p("\n")
@@ -247,6 +247,15 @@ func WriteZooSection(r *ZooResults, figs []Figure, info ReportInfo) string {
 	}
 	p("%s\n", ZooSectionEnd)
 	return b.String()
+}
+
+// zooDelta is a paired NLL difference and its standard error: four
+// decimals, or two significant digits when both are under 1e-4.
+func zooDelta(d, se float64) string {
+	if math.Abs(d) < 1e-4 && se < 1e-4 {
+		return fmt.Sprintf("%+.1e ± %.1e", d, se)
+	}
+	return fmt.Sprintf("%+.4f ± %.4f", d, se)
 }
 
 // bpt is bytes per token: whole numbers with thousands separators, else
