@@ -195,7 +195,8 @@ type ZooRow struct {
 	Top1 float64 `json:"top1_agreement"`
 	// KVBytes is the pool's bytes holding the prefix (after compression),
 	// mean over windows; KVBytesPerToken = KVBytes / Prefix; KVBytesPeak
-	// the most the sequence held while scoring.
+	// the most the sequence held (a policy's prefix before it compressed
+	// it included).
 	KVBytes         float64 `json:"kv_bytes"`
 	KVBytesPerToken float64 `json:"kv_bytes_per_token"`
 	KVBytesPeak     float64 `json:"kv_bytes_peak"`

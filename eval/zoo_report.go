@@ -66,7 +66,7 @@ func WriteZooSection(r *ZooResults, figs []Figure, info ReportInfo) string {
 	}
 	nw := swept[0].Rows[0].Windows
 	preds := swept[0].Rows[0].Predictions / max(1, nw) // per window
-	p("Models: every `model.gguf` of the zoo (docs/ZOO.md; all trained alike, tok512, context 256). ")
+	p("Models: every `model.gguf` of the zoo (docs/ZOO.md; tok512, context 256). ")
 	p("Text: the trainer's own held-out windows (record.json: BOS + 255 tokens of the held-out part of `data/tinystories_valid_head.txt`, train/data.py).\n\n")
 	p("**What is scored.** Each of %d windows per model: its first %d tokens (BOS first) are prefilled into the cache — and, for SnapKV, compressed to the ratio's share once after them — then the remaining tokens are fed one at a time (teacher forced) and the NLL of each prediction made after the prefix is scored: tokens %d…%d of the window (BOS is token 1), %d predictions per window, %d per row. ",
 		nw, cfg.Prefix, cfg.Prefix+2, cfg.Prefix+preds+1, preds, preds*nw)
@@ -102,7 +102,7 @@ func WriteZooSection(r *ZooResults, figs []Figure, info ReportInfo) string {
 				w, model.DefaultChunk, blocks, fp.BlockTokens, blocks*fp.BlockTokens, cfg.Prefix, cfg.Prefix)
 		}
 	}
-	p("Beside each measured figure, in brackets, kvcalc's for the same file, codec, prefix and ratio (`kvlm kvcalc -m FILE --seq %d`; the pool's count, which the arena must equal for the full caches).\n\n", cfg.Prefix)
+	p("Beside each measured figure, in brackets, kvcalc's for the same file, codec, prefix and ratio (`kvlm kvcalc -m FILE --seq %d --kv-type CODEC`, with `--kv-ratio R` for a policy; the pool's count).\n\n", cfg.Prefix)
 
 	// kvlm reproduces the trainer.
 	p("### kvlm reproduces the trainer\n\n")
@@ -167,15 +167,15 @@ func WriteZooSection(r *ZooResults, figs []Figure, info ReportInfo) string {
 	var off []string
 	for _, m := range swept {
 		for _, row := range m.Rows {
-			if row.Method == "full" && math.Abs(row.KVBytes-float64(row.KVCalcBytes)) > 0.5 {
+			if math.Abs(row.KVBytes-float64(row.KVCalcBytes)) > 0.5 {
 				off = append(off, fmt.Sprintf("%s %s (measured %s, kvcalc %s)", m.Name, row.Variant, commas(int64(row.KVBytes)), commas(row.KVCalcBytes)))
 			}
 		}
 	}
 	if len(off) == 0 {
-		p("Every full-cache row's measured bytes equal kvcalc's exactly. ")
+		p("Every row's measured bytes equal kvcalc's exactly (for a policy kvcalc counts ⌈ratio · %d⌉ tokens kept in every table, a window-bounded one at most what its window holds). ", cfg.Prefix)
 	} else {
-		p("Full-cache rows whose measured bytes differ from kvcalc's: %s. ", strings.Join(off, "; "))
+		p("Rows whose measured bytes differ from kvcalc's (which counts, for a policy, ⌈ratio · %d⌉ tokens kept in every table): %s. ", cfg.Prefix, strings.Join(off, "; "))
 	}
 	var more []string
 	for _, m := range swept {
@@ -189,7 +189,7 @@ func WriteZooSection(r *ZooResults, figs []Figure, info ReportInfo) string {
 	if len(more) > 0 {
 		p("Lossy codecs holding more than f16 at this length: %s — KIVI's residual (128 f16 tokens and the group being sealed, allocated for every table, a window-bounded one too) outweighs its 2-bit groups this short. ", strings.Join(more, "; "))
 	}
-	p("For SnapKV kvcalc counts %d kept tokens in every cache layer (a window-bounded layer: at most what its window sees); the measured figure is what the policy kept.\n\n", int(math.Ceil(0.25*float64(cfg.Prefix))))
+	p("\n\n")
 
 	// The Pareto picture.
 	p("### NLL against KV bytes per token\n\n")

@@ -11,15 +11,20 @@ import (
 	"github.com/kvlm/kvlm/kvcalc"
 )
 
-// zooSubset is a zoo folder of links to some of zooDir()'s models (their
-// model.gguf and record.json); edit, if set, rewrites a record first.
+// committedZoo is the zoo in the repository (the tests below name its
+// models; $KVLM_ZOO's micro models are TestZoo's alone).
+var committedZoo = filepath.Join("..", "..", "train", "zoo")
+
+// zooSubset is a zoo folder of links to some of committedZoo's models
+// (their model.gguf and record.json); edit, if set, rewrites a record
+// first.
 func zooSubset(t *testing.T, names []string, edit func(name string, rec map[string]any)) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, n := range names {
-		src := filepath.Join(zooDir(), n)
+		src := filepath.Join(committedZoo, n)
 		if _, err := os.Stat(filepath.Join(src, "model.gguf")); err != nil {
-			t.Skipf("no %s in %s", n, zooDir())
+			t.Fatalf("no %s in %s: %v", n, committedZoo, err)
 		}
 		abs, err := filepath.Abs(src)
 		if err != nil {
