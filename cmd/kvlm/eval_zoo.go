@@ -102,6 +102,7 @@ func runZoo(cmd *cobra.Command, a zooArgs) error {
 	if a.jobs < 1 {
 		return fmt.Errorf("--jobs must be positive, got %d", a.jobs)
 	}
+	commit, dirty := gitCommit() // before this run rewrites its own outputs
 	tmp, err := os.MkdirTemp("", "kvlm-zoo-")
 	if err != nil {
 		return err
@@ -151,7 +152,6 @@ func runZoo(cmd *cobra.Command, a zooArgs) error {
 	if err != nil {
 		rel = a.out
 	}
-	commit, dirty := gitCommit()
 	sec := eval.WriteZooSection(res, figs, eval.ReportInfo{Command: commandLine(cmd), Commit: commit, Dirty: dirty, ImgDir: rel})
 	if err := eval.UpdateSection(a.report, sec, eval.ZooSectionBegin, eval.ZooSectionEnd); err != nil {
 		return err
