@@ -53,7 +53,8 @@ type recallRecord struct {
 func TestRecallModel(t *testing.T) {
 	dirs := []string{recallModelDir()}
 	if os.Getenv("KVLM_RECALL") == "" {
-		dirs = append(dirs, filepath.Join(dirs[0], "phase4")) // docs/ZOO.md, "Phase 4"
+		// docs/ZOO.md, "Phase 4" and "Phase 5"
+		dirs = append(dirs, filepath.Join(dirs[0], "phase4"), filepath.Join(dirs[0], "phase5"))
 	}
 	for _, dir := range dirs {
 		t.Run(filepath.Base(dir), func(t *testing.T) { checkRecallModel(t, dir) })
