@@ -14,8 +14,9 @@
 //
 // By default each row runs a two-pass softmax over its visible slots in
 // run.c's order (every score, their maximum, the exponentials and their
-// sum, each weight divided by the sum, then the weighted sum of values);
-// every row's numbers are independent of the tile it is computed in, so a
+// sum, each weight divided by the sum, then the weighted sum of values),
+// over the panels of 16 slots its query sees only (by the slots'
+// positions, whatever their order in the cache); every row's numbers are independent of the tile it is computed in, so a
 // prompt run as a matrix and token by token give the same bits.
 // Batch.Online selects an online softmax instead, where each panel updates
 // a running maximum, sum and output per row. Decode attention of a long
@@ -264,19 +265,23 @@ type tile struct {
 	panels []panel
 	pos    []int32 // [panels][16] positions of the panels' slots
 	vis    []uint8 // [nq][panels]
+	r0, r1 []int   // [nq] query t sees panels in [r0[t], r1[t]) only (r0 = r1: none)
 	h      int
 	q0, nq int
 	rows   int
-	ld     int // columns of s: 16 per panel
 	p0, p1 int // the panels [p0, p1) some query of the tile sees (a window's)
+	ld     int // columns of s: 16 per panel of [p0, p1)
 
 	q, qp []float32 // [rows][hd] queries, gathered and packed
-	s     []float32 // [rows][ld] scores, then weights
-	o     []float32 // [rows][hd] outputs
-	m, l  []float32 // [rows] maximum and sum
-	kpan  []float32 // [hd][16] a key panel
-	dec   []float32 // [16][hd] decoded slots
-	mag   [tensor.AttnLanes]float32
+	// s holds the scores, then the weights, of the panels [p0, p1): panel
+	// pi in columns (pi−p0)·16 …; a row's columns outside its query's
+	// panels [r0, r1) are not written (nothing reads them).
+	s    []float32 // [rows][ld]
+	o    []float32 // [rows][hd] outputs
+	m, l []float32 // [rows] maximum and sum
+	kpan []float32 // [hd][16] a key panel
+	dec  []float32 // [16][hd] decoded slots
+	mag  [tensor.AttnLanes]float32
 }
 
 var tiles = sync.Pool{New: func() any { return new(tile) }}
@@ -301,36 +306,57 @@ func (w *tile) setup(b *Batch, it *item) {
 	w.segs = b.Segs(it.head)[it.s0:it.s1]
 	w.buildPanels(it.slot0)
 	np := len(w.panels)
-	w.ld = tensor.AttnLanes * np
 	w.q = grow(w.q, w.rows*hd)
 	w.qp = grow(w.qp, w.rows*hd)
-	w.s = grow(w.s, w.rows*w.ld)
 	w.o = grow(w.o, w.rows*hd)
 	w.m = grow(w.m, w.rows)
 	w.l = grow(w.l, w.rows)
 	w.kpan = grow(w.kpan, hd*tensor.AttnLanes)
 	w.dec = grow(w.dec, tensor.AttnLanes*hd)
 	w.vis = grow(w.vis, w.nq*np)
+	w.r0, w.r1 = grow(w.r0, w.nq), grow(w.r1, w.nq)
 	stride := b.Heads * G * hd
 	for t := 0; t < w.nq; t++ {
 		off := (w.q0+t)*stride + w.h*G*hd
 		copy(w.q[t*G*hd:(t+1)*G*hd], b.Q[off:off+G*hd])
 	}
 	tensor.PackQueries(w.qp, w.q, w.rows, hd)
+	// Each query's visible panels, by the positions of their slots (in
+	// any order): classify hides a panel only when every slot of it is.
 	w.p0, w.p1 = np, 0
 	for t := 0; t < w.nq; t++ {
 		p := b.Pos[w.q0+t]
+		r0, r1 := np, 0
 		for pi := range w.panels {
 			v := b.classify(&w.panels[pi], p)
 			w.vis[t*np+pi] = v
 			if v != visNone {
-				w.p0, w.p1 = min(w.p0, pi), max(w.p1, pi+1)
+				r0, r1 = min(r0, pi), pi+1
 			}
 		}
+		if r0 >= r1 {
+			r0, r1 = 0, 0
+		} else {
+			w.p0, w.p1 = min(w.p0, r0), max(w.p1, r1)
+		}
+		w.r0[t], w.r1[t] = r0, r1
 	}
 	if w.p0 >= w.p1 {
 		w.p0, w.p1 = 0, 0
 	}
+	for t := 0; t < w.nq; t++ {
+		if w.r0[t] == w.r1[t] {
+			w.r0[t], w.r1[t] = w.p0, w.p0
+		}
+	}
+	w.ld = tensor.AttnLanes * (w.p1 - w.p0)
+	w.s = grow(w.s, w.rows*w.ld)
+}
+
+// cols returns the columns of w.s that hold panel pi's (pi in [p0, p1)),
+// from row 0.
+func (w *tile) cols(pi int) []float32 {
+	return w.s[(pi-w.p0)*tensor.AttnLanes:]
 }
 
 // buildPanels splits w.segs into panels: segments with room for 16 slots
@@ -482,14 +508,15 @@ func (w *tile) values(p *panel, hd int) ([]byte, tensor.DType, int) {
 	return f32Bytes(w.dec), tensor.F32, 4 * hd
 }
 
-// scores fills column block pi of w.s with the raw scores q·k (times the
-// key magnitudes), −Inf where a slot is hidden from the row's query (and in
-// lanes past the panel's slots). It reports whether any row sees a slot.
+// scores fills panel pi's columns of w.s (pi in [p0, p1)) with the raw
+// scores q·k (times the key magnitudes), −Inf where a slot is hidden from
+// the row's query (and in lanes past the panel's slots). It reports whether
+// any row sees a slot.
 func (w *tile) scores(b *Batch, pi int) bool {
 	const L = tensor.AttnLanes
 	p := &w.panels[pi]
 	np, ld, G := len(w.panels), w.ld, b.G
-	col := w.s[pi*L:]
+	col := w.cols(pi)
 	inf := float32(math.Inf(-1))
 	any := false
 	for t := 0; t < w.nq; t++ {
@@ -550,14 +577,13 @@ func softcapScores(c []float32, norm, cap float32) {
 	}
 }
 
-// weighted adds, for panel pi, the weights of w.s (times the value
-// magnitudes) times the panel's values to w.o, for the rows of the queries
-// that see some of its slots.
+// weighted adds, for panel pi (in [p0, p1)), the weights of w.s (times the
+// value magnitudes) times the panel's values to w.o, for the rows of the
+// queries that see some of its slots.
 func (w *tile) weighted(b *Batch, pi int) {
-	const L = tensor.AttnLanes
 	p := &w.panels[pi]
 	np, ld, G, hd := len(w.panels), w.ld, b.G, b.HeadDim
-	col := w.s[pi*L:]
+	col := w.cols(pi)
 	if p.vmag {
 		w.scaleByMag(p, col, ld, func(s *kvcache.Segment) []float32 { return s.VMag })
 	}
@@ -586,21 +612,21 @@ func (w *tile) weighted(b *Batch, pi int) {
 // (in slot order), each divided by the sum. A row that sees no slot becomes
 // zeros with sum 0 (w.l). With Dummy, the dummy's score 0 joins the
 // maximum (w.m) and its exponential the sum, added after the slots'.
+//
+// A row runs over the panels [r0, r1) of its query only: the panels outside
+// hold no slot it sees, whose −Inf scores would become weights 0, which
+// leave its maximum and sum (added in order from +0) bit for bit as they
+// are. Nothing reads a row's columns outside its panels.
 func (w *tile) probs(b *Batch) {
+	const L = tensor.AttnLanes
 	for pi := w.p0; pi < w.p1; pi++ {
 		w.scores(b, pi)
 	}
-	// Only the columns of panels some query sees hold scores; the others
-	// are weights 0 (as their −Inf scores would become), which leave every
-	// maximum and sum as they are.
-	ld := w.ld
-	c0, c1 := w.p0*tensor.AttnLanes, w.p1*tensor.AttnLanes
+	ld, G := w.ld, b.G
 	inf := float32(math.Inf(-1))
 	for r := 0; r < w.rows; r++ {
-		full := w.s[r*ld : (r+1)*ld]
-		clear(full[:c0])
-		clear(full[c1:])
-		row := full[c0:c1]
+		t := r / G
+		row := w.s[r*ld+(w.r0[t]-w.p0)*L : r*ld+(w.r1[t]-w.p0)*L]
 		mx := tensor.AttnMax(row)
 		if b.Dummy {
 			// The dummy's score 0 takes part in the maximum.
@@ -620,7 +646,17 @@ func (w *tile) probs(b *Batch) {
 		}
 		tensor.AttnExp(row, b.Norm, mx/b.Norm)
 	}
-	rowSums(w.s[c0:], ld, c1-c0, w.rows, w.l)
+	// The sums, four rows in step where consecutive queries see the same
+	// panels (the rows of one query always do).
+	for t0 := 0; t0 < w.nq; {
+		t1 := t0 + 1
+		for t1 < w.nq && w.r0[t1] == w.r0[t0] && w.r1[t1] == w.r1[t0] {
+			t1++
+		}
+		c0, c1 := (w.r0[t0]-w.p0)*L, (w.r1[t0]-w.p0)*L
+		rowSums(w.s[t0*G*ld+c0:], ld, c1-c0, (t1-t0)*G, w.l[t0*G:])
+		t0 = t1
+	}
 	if b.Dummy {
 		// The dummy's exponential joins the sum, after the slots'.
 		for r := 0; r < w.rows; r++ {
@@ -629,7 +665,8 @@ func (w *tile) probs(b *Batch) {
 	}
 	for r := 0; r < w.rows; r++ {
 		if w.l[r] != 0 {
-			tensor.AttnDiv(w.s[r*ld+c0:r*ld+c1], w.l[r])
+			t := r / G
+			tensor.AttnDiv(w.s[r*ld+(w.r0[t]-w.p0)*L:r*ld+(w.r1[t]-w.p0)*L], w.l[r])
 		}
 	}
 }
@@ -666,7 +703,7 @@ func (w *tile) exact(b *Batch, it *item) {
 	w.probs(b)
 	hd, G := b.HeadDim, b.G
 	clear(w.o[:w.rows*hd])
-	for pi := range w.panels {
+	for pi := w.p0; pi < w.p1; pi++ {
 		w.weighted(b, pi)
 	}
 	stride := b.Heads * G * hd
@@ -698,8 +735,12 @@ func (w *tile) online(b *Batch, it *item, sc *Scratch) {
 		if !w.scores(b, pi) {
 			continue
 		}
+		c0 := (pi - w.p0) * L
 		for r := 0; r < w.rows; r++ {
-			c := w.s[r*ld+pi*L : r*ld+(pi+1)*L]
+			if w.vis[(r/G)*len(w.panels)+pi] == visNone {
+				continue // all −Inf: it would leave the row as it is
+			}
+			c := w.s[r*ld+c0 : r*ld+c0+L]
 			tmax := tensor.AttnMax(c)
 			if tmax == inf {
 				clear(c) // nothing visible in this panel
@@ -826,8 +867,13 @@ func (b *Batch) mass(h int, w *tile) {
 			if b.Mass.Weights != nil {
 				wt = b.Mass.Weights[q0+t-from]
 			}
-			for pi := range w.panels {
+			// Only the panels the query sees: the others' weights are 0.
+			for pi := w.r0[t]; pi < w.r1[t]; pi++ {
+				if w.vis[t*len(w.panels)+pi] == visNone {
+					continue
+				}
 				p := &w.panels[pi]
+				c0 := (pi - w.p0) * L
 				o := out[p.k0 : p.k0+p.n]
 				for j := range o {
 					var agg float32
@@ -836,7 +882,7 @@ func (b *Batch) mass(h int, w *tile) {
 						if w.l[r] == 0 {
 							continue
 						}
-						pj := w.s[r*ld+pi*L+j]
+						pj := w.s[r*ld+c0+j]
 						switch b.Mass.Agg {
 						case AggMax:
 							agg = max(agg, pj)

@@ -60,6 +60,18 @@ type fixture struct {
 // back what the codecs stored, as the reference sees it.
 func build(t testing.TB, rng *rand.Rand, heads, G, hd, tokens, B int, kc, vc codec.Codec) *fixture {
 	t.Helper()
+	pos := make([]int32, tokens)
+	for i := range pos {
+		pos[i] = int32(i)
+	}
+	return buildAt(t, rng, heads, G, hd, pos, B, kc, vc)
+}
+
+// buildAt is build with the slots' positions given, in slot order: they need
+// not be in order (as a cache whose slots an eviction policy reordered).
+func buildAt(t testing.TB, rng *rand.Rand, heads, G, hd int, positions []int32, B int, kc, vc codec.Codec) *fixture {
+	t.Helper()
+	tokens := len(positions)
 	pool, err := kvcache.NewPool(kvcache.PoolConfig{Layout: kvcache.Layout{Layers: 1, KVHeads: heads, HeadDim: hd},
 		BlockTokens: B, K: kc, V: vc, Tokens: tokens})
 	if err != nil {
@@ -73,10 +85,7 @@ func build(t testing.TB, rng *rand.Rand, heads, G, hd, tokens, B int, kc, vc cod
 		for i := range k {
 			k[i], v[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
 		}
-		pos := make([]int32, n)
-		for i := range pos {
-			pos[i] = int32(lo + i)
-		}
+		pos := positions[lo : lo+n]
 		if err := f.seq.Append(0, pos, k, v); err != nil {
 			t.Fatal(err)
 		}

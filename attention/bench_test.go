@@ -132,3 +132,64 @@ func BenchmarkDecodeGQA(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPrefillOneStep measures one layer's attention over a 2048-token
+// prompt run as one step of 2048 queries (as PyramidInfer's prefill does)
+// and in chunks of 128 (each chunk against the cache up to its end), in
+// stories260K's shape (4 KV heads × 2 query heads, head dim 8) and
+// TinyLlama's (4 × 8, head dim 64), f32 cache in blocks of 16. The two
+// compute the same outputs; the one-step rows are causally masked over the
+// whole prompt.
+func BenchmarkPrefillOneStep(b *testing.B) {
+	const tokens, chunk = 2048, 128
+	for _, sh := range []struct {
+		name         string
+		heads, G, hd int
+	}{{"stories260K", 4, 2, 8}, {"tinyllama", 4, 8, 64}} {
+		rng := rand.New(rand.NewPCG(4, 4))
+		f := build(b, rng, sh.heads, sh.G, sh.hd, tokens, 16, codec.F32, codec.F32)
+		stride := sh.heads * sh.G * sh.hd
+		q := make([]float32, tokens*stride)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		out := make([]float32, len(q))
+		pos := make([]int32, tokens)
+		for t := range pos {
+			pos[t] = int32(t)
+		}
+		for _, step := range []int{tokens, chunk} {
+			b.Run(fmt.Sprintf("%s/step=%d", sh.name, step), func(b *testing.B) {
+				var sc Scratch
+				for b.Loop() {
+					for c0 := 0; c0 < tokens; c0 += step {
+						c1 := min(c0+step, tokens)
+						bt := Batch{Heads: sh.heads, G: sh.G, HeadDim: sh.hd, Norm: float32(math.Sqrt(float64(sh.hd))),
+							Q: q[c0*stride : c1*stride], Out: out[c0*stride : c1*stride], Pos: pos[c0:c1],
+							Segs: func(h int) []kvcache.Segment { return upTo(f.seq.Segments(0, h), int32(c1)) }}
+						bt.Run(&sc)
+					}
+				}
+			})
+		}
+		f.seq.Free()
+	}
+}
+
+// upTo returns the segments' slots at positions below end (segments in
+// position order, as a prompt's are).
+func upTo(segs []kvcache.Segment, end int32) []kvcache.Segment {
+	var out []kvcache.Segment
+	for _, s := range segs {
+		if s.Pos[0] >= end {
+			break
+		}
+		n := 0
+		for n < s.N && s.Pos[n] < end {
+			n++
+		}
+		s.N, s.Pos = n, s.Pos[:n]
+		out = append(out, s)
+	}
+	return out
+}
