@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/tensor"
 )
 
 // oneStepCase is a prompt of T tokens run as one forward step (every query
@@ -114,12 +115,34 @@ func (c oneStepCase) run(t testing.TB, seed uint64) *oneStep {
 // with and without a sliding window, strict-causal with the dummy key:
 // outputs and the weighted attention mass match naiveLC (float64), and the
 // outputs are, bit for bit, what each query gives alone and what chunks of
-// 48 queries give (a row's bits do not depend on its tile).
+// 48 queries give (a row's bits do not depend on its tile), and what every
+// kernel level (the Go twins, AVX2, AVX-512) gives.
 func TestOneStepPrefill(t *testing.T) {
+	defer tensor.SetKernels("auto")
 	for i, c := range oneStepCases() {
 		t.Run(c.name, func(t *testing.T) {
 			r := c.run(t, uint64(i))
 			defer r.f.seq.Free()
+			for _, level := range []string{"go", "avx2", "avx512"} {
+				if tensor.SetKernels(level) != nil {
+					continue
+				}
+				o := c.run(t, uint64(i))
+				o.f.seq.Free()
+				for k, v := range o.out {
+					if math.Float32bits(v) != math.Float32bits(r.out[k]) {
+						t.Fatalf("kernels %s: query %d value %d: %g, default kernels %g", level, k/(c.heads*c.G*c.hd), k%(c.heads*c.G*c.hd), v, r.out[k])
+					}
+				}
+				for h := range o.mass.Out {
+					for k, v := range o.mass.Out[h] {
+						if math.Float32bits(v) != math.Float32bits(r.mass.Out[h][k]) {
+							t.Fatalf("kernels %s: head %d slot %d mass %g, default kernels %g", level, h, k, v, r.mass.Out[h][k])
+						}
+					}
+				}
+			}
+			tensor.SetKernels("auto")
 			f := r.f
 			stride := c.heads * c.G * c.hd
 			norm := math.Sqrt(float64(c.hd))
