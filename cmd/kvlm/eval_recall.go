@@ -164,6 +164,7 @@ func runRecall(cmd *cobra.Command, a recallArgs) error {
 	if a.report == "" {
 		a.report = filepath.Join(a.out, "RESULTS.md")
 	}
+	commit, dirty := gitCommit() // before this run rewrites its own outputs
 	cfg := eval.DefaultRecall(a.quick)
 	if a.samples > 0 {
 		cfg.N = a.samples
@@ -244,7 +245,6 @@ func runRecall(cmd *cobra.Command, a recallArgs) error {
 	if err != nil {
 		rel = a.out
 	}
-	commit, dirty := gitCommit()
 	sec := eval.WriteRecallSection(res, figs, eval.ReportInfo{Command: commandLine(cmd), Commit: commit, Dirty: dirty, ImgDir: rel})
 	if err := eval.UpdateSection(a.report, sec, eval.RecallSectionBegin, eval.RecallSectionEnd); err != nil {
 		return err
