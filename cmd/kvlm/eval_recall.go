@@ -230,28 +230,40 @@ func runRecall(cmd *cobra.Command, a recallArgs) error {
 			res.Wall += r.Wall
 		}
 	}
-	b, err := json.MarshalIndent(res, "", " ")
+	info := eval.ReportInfo{Command: commandLine(cmd), Commit: commit, Dirty: dirty}
+	nfig, err := writeSuite(a.out, a.report, "recall.json", res, info,
+		func() ([]eval.Figure, error) { return eval.PlotRecall(a.out, res) },
+		func(figs []eval.Figure, info eval.ReportInfo) string { return eval.WriteRecallSection(res, figs, info) },
+		eval.RecallSectionBegin, eval.RecallSectionEnd)
 	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(a.out, "recall.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	figs, err := eval.PlotRecall(a.out, res)
-	if err != nil {
-		return err
-	}
-	rel, err := filepath.Rel(filepath.Dir(a.report), a.out)
-	if err != nil {
-		rel = a.out
-	}
-	sec := eval.WriteRecallSection(res, figs, eval.ReportInfo{Command: commandLine(cmd), Commit: commit, Dirty: dirty, ImgDir: rel})
-	if err := eval.UpdateSection(a.report, sec, eval.RecallSectionBegin, eval.RecallSectionEnd); err != nil {
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "wrote %s, %d figures in %s, and the recall section of %s  (%d cells, %.0f s)\n",
-		filepath.Join(a.out, "recall.json"), len(figs), a.out, a.report, len(res.Cells), res.Wall)
+		filepath.Join(a.out, "recall.json"), nfig, a.out, a.report, len(res.Cells), res.Wall)
 	return nil
+}
+
+// writeSuite writes a suite's results: res as OUT/name (indented JSON),
+// the figures plot draws, and the section that section builds from them,
+// put between begin and end in report (the rest of that file kept). It
+// returns the number of figures.
+func writeSuite(out, report, name string, res any, info eval.ReportInfo, plot func() ([]eval.Figure, error),
+	section func([]eval.Figure, eval.ReportInfo) string, begin, end string) (int, error) {
+	b, err := json.MarshalIndent(res, "", " ")
+	if err != nil {
+		return 0, err
+	}
+	if err := os.WriteFile(filepath.Join(out, name), append(b, '\n'), 0o644); err != nil {
+		return 0, err
+	}
+	figs, err := plot()
+	if err != nil {
+		return 0, err
+	}
+	if info.ImgDir, err = filepath.Rel(filepath.Dir(report), out); err != nil {
+		info.ImgDir = out
+	}
+	return len(figs), eval.UpdateSection(report, section(figs, info), begin, end)
 }
 
 // newRecallData is `kvlm eval recall-data`: the suite's samples, for a

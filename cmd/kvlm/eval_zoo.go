@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -137,26 +136,15 @@ func runZoo(cmd *cobra.Command, a zooArgs) error {
 			res.Models[i].Path = ""
 		}
 	}
-	b, err := json.MarshalIndent(res, "", " ")
+	info := eval.ReportInfo{Command: commandLine(cmd), Commit: commit, Dirty: dirty}
+	nfig, err := writeSuite(a.out, a.report, "zoo.json", res, info,
+		func() ([]eval.Figure, error) { return eval.PlotZoo(a.out, res) },
+		func(figs []eval.Figure, info eval.ReportInfo) string { return eval.WriteZooSection(res, figs, info) },
+		eval.ZooSectionBegin, eval.ZooSectionEnd)
 	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(a.out, "zoo.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	figs, err := eval.PlotZoo(a.out, res)
-	if err != nil {
-		return err
-	}
-	rel, err := filepath.Rel(filepath.Dir(a.report), a.out)
-	if err != nil {
-		rel = a.out
-	}
-	sec := eval.WriteZooSection(res, figs, eval.ReportInfo{Command: commandLine(cmd), Commit: commit, Dirty: dirty, ImgDir: rel})
-	if err := eval.UpdateSection(a.report, sec, eval.ZooSectionBegin, eval.ZooSectionEnd); err != nil {
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "wrote %s, %d figures in %s, and the zoo section of %s  (%d models, %.0f s)\n",
-		filepath.Join(a.out, "zoo.json"), len(figs), a.out, a.report, len(res.Models), res.Wall)
+		filepath.Join(a.out, "zoo.json"), nfig, a.out, a.report, len(res.Models), res.Wall)
 	return nil
 }
