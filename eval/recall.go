@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/policy"
 )
@@ -320,15 +319,11 @@ func RecallSweep(m *model.Model, name string, v *RecallVocab, cfg RecallConfig) 
 				start := time.Now()
 				var kv model.KVOptions
 				if va.codec != "f32" {
-					kc, err := codec.Parse(va.codec, codec.Keys)
-					if err != nil {
+					var err error
+					if kv, err = kvCodec(va.codec); err != nil {
 						return err
 					}
-					vc, err := codec.Parse(va.codec, codec.Values)
-					if err != nil {
-						return err
-					}
-					kv = model.KVOptions{K: kc, V: vc, MemBytes: poolHeadroom(m)}
+					kv.MemBytes = poolHeadroom(m)
 				}
 				var kvb float64
 				for _, s := range g.samples {

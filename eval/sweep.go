@@ -267,6 +267,20 @@ func methodConfig(method, mode string, ratio float64, n int) policy.Config {
 	return policy.Config{Method: method}
 }
 
+// kvCodec is the cache's options with keys and values both in the codec
+// named (a codec.Parse name).
+func kvCodec(name string) (model.KVOptions, error) {
+	k, err := codec.Parse(name, codec.Keys)
+	if err != nil {
+		return model.KVOptions{}, err
+	}
+	v, err := codec.Parse(name, codec.Values)
+	if err != nil {
+		return model.KVOptions{}, err
+	}
+	return model.KVOptions{K: k, V: v}, nil
+}
+
 // ReadText reads a text; Gutenberg texts lose their header and licence.
 func ReadText(spec *TextSpec) (string, error) {
 	data, err := os.ReadFile(spec.Path)
@@ -575,18 +589,15 @@ func Sweep(m *model.Model, tok tokenizer.Tokenizer, cfg SweepConfig) (*Results, 
 						cfgs[ci] = n.String()
 					}
 				}
-				kc, err := codec.Parse(sp.codec, codec.Keys)
-				if err != nil {
-					return err
-				}
-				vc, err := codec.Parse(sp.codec, codec.Values)
+				kv, err := kvCodec(sp.codec)
 				if err != nil {
 					return err
 				}
 				// Twice the context's f32 bytes: the pool's size is not what is
 				// measured, and methods that compact while decoding (PyramidInfer)
 				// can need a few blocks more than the context holds.
-				tr.KV = model.KVOptions{K: kc, V: vc, MemBytes: poolHeadroom(m)}
+				kv.MemBytes = poolHeadroom(m)
+				tr.KV = kv
 				outs[ci][ti], errs[ci][ti] = Run(m, tr, refs[ti])
 				return nil
 			})})

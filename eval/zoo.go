@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/kvcalc"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/policy"
@@ -328,15 +327,11 @@ func zooModel(in ZooInput, cfg ZooConfig) (ZooModel, error) {
 						}
 					}
 				}
-				kc, err := codec.Parse(v.Codec, codec.Keys)
+				kv, err := kvCodec(v.Codec)
 				if err != nil {
 					return err
 				}
-				vc, err := codec.Parse(v.Codec, codec.Values)
-				if err != nil {
-					return err
-				}
-				t.KV = model.KVOptions{K: kc, V: vc}
+				t.KV = kv
 				if outs[wi][vi], err = Run(m, t, ref); err != nil {
 					return fmt.Errorf("%s: %w", v.Name, err)
 				}
