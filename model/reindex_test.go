@@ -42,21 +42,29 @@ func TestReindexPerLayerRope(t *testing.T) {
 		// rule checks one layer's cache before token t: the kept tokens
 		// idx at positions pos, and token t at qpos.
 		rule func(t int, idx, pos []int, qpos int) error
+		// canon: the reference rotates at StreamingLLM's positions
+		// 0..n-1 with the query at n, not at the ones the cache holds, and
+		// the offset the cache's run starts at must have grown and been
+		// rebased to 0 once at least.
+		canon bool
 	}{
 		// Re-indexing needs every layer to hold the same tokens: over the
 		// model's own cache it is refused (policy's own test).
 		{"streaming reindex", policy.Config{Method: "streaming", Sinks: sinks, Window: window, Positions: policy.PosReindex}, []bool{false},
+			// Consecutive from some offset, the next token right after:
+			// the distances of slots 0..n-1 and a query at n.
 			func(t int, idx, pos []int, qpos int) error {
+				off := qpos - len(idx)
+				if off < 0 || off > 2*len(idx)+1 {
+					return fmt.Errorf("next position %d with %d slots: offset %d outside [0, 2n+1]", qpos, len(idx), off)
+				}
 				for r := range pos {
-					if pos[r] != r {
-						return fmt.Errorf("slot %d at position %d, want %d", r, pos[r], r)
+					if pos[r] != off+r {
+						return fmt.Errorf("slot %d at position %d, want %d", r, pos[r], off+r)
 					}
 				}
-				if qpos != len(idx) {
-					return fmt.Errorf("next position %d, want %d", qpos, len(idx))
-				}
 				return nil
-			}},
+			}, true},
 		// A window of 6 inside the local layers' 8: the sinks it moves are
 		// seen there.
 		{"lminfinite", policy.Config{Method: "lminfinite", Sinks: sinks, Window: 6}, []bool{false, true},
@@ -74,7 +82,7 @@ func TestReindexPerLayerRope(t *testing.T) {
 					return fmt.Errorf("next position %d, want %d", qpos, t)
 				}
 				return nil
-			}},
+			}, false},
 	} {
 		for _, free := range c.frees {
 			t.Run(fmt.Sprintf("%s/window frees %v", c.name, free), func(t *testing.T) {
@@ -109,7 +117,7 @@ func TestReindexPerLayerRope(t *testing.T) {
 				}
 				caches := map[int][]layerCache{} // token → per layer
 				got := map[int][]float32{}
-				moved := false
+				moved, grew, rebased, lastOff := false, false, false, -1
 				for tk := prefill; tk < total; tk++ {
 					if err := st.Before(1); err != nil {
 						t.Fatal(err)
@@ -138,6 +146,13 @@ func TestReindexPerLayerRope(t *testing.T) {
 						}
 					}
 					caches[tk] = lc
+					if off := lc[0].qpos - len(lc[0].idx); lastOff >= 0 {
+						grew = grew || off > lastOff
+						rebased = rebased || off < lastOff
+						lastOff = off
+					} else {
+						lastOff = off
+					}
 					logits, err := seq.Forward([]int{tokens[tk]}, false)
 					if err != nil {
 						t.Fatal(err)
@@ -146,6 +161,9 @@ func TestReindexPerLayerRope(t *testing.T) {
 				}
 				if !moved {
 					t.Fatal("no key moved: the test shows nothing")
+				}
+				if c.canon && !(grew && rebased) {
+					t.Fatalf("the run's offset grew %v, was rebased %v: want both", grew, rebased)
 				}
 				want := ref(tokens, func(tk, li int) ([]int, []int, int) {
 					if tk < prefill {
@@ -156,6 +174,13 @@ func TestReindexPerLayerRope(t *testing.T) {
 						return idx, idx, tk
 					}
 					lc := caches[tk][li]
+					if c.canon {
+						pos := make([]int, len(lc.idx))
+						for r := range pos {
+							pos[r] = r
+						}
+						return lc.idx, pos, len(lc.idx)
+					}
 					return lc.idx, lc.pos, lc.qpos
 				})
 				for tk := prefill; tk < total; tk++ {

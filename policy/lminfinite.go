@@ -17,7 +17,6 @@ type lmInfinite struct{ windowScorer }
 func (lmInfinite) Step(st *State, incoming int) error {
 	next := int32(st.seq.Pos())
 	target := next - int32(st.cfg.Window)
-	m := st.rotator()
 	for t := range st.orig {
 		l, h := t/st.H, t%st.H
 		s := min(st.cfg.Sinks, st.cache.Slots(l, h))
@@ -25,13 +24,7 @@ func (lmInfinite) Step(st *State, incoming int) error {
 		for i := range slots {
 			slots[i] = i
 		}
-		err := st.cache.RewriteKeys(l, h, slots, func(pos int32, key []float32) int32 {
-			if target <= pos {
-				return pos
-			}
-			m.Rotate(key, l, int(target-pos))
-			return target
-		})
+		err := st.moveKeys(l, h, slots, func(_ int, pos int32) int32 { return max(pos, target) })
 		if err != nil {
 			return err
 		}

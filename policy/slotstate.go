@@ -31,6 +31,7 @@ func (st *State) SlotSnapshot() (*Snapshot, error) {
 		sn.scores[i] = slices.Clone(st.scores[i])
 		sn.orig[i] = slices.Clone(st.orig[i])
 	}
+	sn.anchors = cloneAnchors(st.anchors)
 	return sn, nil
 }
 
@@ -89,12 +90,15 @@ func ConfigFromParams(method string, vals map[string]any) (Config, error) {
 	return c.Normalize()
 }
 
-const snapshotVersion = 1
+// snapshotVersion 2 adds the anchors; version 1 (without them) is read
+// too.
+const snapshotVersion = 2
 
 // MarshalBinary encodes the snapshot's numbers (not its configuration:
 // the caller stores ConfigParams beside it): little-endian u32 version,
 // i64 seen, steps, pruned, pos, u32 tables, then per table u32 n, i32
-// orig[n], u32 m, f32 scores[m].
+// orig[n], u32 m, f32 scores[m]; then per table the anchors: u32 count,
+// u32 d, and per anchor i32 token, i32 pos, f32 key[d].
 func (sn *Snapshot) MarshalBinary() ([]byte, error) {
 	var b bytes.Buffer
 	put := func(v any) { binary.Write(&b, binary.LittleEndian, v) }
@@ -107,6 +111,21 @@ func (sn *Snapshot) MarshalBinary() ([]byte, error) {
 		put(uint32(len(sn.scores[i])))
 		put(sn.scores[i])
 	}
+	for i := range sn.orig {
+		var as []anchor
+		if sn.anchors != nil {
+			as = sn.anchors[i]
+		}
+		d := 0
+		if len(as) > 0 {
+			d = len(as[0].key)
+		}
+		put([]uint32{uint32(len(as)), uint32(d)})
+		for _, a := range as {
+			put([]int32{a.token, a.pos})
+			put(a.key)
+		}
+	}
 	return b.Bytes(), nil
 }
 
@@ -118,7 +137,7 @@ func UnmarshalSnapshot(data []byte, cfg Config, tables, maxSlots int) (*Snapshot
 	bad := errors.New("policy: the saved state is malformed")
 	var ver, nt uint32
 	hdr := make([]int64, 4)
-	if binary.Read(r, binary.LittleEndian, &ver) != nil || ver != snapshotVersion {
+	if binary.Read(r, binary.LittleEndian, &ver) != nil || ver < 1 || ver > snapshotVersion {
 		return nil, fmt.Errorf("policy: saved state version %d is not supported", ver)
 	}
 	if binary.Read(r, binary.LittleEndian, hdr) != nil || binary.Read(r, binary.LittleEndian, &nt) != nil || int(nt) != tables {
@@ -164,8 +183,45 @@ func UnmarshalSnapshot(data []byte, cfg Config, tables, maxSlots int) (*Snapshot
 			}
 		}
 	}
+	if ver >= 2 {
+		if err := readAnchors(r, sn, maxSlots); err != nil {
+			return nil, err
+		}
+	}
 	if r.Len() != 0 {
 		return nil, bad
 	}
 	return sn, nil
+}
+
+// readAnchors reads MarshalBinary's anchors section into sn.
+func readAnchors(r *bytes.Reader, sn *Snapshot, maxSlots int) error {
+	bad := errors.New("policy: the saved state's anchors are malformed")
+	sn.anchors = make([][]anchor, len(sn.orig))
+	for i := range sn.anchors {
+		var hdr [2]uint32
+		if binary.Read(r, binary.LittleEndian, &hdr) != nil {
+			return bad
+		}
+		n, d := int64(hdr[0]), int64(hdr[1])
+		if n > int64(maxSlots) || d > 1<<16 || (n > 0 && d == 0) || n*(8+4*d) > int64(r.Len()) {
+			return bad
+		}
+		for range n {
+			var tp [2]int32
+			key := make([]float32, d)
+			binary.Read(r, binary.LittleEndian, &tp)
+			binary.Read(r, binary.LittleEndian, key)
+			if tp[0] < 0 || int(tp[0]) >= sn.seen || tp[1] < 0 {
+				return fmt.Errorf("policy: the saved state holds an anchor of token %d at position %d of %d tokens", tp[0], tp[1], sn.seen)
+			}
+			for _, x := range key {
+				if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+					return errors.New("policy: the saved state holds a key that is not finite")
+				}
+			}
+			sn.anchors[i] = append(sn.anchors[i], anchor{token: tp[0], pos: tp[1], key: key})
+		}
+	}
+	return nil
 }

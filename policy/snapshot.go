@@ -20,6 +20,8 @@ type Snapshot struct {
 	steps  int
 	pruned int
 	pos    int // the sequence's next position (re-indexed or not)
+
+	anchors [][]anchor // [layer·H + head] the moved sinks' key copies (anchor.go); nil: none taken yet
 }
 
 // Tokens is the history the snapshot continues from (what the sequence ran).
@@ -37,6 +39,7 @@ func (st *State) Snapshot() (*Snapshot, bool) {
 		sn.scores[i] = slices.Clone(st.scores[i])
 		sn.orig[i] = slices.Clone(st.orig[i])
 	}
+	sn.anchors = cloneAnchors(st.anchors)
 	return sn, true
 }
 
@@ -66,6 +69,7 @@ func Restore(cfg Config, seq *model.Sequence, sn *Snapshot) (*State, error) {
 		st.scores[i] = slices.Clone(sn.scores[i])
 	}
 	st.seen, st.steps, st.Pruned = sn.seen, sn.steps, sn.pruned
+	st.anchors = cloneAnchors(sn.anchors)
 	seq.SetPolicy(st)
 	return st, nil
 }

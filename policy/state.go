@@ -43,7 +43,8 @@ type State struct {
 	prefT  int         // tokens of the prefill in progress (0: none)
 	prefAt int         // history index where that prefill starts
 
-	rot *model.Rotator // re-rotates keys (re-indexing, LM-Infinite's cap)
+	rot     *model.Rotator // re-rotates keys (re-indexing, LM-Infinite's cap)
+	anchors [][]anchor     // [layer·H + head] decoded copies of the sinks' keys that moveKeys moves (anchor.go)
 
 	readers []int       // [layer] model layers reading each cache layer (Layout.Readers; 1 each when nil)
 	calls   []stepCalls // [layer] the hook's calls for the current step
@@ -472,32 +473,45 @@ func (st *State) rows(layer, head int, keys bool, f func(i int, row []float32)) 
 	}
 }
 
-// reindex renumbers every table's slots 0..n-1 (re-rotating the keys) and
-// moves the sequence's next position to the cache length.
+// reindex renumbers every table's slots to consecutive positions
+// (re-rotating the keys that move): StreamingLLM's positions inside the
+// cache, where slot i sits i places after the first and the next token
+// right after the last. Attention under RoPE sees only the distance between
+// a query and a key, so the run may start at any offset: while decoding
+// prunes (Config.Every > 0) it starts at next − n, which keeps the next
+// token at its own position and leaves in place every key already at its
+// slot's position — under streaming all but the sinks, so a step rewrites
+// sinks·layers·heads keys, not the whole cache. When the offset passes
+// twice the cache length (or the prompt alone was pruned, so the model's
+// context bounds what follows), the run is rebased to 0..n−1 once, so
+// positions stay below 3n + 1 and the keys are rotated back only then.
 func (st *State) reindex() error {
 	n := st.cache.Slots(0, 0)
-	m := st.rotator()
+	next := st.seq.Pos()
+	off := next - n
+	if st.cfg.Every <= 0 || off < 0 || off > 2*n {
+		off = 0
+	}
+	slots := make([]int, 0, n)
 	for t := range st.orig {
 		l, h := t/st.H, t%st.H
 		if st.cache.Slots(l, h) != n {
 			return errors.New("policy: re-indexed positions need the same number of tokens in every head")
 		}
-		slots := make([]int, n)
-		for i := range slots {
-			slots[i] = i
+		slots = slots[:0]
+		for i, p := range st.cache.Positions(l, h) {
+			if int(p) != off+i {
+				slots = append(slots, i)
+			}
 		}
-		i := 0
-		err := st.cache.RewriteKeys(l, h, slots, func(pos int32, key []float32) int32 {
-			np := int32(i)
-			m.Rotate(key, l, int(np-pos))
-			i++
-			return np
-		})
-		if err != nil {
+		if len(slots) == 0 {
+			continue
+		}
+		if err := st.moveKeys(l, h, slots, func(k int, _ int32) int32 { return int32(off + slots[k]) }); err != nil {
 			return err
 		}
 	}
-	st.seq.SetPos(n)
+	st.seq.SetPos(off + n)
 	return nil
 }
 
