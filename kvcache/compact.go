@@ -123,18 +123,28 @@ func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
 			return fmt.Errorf("%w: copying a shared block before compaction", err)
 		}
 	}
-	for k, slot := range fromBlocks {
-		dk := first*B + k
+	kc := codec.Base(t.kc)
+	for k := 0; k < len(fromBlocks); {
+		slot, dk := fromBlocks[k], first*B+k
 		if dk == slot {
+			k++
 			continue
+		}
+		// A run of kept slots moving together inside one block (the whole
+		// window behind an evicted token): moved in bulk where the codecs
+		// can, slot by slot otherwise.
+		run := 1
+		for k+run < len(fromBlocks) && fromBlocks[k+run] == slot+run && (slot+run)/B == slot/B && (dk+run)/B == dk/B {
+			run++
 		}
 		src, si := t.blocks[slot/B], slot%B
 		dst, di := t.blocks[dk/B], dk%B
-		if !codec.CopySlot(codec.Base(t.kc), p.kbuf(dst), B, di, p.kbuf(src), B, si, d) ||
-			!codec.CopySlot(p.vc, p.vbuf(dst), B, di, p.vbuf(src), B, si, d) {
+		if !moveRun(kc, p.kbuf(dst), di, p.kbuf(src), si, run, B, d, src == dst) ||
+			!moveRun(p.vc, p.vbuf(dst), di, p.vbuf(src), si, run, B, d, src == dst) {
 			return fmt.Errorf("codec %s/%s cannot move slots", p.kc.Name(), p.vc.Name())
 		}
-		p.posbuf(dst)[di] = p.posbuf(src)[si]
+		copy(p.posbuf(dst)[di:di+run], p.posbuf(src)[si:si+run])
+		k += run
 	}
 	for j := len(t.blocks) - 1; j >= first+used; j-- {
 		p.decref(t.blocks[j])
@@ -142,6 +152,22 @@ func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
 	t.blocks = t.blocks[:first+used]
 	t.n = first*B + len(fromBlocks)
 	return nil
+}
+
+// moveRun moves slots si … si+run−1 of block src into di … of block dst
+// (each of B slots of d values; same: they are one block), in bulk when
+// inside one block and the codec can, else slot by slot in ascending
+// order; false when the codec cannot move slots at all.
+func moveRun(c codec.Codec, dst []byte, di int, src []byte, si, run, B, d int, same bool) bool {
+	if same && run > 1 && codec.MoveSlots(c, dst, B, d, di, si, run) {
+		return true
+	}
+	for j := range run {
+		if !codec.CopySlot(c, dst, B, di+j, src, B, si+j, d) {
+			return false
+		}
+	}
+	return true
 }
 
 // Slots is the number of tokens the table of (layer, head) holds.

@@ -120,7 +120,7 @@ type Codec interface {
 // each with a default in the embedded defaults type that says it cannot
 // (false, nil or 0), so that a codec overrides only what it has. The
 // package functions of the same names (Plain, KeyPanel, DecodeKeyPanel,
-// GetRows, DotAll, CopySlot, Shifted, Shift, Base) call them and fall back
+// GetRows, DotAll, CopySlot, MoveSlots, Shifted, Shift, Base) call them and fall back
 // to slot-by-slot work where a codec has no faster way.
 type Capabilities interface {
 	// Plain reports the element type when a block is n rows of d values of
@@ -146,6 +146,13 @@ type Capabilities interface {
 	// dst (dn slots) without decoding it; false for codecs whose slots are
 	// not self-contained.
 	CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int) bool
+	// MoveSlots moves slots src … src+cnt−1 of block b (n slots) to dst …
+	// dst+cnt−1 (dst < src; the ranges may overlap) without decoding them,
+	// as CopySlot would one by one, in a few bulk copies. The slots it
+	// vacates (dst+cnt … src+cnt−1) are left undefined; every other slot
+	// keeps what it held. False when the codec has no bulk path for these
+	// slots (nothing moved: the caller then copies slot by slot).
+	MoveSlots(b []byte, n, d, dst, src, cnt int) bool
 	// Shiftable reports whether WithShift gives a codec storing x − mu.
 	Shiftable() bool
 	// WithShift returns the codec storing x − mu (see Shifted, which is how
@@ -177,6 +184,7 @@ func (defaults) DecodeKeyPanel(src []byte, n, d, i0 int, out []float32) bool    
 func (defaults) GetRows(src []byte, n, d, i0, cnt int, out []float32) bool       { return false }
 func (defaults) DotBlock(src []byte, n, d int, q, out []float32) bool            { return false }
 func (defaults) CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int) bool { return false }
+func (defaults) MoveSlots(b []byte, n, d, dst, src, cnt int) bool                { return false }
 func (defaults) Shiftable() bool                                                 { return false }
 func (defaults) WithShift(mu []float32) Codec                                    { return nil }
 func (defaults) Shift() []float32                                                { return nil }

@@ -76,6 +76,31 @@ func (c keyPanels) CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int) b
 	return true
 }
 
+// MoveSlots moves slots inside one group of 16: value c of the slots is a
+// run of the group's row c, so one copy a value (d copies, not cnt·d).
+// When the run starts the group and ends it (the window sliding past an
+// evicted token), the whole group moves by src−dst values in one copy:
+// each row's head takes its own later values, and only the vacated slots
+// at the row's end take the next row's.
+func (c keyPanels) MoveSlots(b []byte, n, d, dst, src, cnt int) bool {
+	g := dst &^ (tensor.AttnLanes - 1)
+	if (src+cnt-1)&^(tensor.AttnLanes-1) != g {
+		return false
+	}
+	es := c.size()
+	e0, L := panelSlot(n, d, g)
+	if dst == g && src+cnt == g+L {
+		s := src - dst
+		copy(b[es*e0:], b[es*(e0+s):es*(e0+d*L)])
+		return true
+	}
+	for k := range d {
+		row := b[es*(e0+k*L) : es*(e0+(k+1)*L)]
+		copy(row[es*(dst-g):], row[es*(src-g):es*(src-g+cnt)])
+	}
+	return true
+}
+
 func (c keyPanels) Put(dst []byte, n, d, i int, x []float32) {
 	v, st := c.slot(dst, n, d, i)
 	for k, x := range x[:d] {
