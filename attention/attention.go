@@ -135,11 +135,12 @@ type Scratch struct {
 // segments) for a split decode.
 type item struct {
 	head       int
-	q0, q1     int // queries [q0, q1)
-	s0, s1     int // segments [s0, s1)
-	slot0      int // slots before segment s0 (for mass offsets)
-	state      int // index of the first partial state (split decode)
-	splitIndex int // chunk number within a split head
+	q0, q1     int  // queries [q0, q1)
+	s0, s1     int  // segments [s0, s1)
+	slot0      int  // slots before segment s0 (for mass offsets)
+	state      int  // index of the first partial state (split decode)
+	splitIndex int  // chunk number within a split head
+	mass       bool // the item is its head's only one and exact: it adds Batch.Mass itself
 }
 
 // state is the running softmax of one query head: maximum, sum, output.
@@ -193,7 +194,12 @@ func (b *Batch) Run(sc *Scratch) {
 		}
 		tile := queryTile(b.G, slots)
 		for q0 := 0; q0 < n; q0 += tile {
-			sc.items = append(sc.items, item{head: h, q0: q0, q1: min(q0+tile, n), s0: 0, s1: len(segs), state: -1})
+			// A head computed in one exact tile (a decode step, a short
+			// chunk) adds its attention mass from the weights it computed:
+			// the same rows, so the same bits, as the separate pass below
+			// that other heads take (which computes the weights again).
+			sc.items = append(sc.items, item{head: h, q0: q0, q1: min(q0+tile, n), s0: 0, s1: len(segs), state: -1,
+				mass: b.Mass != nil && !b.Online && tile >= n})
 		}
 	}
 	if cap(sc.states) < nstates {
@@ -220,9 +226,22 @@ func (b *Batch) Run(sc *Scratch) {
 		b.merge(sc)
 	}
 	if b.Mass != nil {
-		tensor.Parallel(b.Heads, 1, func(lo, hi int) {
+		var rest []int // heads whose mass was not added by their item
+		for h := 0; h < b.Heads; h++ {
+			fused := false
+			for i := range sc.items {
+				if it := &sc.items[i]; it.head == h && it.mass {
+					fused = true
+					break
+				}
+			}
+			if !fused {
+				rest = append(rest, h)
+			}
+		}
+		tensor.Parallel(len(rest), 1, func(lo, hi int) {
 			w := tiles.Get().(*tile)
-			for h := lo; h < hi; h++ {
+			for _, h := range rest[lo:hi] {
 				b.mass(h, w)
 			}
 			tiles.Put(w)
@@ -701,6 +720,9 @@ func rowSums(s []float32, ld, width, rows int, l []float32) {
 func (w *tile) exact(b *Batch, it *item) {
 	w.setup(b, it)
 	w.probs(b)
+	if it.mass {
+		b.addMass(it.head, w, it.q0) // before weighted, which may scale the weights in place
+	}
 	hd, G := b.HeadDim, b.G
 	clear(w.o[:w.rows*hd])
 	for pi := w.p0; pi < w.p1; pi++ {
@@ -844,11 +866,10 @@ func (b *Batch) merge(sc *Scratch) {
 
 // mass adds each slot's attention probability, summed over the requested
 // queries and aggregated over the G query heads, to Mass.Out[head]. It
-// recomputes the weights of the exact path, tile by tile of queries.
+// recomputes the weights of the exact path, tile by tile of queries, for
+// the heads whose item did not add them (item.mass).
 func (b *Batch) mass(h int, w *tile) {
-	const L = tensor.AttnLanes
 	G := b.G
-	out := b.Mass.Out[h]
 	from := max(b.Mass.From, 0)
 	n := len(b.Pos)
 	segs := b.Segs(h)
@@ -861,40 +882,50 @@ func (b *Batch) mass(h int, w *tile) {
 		it := item{head: h, q0: q0, q1: min(q0+nq, n), s0: 0, s1: len(segs), state: -1}
 		w.setup(b, &it)
 		w.probs(b)
-		ld := w.ld
-		for t := 0; t < w.nq; t++ {
-			wt := float32(1) // ×1 leaves every unweighted sum bit for bit as it was
-			if b.Mass.Weights != nil {
-				wt = b.Mass.Weights[q0+t-from]
+		b.addMass(h, w, q0)
+	}
+}
+
+// addMass adds to Mass.Out[h] the mass of the tile's queries q0+t ≥
+// Mass.From, from the weights probs left in w.s.
+func (b *Batch) addMass(h int, w *tile, q0 int) {
+	const L = tensor.AttnLanes
+	G := b.G
+	out := b.Mass.Out[h]
+	from := max(b.Mass.From, 0)
+	ld := w.ld
+	for t := max(0, from-q0); t < w.nq; t++ {
+		wt := float32(1) // ×1 leaves every unweighted sum bit for bit as it was
+		if b.Mass.Weights != nil {
+			wt = b.Mass.Weights[q0+t-from]
+		}
+		// Only the panels the query sees: the others' weights are 0.
+		for pi := w.r0[t]; pi < w.r1[t]; pi++ {
+			if w.vis[t*len(w.panels)+pi] == visNone {
+				continue
 			}
-			// Only the panels the query sees: the others' weights are 0.
-			for pi := w.r0[t]; pi < w.r1[t]; pi++ {
-				if w.vis[t*len(w.panels)+pi] == visNone {
-					continue
-				}
-				p := &w.panels[pi]
-				c0 := (pi - w.p0) * L
-				o := out[p.k0 : p.k0+p.n]
-				for j := range o {
-					var agg float32
-					for g := 0; g < G; g++ {
-						r := t*G + g
-						if w.l[r] == 0 {
-							continue
-						}
-						pj := w.s[r*ld+c0+j]
-						switch b.Mass.Agg {
-						case AggMax:
-							agg = max(agg, pj)
-						default:
-							agg += pj
-						}
+			p := &w.panels[pi]
+			c0 := (pi - w.p0) * L
+			o := out[p.k0 : p.k0+p.n]
+			for j := range o {
+				var agg float32
+				for g := 0; g < G; g++ {
+					r := t*G + g
+					if w.l[r] == 0 {
+						continue
 					}
-					if b.Mass.Agg == AggMean {
-						agg /= float32(G)
+					pj := w.s[r*ld+c0+j]
+					switch b.Mass.Agg {
+					case AggMax:
+						agg = max(agg, pj)
+					default:
+						agg += pj
 					}
-					o[j] += wt * agg
 				}
+				if b.Mass.Agg == AggMean {
+					agg /= float32(G)
+				}
+				o[j] += wt * agg
 			}
 		}
 	}

@@ -333,18 +333,73 @@ func TestCodecsReadDirectly(t *testing.T) {
 	}
 }
 
+// TestAttentionMass: the mass against the naive reference, for 20
+// queries (two tiles a head: the separate mass pass), 12 and 1 (one exact
+// tile a head: the mass added by the attention item itself).
 func TestAttentionMass(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	f := build(t, rng, 2, 4, 16, 90, 16, codec.F32, codec.F32)
-	var qpos []int32
-	for p := 70; p < 90; p++ {
-		qpos = append(qpos, int32(p))
+	for _, nq := range []int{20, 12, 1} {
+		var qpos []int32
+		for p := 90 - nq; p < 90; p++ {
+			qpos = append(qpos, int32(p))
+		}
+		for _, agg := range []Agg{AggMean, AggMax, AggSum} {
+			for _, from := range []int{0, nq / 2, nq - 1} {
+				m := &MassRequest{From: from, Agg: agg, Out: [][]float32{make([]float32, 90), make([]float32, 90)}}
+				t.Run(fmt.Sprintf("%dq/%s_from%d", nq, agg, from), func(t *testing.T) {
+					f.check(t, rng, qpos, 0, m, 1e-5)
+				})
+			}
+		}
 	}
-	for _, agg := range []Agg{AggMean, AggMax, AggSum} {
-		for _, from := range []int{0, 12, 19} {
-			m := &MassRequest{From: from, Agg: agg, Out: [][]float32{make([]float32, 90), make([]float32, 90)}}
-			t.Run(fmt.Sprintf("%s_from%d", agg, from), func(t *testing.T) {
-				f.check(t, rng, qpos, 0, m, 1e-5)
+}
+
+// TestAttentionMassFused: the mass an exact attention item adds from its
+// own weights (a decode step, a chunk of one tile) equals bit for bit the
+// separate pass's, which the online softmax takes.
+func TestAttentionMassFused(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 7))
+	f := build(t, rng, 2, 4, 16, 90, 16, codec.F32, codec.F32)
+	stride := f.heads * f.G * f.hd
+	for _, nq := range []int{1, 5, 12} {
+		qpos := make([]int32, nq)
+		for i := range qpos {
+			qpos[i] = int32(90 - nq + i)
+		}
+		q := make([]float32, nq*stride)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		w := make([]float32, nq)
+		for i := range w {
+			w[i] = 1 + 0.2*float32(i)
+		}
+		for _, agg := range []Agg{AggMean, AggMax, AggSum} {
+			t.Run(fmt.Sprintf("%dq/%s", nq, agg), func(t *testing.T) {
+				var got [2][][]float32
+				for i, online := range []bool{false, true} {
+					m := &MassRequest{Agg: agg, Weights: w, Out: [][]float32{make([]float32, 90), make([]float32, 90)}}
+					b := Batch{Heads: f.heads, G: f.G, HeadDim: f.hd, Norm: float32(math.Sqrt(float64(f.hd))), Q: q, Out: make([]float32, nq*stride), Pos: qpos,
+						Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, SplitMin: -1, Mass: m, Online: online}
+					var sc Scratch
+					b.Run(&sc)
+					fused := false
+					for _, it := range sc.items {
+						fused = fused || it.mass
+					}
+					if fused == online {
+						t.Fatalf("online %v: an item added the mass %v", online, fused)
+					}
+					got[i] = m.Out
+				}
+				for h := range got[0] {
+					for j := range got[0][h] {
+						if math.Float32bits(got[0][h][j]) != math.Float32bits(got[1][h][j]) {
+							t.Fatalf("head %d slot %d: fused mass %v, separate pass %v", h, j, got[0][h][j], got[1][h][j])
+						}
+					}
+				}
 			})
 		}
 	}
