@@ -127,7 +127,7 @@ type RecallConfig struct {
 	Protocols []string   `json:"protocols"`
 	Spec      RecallSpec `json:"spec"`
 	Quick     bool       `json:"quick"`
-	Workers   int        `json:"-"`
+	Workers   int        `json:"workers,omitempty"` // cells at a time
 	Progress  Progress   `json:"-"`
 }
 
@@ -198,6 +198,11 @@ type RecallResults struct {
 	Config RecallConfig `json:"config"`
 	Cells  []RecallCell `json:"cells"`
 	Wall   float64      `json:"wall_seconds"`
+	// The run's command line and git commit (kvlm eval sets them; --from
+	// renders a saved run's report with them).
+	Command string `json:"command,omitempty"`
+	Commit  string `json:"commit,omitempty"`
+	Dirty   bool   `json:"dirty,omitempty"`
 }
 
 // recallConfig is a method's policy at a ratio on a prompt of n tokens

@@ -480,3 +480,35 @@ func TestRecallHaystack(t *testing.T) {
 		t.Errorf("haystack \"test\": err %v", err)
 	}
 }
+
+// TestRankRecallBytes: the ranking puts the methods within OverBytes of
+// the median KV bytes first, best accuracy first, then those keeping
+// more, however accurate; RecallBytesShare is each method's bytes over
+// the median.
+func TestRankRecallBytes(t *testing.T) {
+	cfg := RecallConfig{Methods: []string{"full", "a", "b", "c", "big"}, Tasks: []string{TaskNeedle, TaskVarTrack}, Codecs: []string{"f16"}, Schedules: []string{SchedPrefill}, Ratios: []float64{0.25}, Protocols: []string{ProtoAware}}
+	r := &RecallResults{Config: cfg}
+	for _, c := range []struct {
+		m          string
+		acc, bytes float64
+	}{{"a", 0.4, 100}, {"b", 0.6, 110}, {"c", 0.2, 90}, {"big", 0.9, 400}} {
+		for _, task := range cfg.Tasks {
+			r.Cells = append(r.Cells, RecallCell{Model: "m", Method: c.m, Ratio: 0.25, Codec: "f16", Schedule: SchedPrefill, Protocol: ProtoAware,
+				Task: task, N: 10, Correct: int(10 * c.acc), Acc: c.acc, KVBytes: c.bytes})
+		}
+	}
+	if got, want := RankRecall(r, "m", 0.25), []string{"b", "a", "c", "big"}; !slices.Equal(got, want) {
+		t.Fatalf("ranked %v, want %v", got, want)
+	}
+	// The median of 90, 100, 110 and 400 is 105.
+	share := RecallBytesShare(r, "m", 0.25)
+	for m, want := range map[string]float64{"a": 100.0 / 105, "b": 110.0 / 105, "c": 90.0 / 105, "big": 400.0 / 105} {
+		if math.Abs(share[m]-want) > 1e-12 {
+			t.Errorf("%s: bytes share %v, want %v", m, share[m], want)
+		}
+	}
+	sec := WriteRecallSection(r, nil, ReportInfo{})
+	if !strings.Contains(sec, "**b**") || !strings.Contains(sec, "**3.81** (over)") {
+		t.Errorf("the section does not name b best and big over the bytes:\n%s", sec)
+	}
+}

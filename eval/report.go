@@ -28,6 +28,9 @@ type ReportInfo struct {
 	Commit  string // git commit of the code ("" if unknown)
 	Dirty   bool   // the working tree had uncommitted changes
 	ImgDir  string // the figures' folder relative to the report
+	// Rendered, when set, is the command that drew the report again from
+	// a saved run's numbers (kvlm eval --suite recall --from), at its commit.
+	Rendered string
 }
 
 // CommitText is the commit as a report states it: "unknown" when not

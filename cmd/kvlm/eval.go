@@ -33,7 +33,7 @@ func newEval() *cobra.Command {
 		seed                                  uint64
 		contexts, streamTokens, denseTokens   int
 		jobs                                  int
-		suite, zoo, dataDir                   string
+		suite, zoo, dataDir, from             string
 		samples                               int
 		methods                               []string
 		matrix                                recallMatrix
@@ -56,7 +56,9 @@ tokens per second; the positions each (layer, head) keeps; kvcalc tables.
 needle, multi-key, multi-value, multi-query, variable tracking and common
 words, every method × ratio × codec × schedule × protocol; it writes
 OUT/recall.json, heat maps and Pareto plots, and replaces the recall
-section of --report, leaving the rest of that file as it is. --zoo DIR adds
+section of --report, leaving the rest of that file as it is (--from
+OUT/recall.json renders them again from a saved run, running nothing).
+--zoo DIR adds
 every DIR/*/model.gguf under the best three methods. kvlm eval recall-data
 prints the suite's samples (for a trainer: seeds ≥ 2^32).
 
@@ -83,7 +85,7 @@ The committed docs/RESULTS.md comes from:
 			case "recall":
 				return runRecall(cmd, recallArgs{model: modelPath, tok: tokPath, out: out, report: report, quick: quick,
 					zoo: zoo, data: dataDir, samples: samples, jobs: jobs, noProgress: noProgress, methods: methods,
-					matrix: matrix})
+					matrix: matrix, from: from})
 			case "zoo":
 				return runZoo(cmd, zooArgs{zoo: zoo, out: out, report: report, quick: quick, jobs: jobs, noProgress: noProgress})
 			default:
@@ -98,7 +100,7 @@ The committed docs/RESULTS.md comes from:
 			if cmd.Flags().Changed("zoo") {
 				return errors.New("--zoo belongs to --suite recall and --suite zoo")
 			}
-			for _, name := range append([]string{"data", "samples", "methods"}, recallMatrixFlags...) {
+			for _, name := range append([]string{"data", "samples", "methods", "from"}, recallMatrixFlags...) {
 				if cmd.Flags().Changed(name) {
 					return fmt.Errorf("--%s belongs to --suite recall", name)
 				}
@@ -221,6 +223,7 @@ The committed docs/RESULTS.md comes from:
 	f.StringVar(&suite, "suite", "compress", "compress: perplexity and compress-then-continue; recall: the RULER-style recall suite (docs/RECALL.md); zoo: every --zoo model × codec × SnapKV (docs/ZOO.md)")
 	f.StringVar(&zoo, "zoo", "", "recall: also score every DIR/*/model.gguf with the best three methods; zoo: the models (DIR/*/model.gguf with record.json)")
 	f.StringVar(&dataDir, "data", "", "recall: the folder of "+eval.HeldOutFile+" (default ../shared/data)")
+	f.StringVar(&from, "from", "", "recall: render the figures and the section again from this saved recall.json (a run's, with its command and commit), running no model")
 	f.IntVar(&samples, "samples", 0, "recall: samples per cell (default: the ±5-point Wilson count, 381; --quick 8)")
 	f.StringSliceVar(&methods, "methods", nil, "recall: the methods to score besides the full cache (default: every registered method; --quick snapkv)")
 	matrix.flags(f)

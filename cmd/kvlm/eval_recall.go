@@ -22,6 +22,7 @@ import (
 // recallArgs are the flags `kvlm eval --suite recall` reads.
 type recallArgs struct {
 	model, tok, out, report, zoo, data string
+	from                               string // a saved recall.json to render again
 	quick, noProgress                  bool
 	samples, jobs                      int
 	methods                            []string
@@ -130,11 +131,14 @@ func runRecall(cmd *cobra.Command, a recallArgs) error {
 			return fmt.Errorf("--%s is not read by --suite recall", n)
 		}
 	}
-	if a.model == "" {
-		return errors.New("no model given: use -m MODEL")
-	}
 	if a.out == "" {
 		return errors.New("no output folder given: use --out DIR")
+	}
+	if a.from != "" {
+		return renderRecall(cmd, a)
+	}
+	if a.model == "" {
+		return errors.New("no model given: use -m MODEL")
 	}
 	if a.jobs < 1 {
 		return fmt.Errorf("--jobs must be positive, got %d", a.jobs)
@@ -230,6 +234,7 @@ func runRecall(cmd *cobra.Command, a recallArgs) error {
 			res.Wall += r.Wall
 		}
 	}
+	res.Command, res.Commit, res.Dirty = commandLine(cmd), commit, dirty
 	info := eval.ReportInfo{Command: commandLine(cmd), Commit: commit, Dirty: dirty}
 	nfig, err := writeSuite(a.out, a.report, "recall.json", res, info,
 		func() ([]eval.Figure, error) { return eval.PlotRecall(a.out, res) },
@@ -240,6 +245,54 @@ func runRecall(cmd *cobra.Command, a recallArgs) error {
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "wrote %s, %d figures in %s, and the recall section of %s  (%d cells, %.0f s)\n",
 		filepath.Join(a.out, "recall.json"), nfig, a.out, a.report, len(res.Cells), res.Wall)
+	return nil
+}
+
+// renderRecall is --suite recall --from FILE: the figures and the section
+// of a saved run, drawn again by this build (its ranking and tables) from
+// the saved numbers, with the run's own command and commit and a line
+// saying it was rendered again. Flags that would change the run are
+// refused: nothing runs.
+func renderRecall(cmd *cobra.Command, a recallArgs) error {
+	for _, n := range append([]string{"model", "tokenizer", "zoo", "data", "samples", "methods", "quick"}, recallMatrixFlags...) {
+		if cmd.Flags().Changed(n) {
+			return fmt.Errorf("--%s is not read with --from (it renders a saved run; nothing runs)", n)
+		}
+	}
+	b, err := os.ReadFile(a.from)
+	if err != nil {
+		return err
+	}
+	var res eval.RecallResults
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("--from %s: %w", a.from, err)
+	}
+	if len(res.Cells) == 0 {
+		return fmt.Errorf("--from %s: no cells", a.from)
+	}
+	if res.Command == "" {
+		return fmt.Errorf("--from %s: the saved run records no command and commit (a file from before they were saved)", a.from)
+	}
+	if err := os.MkdirAll(a.out, 0o755); err != nil {
+		return err
+	}
+	if a.report == "" {
+		a.report = filepath.Join(a.out, "RESULTS.md")
+	}
+	commit, dirty := gitCommit()
+	info := eval.ReportInfo{Command: res.Command, Commit: res.Commit, Dirty: res.Dirty,
+		Rendered: commandLine(cmd) + " (at commit " + eval.ReportInfo{Commit: commit, Dirty: dirty}.CommitText() + ")"}
+	nfig, err := writeSuite(a.out, a.report, "recall.json", &res, info,
+		func() ([]eval.Figure, error) { return eval.PlotRecall(a.out, &res) },
+		func(figs []eval.Figure, info eval.ReportInfo) string {
+			return eval.WriteRecallSection(&res, figs, info)
+		},
+		eval.RecallSectionBegin, eval.RecallSectionEnd)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "rendered %s again: %d figures in %s, and the recall section of %s  (%d cells)\n",
+		a.from, nfig, a.out, a.report, len(res.Cells))
 	return nil
 }
 

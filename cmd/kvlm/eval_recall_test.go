@@ -91,6 +91,53 @@ func TestEvalRecallQuick(t *testing.T) {
 			t.Errorf("%s: %v", f, err)
 		}
 	}
+	if r.Command == "" || !strings.Contains(r.Command, "--quick") {
+		t.Errorf("recall.json records the command %q", r.Command)
+	}
+
+	// --from renders the saved run again: the same section, with the
+	// run's command and a line saying it was drawn again, running nothing.
+	again := filepath.Join(dir, "AGAIN.md")
+	if _, errOut, code := kvlm(t, "eval", "--suite", "recall", "--from", filepath.Join(dir, "recall.json"), "--out", dir, "--report", again); code != 0 {
+		t.Fatalf("--from: exit %d: %s", code, errOut)
+	}
+	a2, err := os.ReadFile(again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, drawn := string(a2), false
+	if k := strings.Index(got, "The tables, ranking and figures were drawn again"); k >= 0 {
+		e := k + strings.Index(got[k:], "\n\n") + 2
+		drawn = strings.Contains(got[k:e], "--from")
+		got = got[:k] + got[e:]
+	}
+	i, j := strings.Index(s, eval.RecallSectionBegin), strings.Index(s, eval.RecallSectionEnd)
+	if want := s[i : j+len(eval.RecallSectionEnd)]; !drawn || !strings.Contains(got, want) {
+		t.Errorf("--from's section (drawn-again line %v) is not the run's:\n%s", drawn, a2)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-m", bin}, "--model is not read with --from"},
+		{[]string{"--ratios", "0.5"}, "--ratios is not read with --from"},
+		{[]string{"--quick"}, "--quick is not read with --from"},
+	} {
+		args := append([]string{"eval", "--suite", "recall", "--from", filepath.Join(dir, "recall.json"), "--out", dir}, c.args...)
+		if _, errOut, code := kvlm(t, args...); code == 0 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, %q; want %q", c.args, code, errOut, c.want)
+		}
+	}
+	// A saved run without its command and commit is refused.
+	r.Command = ""
+	old, _ := json.Marshal(r)
+	oldPath := filepath.Join(t.TempDir(), "recall.json")
+	if err := os.WriteFile(oldPath, old, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := kvlm(t, "eval", "--suite", "recall", "--from", oldPath, "--out", t.TempDir()); code == 0 || !strings.Contains(errOut, "records no command") {
+		t.Errorf("a saved run without its command: exit %d, %q", code, errOut)
+	}
 }
 
 // TestEvalRecallMatrix runs a part of the matrix the flags name and
