@@ -140,7 +140,7 @@ type item struct {
 	slot0      int  // slots before segment s0 (for mass offsets)
 	state      int  // index of the first partial state (split decode)
 	splitIndex int  // chunk number within a split head
-	mass       bool // the item is its head's only one and exact: it adds Batch.Mass itself
+	mass       bool // the item adds its head's Batch.Mass itself (exact, and its head's only item or run with its head's others in order)
 }
 
 // state is the running softmax of one query head: maximum, sum, output.
@@ -211,17 +211,39 @@ func (b *Batch) Run(sc *Scratch) {
 			sc.states[i].o = make([]float32, hd)
 		}
 	}
-	tensor.Parallel(len(sc.items), 1, func(lo, hi int) {
-		w := tiles.Get().(*tile)
-		for i := lo; i < hi; i++ {
-			if it := &sc.items[i]; it.state < 0 && !b.Online {
-				w.exact(b, it)
-			} else {
-				w.online(b, it, sc)
-			}
+	run := func(w *tile, it *item) {
+		if it.state < 0 && !b.Online {
+			w.exact(b, it)
+		} else {
+			w.online(b, it, sc)
 		}
-		tiles.Put(w)
-	})
+	}
+	if b.Mass != nil && !b.Online && nstates == 0 && b.Heads%tensor.Threads == 0 {
+		// The mass of a prompt of several tiles a head, added by the
+		// tiles themselves: each worker takes whole heads and runs a head's
+		// tiles in query order (the items are appended so), which adds
+		// every slot's mass row by row in the order the separate pass does.
+		for i := range sc.items {
+			sc.items[i].mass = true
+		}
+		tensor.Parallel(b.Heads, 1, func(lo, hi int) {
+			w := tiles.Get().(*tile)
+			for i := range sc.items {
+				if it := &sc.items[i]; it.head >= lo && it.head < hi {
+					run(w, it)
+				}
+			}
+			tiles.Put(w)
+		})
+	} else {
+		tensor.Parallel(len(sc.items), 1, func(lo, hi int) {
+			w := tiles.Get().(*tile)
+			for i := lo; i < hi; i++ {
+				run(w, &sc.items[i])
+			}
+			tiles.Put(w)
+		})
+	}
 	if nstates > 0 {
 		b.merge(sc)
 	}
