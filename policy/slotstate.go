@@ -25,14 +25,7 @@ func (st *State) SlotSnapshot() (*Snapshot, error) {
 	if err := SlotSavable(st.cfg); err != nil {
 		return nil, err
 	}
-	sn := &Snapshot{cfg: st.cfg, seen: st.seen, steps: st.steps, pruned: st.Pruned, pos: st.seq.Pos(),
-		scores: make([][]float32, len(st.scores)), orig: make([][]int32, len(st.orig))}
-	for i := range st.scores {
-		sn.scores[i] = slices.Clone(st.scores[i])
-		sn.orig[i] = slices.Clone(st.orig[i])
-	}
-	sn.anchors = cloneAnchors(st.anchors)
-	return sn, nil
+	return st.copyState(), nil
 }
 
 // SlotSavable says whether SlotSnapshot takes the state of c's method

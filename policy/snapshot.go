@@ -33,6 +33,12 @@ func (st *State) Snapshot() (*Snapshot, bool) {
 	if st.prefT != 0 || st.method.Scorer == nil || st.method.Run != nil {
 		return nil, false
 	}
+	return st.copyState(), true
+}
+
+// copyState is the Snapshot of the state as it is (Snapshot and
+// SlotSnapshot check first that it may be taken).
+func (st *State) copyState() *Snapshot {
 	sn := &Snapshot{cfg: st.cfg, seen: st.seen, steps: st.steps, pruned: st.Pruned, pos: st.seq.Pos(),
 		scores: make([][]float32, len(st.scores)), orig: make([][]int32, len(st.orig))}
 	for i := range st.scores {
@@ -40,7 +46,7 @@ func (st *State) Snapshot() (*Snapshot, bool) {
 		sn.orig[i] = slices.Clone(st.orig[i])
 	}
 	sn.anchors = cloneAnchors(st.anchors)
-	return sn, true
+	return sn
 }
 
 // Restore attaches the snapshotted policy to seq, whose cache holds what

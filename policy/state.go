@@ -499,9 +499,13 @@ func (st *State) reindex() error {
 			return errors.New("policy: re-indexed positions need the same number of tokens in every head")
 		}
 		slots = slots[:0]
-		for i, p := range st.cache.Positions(l, h) {
-			if int(p) != off+i {
-				slots = append(slots, i)
+		i := 0
+		for _, seg := range st.cache.Segments(l, h) { // the positions in slot order, read in place
+			for _, p := range seg.Pos[:seg.N] {
+				if int(p) != off+i {
+					slots = append(slots, i)
+				}
+				i++
 			}
 		}
 		if len(slots) == 0 {
