@@ -97,37 +97,43 @@ func recallView(cfg RecallConfig) (codec, sched string) {
 // rank among the ratio's methods: 1.25 times the median of their KV bytes.
 const OverBytes = 1.25
 
-// recallBytes is the mean KV bytes of method m at ratio over the tasks
-// (query-aware, the view's codec and schedule); 0 when not measured on
-// every task.
-func recallBytes(r *RecallResults, aggs []RecallAgg, model, m string, ratio float64) float64 {
-	codec, sched := recallView(r.Config)
+// taskMean is the mean of f over the cells of method m at ratio, codec
+// and schedule, query-aware, one per task of tasks; ok is false unless
+// every task was measured.
+func taskMean(aggs []RecallAgg, tasks []string, model, m string, ratio float64, codec, sched string, f func(*RecallAgg) float64) (mean float64, ok bool) {
 	s, n := 0.0, 0
-	for _, t := range r.Config.Tasks {
+	for _, t := range tasks {
 		if a := findAgg(aggs, model, m, ratio, codec, sched, ProtoAware, t); a != nil && a.Error == "" && a.N > 0 {
-			s += a.KVBytes
+			s += f(a)
 			n++
 		}
 	}
-	if n < len(r.Config.Tasks) || n == 0 {
-		return 0
+	if n == 0 || n < len(tasks) {
+		return 0, false
 	}
-	return s / float64(n)
+	return s / float64(n), true
 }
+
+func accuracy(a *RecallAgg) float64 { return a.Acc }
+func kvBytes(a *RecallAgg) float64  { return a.KVBytes }
 
 // RecallBytesShare is, for each compressing method of model at ratio, its
 // mean KV bytes over the median of the methods' (1: the ratio's bytes). A
 // method above OverBytes keeps more than the ratio asks (PyramidInfer's own
 // schedule, MiniCache's merge) and ranks after the others.
 func RecallBytesShare(r *RecallResults, model string, ratio float64) map[string]float64 {
-	aggs := AggregateRecall(r.Cells)
+	return bytesShare(r, AggregateRecall(r.Cells), model, ratio)
+}
+
+func bytesShare(r *RecallResults, aggs []RecallAgg, model string, ratio float64) map[string]float64 {
+	codec, sched := recallView(r.Config)
 	bytes := map[string]float64{}
 	var all []float64
 	for _, m := range r.Config.Methods {
 		if m == "full" {
 			continue
 		}
-		if b := recallBytes(r, aggs, model, m, ratio); b > 0 {
+		if b, ok := taskMean(aggs, r.Config.Tasks, model, m, ratio, codec, sched, kvBytes); ok && b > 0 {
 			bytes[m] = b
 			all = append(all, b)
 		}
@@ -152,9 +158,12 @@ func RecallBytesShare(r *RecallResults, model string, ratio float64) map[string]
 // (RecallBytesShare), then those keeping more, so the best method is one
 // that keeps what the ratio allows.
 func RankRecall(r *RecallResults, model string, ratio float64) []string {
-	aggs := AggregateRecall(r.Cells)
+	return rankRecall(r, AggregateRecall(r.Cells), model, ratio)
+}
+
+func rankRecall(r *RecallResults, aggs []RecallAgg, model string, ratio float64) []string {
 	codec, sched := recallView(r.Config)
-	share := RecallBytesShare(r, model, ratio)
+	share := bytesShare(r, aggs, model, ratio)
 	type ms struct {
 		m    string
 		s    float64
@@ -165,15 +174,8 @@ func RankRecall(r *RecallResults, model string, ratio float64) []string {
 		if m == "full" {
 			continue
 		}
-		s, n := 0.0, 0
-		for _, t := range r.Config.Tasks {
-			if a := findAgg(aggs, model, m, ratio, codec, sched, ProtoAware, t); a != nil && a.Error == "" && a.N > 0 {
-				s += a.Acc
-				n++
-			}
-		}
-		if n == len(r.Config.Tasks) {
-			out = append(out, ms{m, s / float64(n), share[m] > OverBytes})
+		if acc, ok := taskMean(aggs, r.Config.Tasks, model, m, ratio, codec, sched, accuracy); ok {
+			out = append(out, ms{m, acc, share[m] > OverBytes})
 		}
 	}
 	slices.SortStableFunc(out, func(a, b ms) int {
@@ -261,14 +263,14 @@ func WriteRecallSection(r *RecallResults, figs []Figure, info ReportInfo) string
 			p("**The full cache itself is at the chance rate on every task and protocol (each interval holds it): %s does not retrieve, so these cells cannot tell the methods apart.** A model trained for recall (issue 27's) is the one to score.\n\n", model)
 		}
 		for _, ratio := range cfg.Ratios {
-			ranked := RankRecall(r, model, ratio)
+			ranked := rankRecall(r, aggs, model, ratio)
 			if len(ranked) == 0 {
 				continue
 			}
+			share := bytesShare(r, aggs, model, ratio)
 			for _, pr := range cfg.Protocols {
 				p("#### Ratio %g, %s, codec %s, schedule %s: accuracy %% [95%% interval], best mean first among the methods within %g× the ratio's KV bytes, then those keeping more\n\n", ratio, pr, codec, sched, OverBytes)
 				p("| method | %s | mean | KV bytes ÷ the methods' median |\n|---|%s---|---|\n", strings.Join(cfg.Tasks, " | "), strings.Repeat("---|", len(cfg.Tasks)))
-				share := RecallBytesShare(r, model, ratio)
 				for _, m := range append([]string{"full"}, ranked...) {
 					row, s := "", 0.0
 					for _, t := range cfg.Tasks {
@@ -301,20 +303,13 @@ func WriteRecallSection(r *RecallResults, figs []Figure, info ReportInfo) string
 					}
 				}
 				p("\n|---|%s\n", strings.Repeat("---|", len(cols)))
-				for _, m := range RankRecall(r, model, ratio) {
+				for _, m := range rankRecall(r, aggs, model, ratio) {
 					p("| %s |", m)
 					for _, c := range cols {
-						s, n := 0.0, 0
-						for _, t := range cfg.Tasks {
-							if a := findAgg(aggs, model, m, ratio, c[0], c[1], ProtoAware, t); a != nil && a.Error == "" && a.N > 0 {
-								s += a.Acc
-								n++
-							}
-						}
-						if n < len(cfg.Tasks) {
-							p(" n/a |")
+						if acc, ok := taskMean(aggs, cfg.Tasks, model, m, ratio, c[0], c[1], accuracy); ok {
+							p(" %.1f |", 100*acc)
 						} else {
-							p(" %.1f |", 100*s/float64(n))
+							p(" n/a |")
 						}
 					}
 					p("\n")
@@ -322,7 +317,7 @@ func WriteRecallSection(r *RecallResults, figs []Figure, info ReportInfo) string
 				p("\n")
 			}
 		}
-		if ranked := RankRecall(r, model, 0.25); len(ranked) > 0 {
+		if ranked := rankRecall(r, aggs, model, 0.25); len(ranked) > 0 {
 			p("#### Ratio 0.25: the best method against the window-only baseline\n\n")
 			win := "window"
 			hasWin := slices.Contains(cfg.Methods, win)

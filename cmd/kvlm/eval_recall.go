@@ -236,10 +236,7 @@ func runRecall(cmd *cobra.Command, a recallArgs) error {
 	}
 	res.Command, res.Commit, res.Dirty = commandLine(cmd), commit, dirty
 	info := eval.ReportInfo{Command: commandLine(cmd), Commit: commit, Dirty: dirty}
-	nfig, err := writeSuite(a.out, a.report, "recall.json", res, info,
-		func() ([]eval.Figure, error) { return eval.PlotRecall(a.out, res) },
-		func(figs []eval.Figure, info eval.ReportInfo) string { return eval.WriteRecallSection(res, figs, info) },
-		eval.RecallSectionBegin, eval.RecallSectionEnd)
+	nfig, err := writeRecall(a, res, info)
 	if err != nil {
 		return err
 	}
@@ -282,18 +279,22 @@ func renderRecall(cmd *cobra.Command, a recallArgs) error {
 	commit, dirty := gitCommit()
 	info := eval.ReportInfo{Command: res.Command, Commit: res.Commit, Dirty: res.Dirty,
 		Rendered: commandLine(cmd) + " (at commit " + eval.ReportInfo{Commit: commit, Dirty: dirty}.CommitText() + ")"}
-	nfig, err := writeSuite(a.out, a.report, "recall.json", &res, info,
-		func() ([]eval.Figure, error) { return eval.PlotRecall(a.out, &res) },
-		func(figs []eval.Figure, info eval.ReportInfo) string {
-			return eval.WriteRecallSection(&res, figs, info)
-		},
-		eval.RecallSectionBegin, eval.RecallSectionEnd)
+	nfig, err := writeRecall(a, &res, info)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "rendered %s again: %d figures in %s, and the recall section of %s  (%d cells)\n",
 		a.from, nfig, a.out, a.report, len(res.Cells))
 	return nil
+}
+
+// writeRecall writes the recall suite's results through writeSuite:
+// OUT/recall.json, the figures and the recall section of --report.
+func writeRecall(a recallArgs, res *eval.RecallResults, info eval.ReportInfo) (int, error) {
+	return writeSuite(a.out, a.report, "recall.json", res, info,
+		func() ([]eval.Figure, error) { return eval.PlotRecall(a.out, res) },
+		func(figs []eval.Figure, info eval.ReportInfo) string { return eval.WriteRecallSection(res, figs, info) },
+		eval.RecallSectionBegin, eval.RecallSectionEnd)
 }
 
 // writeSuite writes a suite's results: res as OUT/name (indented JSON),
