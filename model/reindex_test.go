@@ -146,13 +146,12 @@ func TestReindexPerLayerRope(t *testing.T) {
 						}
 					}
 					caches[tk] = lc
-					if off := lc[0].qpos - len(lc[0].idx); lastOff >= 0 {
+					off := lc[0].qpos - len(lc[0].idx)
+					if lastOff >= 0 {
 						grew = grew || off > lastOff
 						rebased = rebased || off < lastOff
-						lastOff = off
-					} else {
-						lastOff = off
 					}
+					lastOff = off
 					logits, err := seq.Forward([]int{tokens[tk]}, false)
 					if err != nil {
 						t.Fatal(err)
