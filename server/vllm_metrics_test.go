@@ -80,9 +80,13 @@ func TestVLLMMetrics(t *testing.T) {
 	resp.Body.Close()
 	var types map[string]string
 	var m map[string]float64
+	// The engine counts the abort when its step reaps the stream and sets
+	// the running gauge at that step's end: wait for both, so the scrape
+	// below sees the step whole (a scrape between them saw the abort
+	// counted, one request still running and its latency not yet observed).
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		types, m = f.scrape(t)
-		if m[success("abort")] == 1 {
+		if v, ok := m["vllm:num_requests_running{"+lbl+"}"]; m[success("abort")] == 1 && ok && v == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -92,7 +96,7 @@ func TestVLLMMetrics(t *testing.T) {
 					have = append(have, fmt.Sprint(k, " ", v))
 				}
 			}
-			t.Fatalf("the aborted stream was never counted: %v", have)
+			t.Fatalf("the aborted stream was never counted, or a request still runs (running %v): %v", m["vllm:num_requests_running{"+lbl+"}"], have)
 		}
 	}
 	for name, typ := range map[string]string{
