@@ -180,7 +180,7 @@ func WriteZooSection(r *ZooResults, figs []Figure, info ReportInfo) string {
 		}
 	}
 	if len(more) > 0 {
-		p("Lossy codecs holding more than f16 at this length: %s — KIVI's residual (128 f16 tokens and the group being sealed, allocated for every table, a window-bounded one too) outweighs its 2-bit groups this short. ", strings.Join(more, "; "))
+		p("Lossy codecs holding more than f16 at this length: %s — KIVI's residual (a buffer of 128 f16 tokens and the group being sealed in every unbounded table; a window-bounded table whose window fits in it holds just its window there, never sealed) outweighs its 2-bit groups this short. ", strings.Join(more, "; "))
 	}
 	p("\n\n")
 

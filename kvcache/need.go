@@ -42,6 +42,9 @@ func (p *Pool) sealBlocks(res, n int) int {
 // need is the blocks table t takes for n more tokens. The caller holds
 // p.mu.
 func (t *table) need(p *Pool, n int) int {
+	if t.resWindow > 0 {
+		return 0 // never sealed: its tokens stay in the residual
+	}
 	if p.residual > 0 {
 		return p.sealBlocks(t.res.len(), n)
 	}
@@ -107,6 +110,9 @@ func (p *Pool) AdmitBytesStep(prompt, samples, step int) int64 {
 	var blocks int
 	for c := 0; c < p.layout.Layers; c++ {
 		w := p.layout.window(c)
+		if f.Unsealed(w) {
+			continue // never sealed: no blocks
+		}
 		peak := f.WindowPeak(prompt, w, step)        // during the prefill
 		held, _, _ := f.WindowTable(prompt, w, step) // after it
 		// The samples' token at position prompt: what it frees (the

@@ -10,13 +10,17 @@ import (
 // table is one (layer, KV head)'s tokens: full blocks, then a partly filled
 // last block, then (KIVI only) a full-precision residual.
 type table struct {
-	blocks []int32     // physical blocks, in token order
-	n      int         // tokens held in blocks; block j holds min(B, n-j·B)
-	res    *residual   // KIVI: the newest tokens in f16, not yet sealed (residual.go); nil without KIVI
-	segs   []Segment   // read view, rebuilt when dirty
-	dirty  bool        // blocks or n changed since segs was built
-	mini   *merged     // MiniCache: merged and retained tokens before the blocks (minicache.go); nil if unmerged
-	kc     codec.Codec // key codec of this (layer, head): the pool's, shifted by its key mean if set (PoolConfig.KeyShift)
+	blocks []int32   // physical blocks, in token order
+	n      int       // tokens held in blocks; block j holds min(B, n-j·B)
+	res    *residual // KIVI: the newest tokens in f16, not yet sealed (residual.go); nil without KIVI
+	// resWindow is the layer's window W when the table is never sealed
+	// (Footprint.Unsealed: KIVI with W ≤ Residual), 0 otherwise: its
+	// tokens stay in res, which the window slides token by token.
+	resWindow int
+	segs      []Segment   // read view, rebuilt when dirty
+	dirty     bool        // blocks or n changed since segs was built
+	mini      *merged     // MiniCache: merged and retained tokens before the blocks (minicache.go); nil if unmerged
+	kc        codec.Codec // key codec of this (layer, head): the pool's, shifted by its key mean if set (PoolConfig.KeyShift)
 	// A window-bounded layer's tables (window.go): drop is the tokens
 	// freed from the head so far (the table's slot i is the sequence's
 	// token drop+i), freedTo one past the highest position freed (0: none).
@@ -44,6 +48,7 @@ func (p *Pool) NewSequence() *Paged {
 	for i := range s.tables {
 		s.tables[i].dirty = true
 		s.tables[i].kc = p.keyCodec(i)
+		s.tables[i].resWindow = p.resWindow(i / p.layout.KVHeads)
 	}
 	return s
 }
@@ -125,6 +130,9 @@ func (s *Paged) Append(layer int, pos []int32, k, v []float32) error {
 	for h := 0; h < L.KVHeads; h++ {
 		t := s.tab(layer, h)
 		t.dirty = true
+		if t.resWindow > 0 {
+			t.res = t.res.fit(d, t.res.len()+n, t.resWindow)
+		}
 		for i := 0; i < n; i++ {
 			kx := k[i*width+h*d : i*width+(h+1)*d]
 			vx := v[i*width+h*d : i*width+(h+1)*d]
@@ -137,6 +145,9 @@ func (s *Paged) Append(layer int, pos []int32, k, v []float32) error {
 			if err != nil {
 				return fmt.Errorf("kvcache: layer %d head %d: %w", layer, h, err)
 			}
+		}
+		if t.resWindow > 0 {
+			t.res.trim(d, t.resWindow)
 		}
 	}
 	s.last = layer
@@ -287,7 +298,7 @@ func (s *Paged) Fork() *Paged {
 		ft.n = t.n
 		ft.dirty = true
 		ft.kc = t.kc
-		ft.drop, ft.freedTo = t.drop, t.freedTo
+		ft.drop, ft.freedTo, ft.resWindow = t.drop, t.freedTo, t.resWindow
 		for _, b := range t.blocks {
 			p.incref(b)
 		}

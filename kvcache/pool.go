@@ -129,6 +129,13 @@ func (f Footprint) Table(n int) (blocks, residualTokens, residualSlots int) {
 	return sealed / f.BlockTokens, n - sealed, f.Residual + f.SealTokens
 }
 
+// Unsealed reports whether, with KIVI, a table of a layer with window w
+// (0: none) is never sealed: w ≤ Residual, so every token its queries
+// read is among the newest Residual, which KIVI keeps in f16 anyway. Such
+// a table holds its window in the residual alone, takes no blocks, and its
+// window frees residual tokens one by one (window.go).
+func (f Footprint) Unsealed(w int) bool { return f.SealTokens > 0 && w > 0 && w <= f.Residual }
+
 // sealed is how many of n tokens in a KIVI residual are sealed into blocks
 // once sealing is due: whole groups of SealTokens while Residual+SealTokens
 // tokens are there; 0 without KIVI.

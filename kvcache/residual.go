@@ -45,6 +45,66 @@ func (p *Pool) sealSize() int {
 // prompt.
 func (p *Pool) residualSlots() int { return p.residual + p.sealSize() }
 
+// resWindow is layer's window when its tables are never sealed
+// (Footprint.Unsealed), else 0.
+func (p *Pool) resWindow(layer int) int {
+	if w := p.layout.window(layer); p.fp.Unsealed(w) {
+		return w
+	}
+	return 0
+}
+
+// slots is the residual buffer table t keeps between appends while it
+// holds n tokens: residualSlots, or for a never-sealed table max(W, n)
+// (its window's tokens, more when the last append was longer).
+func (p *Pool) slots(t *table, n int) int {
+	if t.resWindow > 0 {
+		return max(t.resWindow, n)
+	}
+	return p.residualSlots()
+}
+
+// fit is r with room for m tokens in all (a never-sealed table's residual
+// before an append): a new residual of max(w, m) slots for nil, the
+// buffers grown to exactly m if they are smaller.
+func (r *residual) fit(d, m, w int) *residual {
+	if r == nil {
+		return newResidual(max(w, m), d)
+	}
+	if len(r.pos) < m {
+		r.grow(d, m)
+	}
+	return r
+}
+
+// trim shrinks a never-sealed table's buffers to max(w, n) slots after an
+// append.
+func (r *residual) trim(d, w int) {
+	if c := max(w, r.n); len(r.pos) > c {
+		r.grow(d, c)
+	}
+}
+
+// slide drops the leading tokens at positions ≤ limit from a never-sealed
+// table's residual (its window hides them from every later query), as
+// Pool.slide drops whole blocks.
+func (r *residual) slide(t *table, limit int32, d int) {
+	if r == nil {
+		return
+	}
+	m := 0
+	for m < r.n && r.pos[m] <= limit {
+		t.freedTo = max(t.freedTo, r.pos[m]+1)
+		m++
+	}
+	if m == 0 {
+		return
+	}
+	r.dropOldest(m, d)
+	t.drop += m
+	t.dirty = true
+}
+
 // put stores token i's key and value.
 func (r *residual) put(i, d int, k, v []float32) {
 	for c := 0; c < d; c++ {
@@ -172,9 +232,13 @@ func (s *Paged) appendResidual(t *table, pos int32, k, v []float32) error {
 	return t.res.sealDue(p, t)
 }
 
-// sealDue seals groups while the residual holds residual+sealSize tokens.
+// sealDue seals groups while the residual holds residual+sealSize tokens
+// (never in a never-sealed table).
 // The caller holds p.mu.
 func (r *residual) sealDue(p *Pool, t *table) error {
+	if t.resWindow > 0 {
+		return nil // never sealed
+	}
 	for r.n >= p.residualSlots() {
 		if err := r.seal(p, t, p.sealSize()); err != nil {
 			return err
@@ -237,7 +301,7 @@ func (r *residual) release(p *Pool, t *table) error {
 	if err := r.sealDue(p, t); err != nil {
 		return err
 	}
-	if c := p.residualSlots(); len(r.pos) > c && r.n <= c {
+	if c := p.slots(t, r.n); len(r.pos) > c && r.n <= c {
 		r.grow(p.layout.HeadDim, c)
 	}
 	return nil

@@ -17,7 +17,16 @@ import "fmt"
 // most W + step + B − 1 tokens' blocks after an append of step tokens
 // (Footprint.AdmitWindowBlocks). KIVI: every sealed block carries its key
 // group's per-channel range, so a block of a group is freed alone; the
-// residual (bounded by Residual + SealTokens anyway) is never dropped.
+// residual (bounded by Residual + SealTokens anyway) is not slid. A layer
+// whose window fits in the residual (W ≤ Residual, Footprint.Unsealed) is
+// never sealed at all: KIVI keeps the newest Residual tokens in f16, so
+// every token its queries read is there already, and sealed blocks would
+// only hold tokens it can no longer see. Its tables hold their tokens in
+// the residual alone and take no blocks; the window drops the residual's
+// leading tokens at positions ≤ pos[0] − W one by one, and the buffer is
+// max(W, held) slots between appends (W − 1 + step tokens after an append
+// of step): what the layer computes is what sealing would give, in less
+// memory than a float16 window's blocks.
 // MiniCache's merged tables (whose merged tokens sit before the blocks)
 // are not slid.
 //
@@ -71,6 +80,12 @@ func (p *Pool) stale(t *table, limit int32) int {
 // slide drops the leading full blocks of t that hold only positions ≤
 // limit. The caller holds p.mu.
 func (p *Pool) slide(t *table, limit int32) {
+	if t.resWindow > 0 {
+		if t.mini == nil {
+			t.res.slide(t, limit, p.layout.HeadDim)
+		}
+		return
+	}
 	k := p.stale(t, limit)
 	if k == 0 {
 		return
@@ -173,7 +188,13 @@ func (f Footprint) WindowTable(n, w, step int) (blocks, residualTokens, residual
 	if step <= 0 || step > n {
 		step = n
 	}
-	return blocks - f.windowDrop((n-1)/step*step, w), residualTokens, residualSlots
+	p0 := (n - 1) / step * step // the last append's start
+	if f.Unsealed(w) {
+		// Positions p0 − w + 1 … n − 1 in the residual, max(w, held) slots.
+		held := min(p0, w-1) + n - p0
+		return 0, held, max(w, held)
+	}
+	return blocks - f.windowDrop(p0, w), residualTokens, residualSlots
 }
 
 // WindowTableBytes is the bytes of WindowTable.
@@ -186,7 +207,7 @@ func (f Footprint) WindowTableBytes(n, w, step int) int64 {
 // while n tokens are appended step at a time (KIVI: sealing counted as the
 // pool seals): Table's blocks for w = 0.
 func (f Footprint) WindowPeak(n, w, step int) int {
-	if n <= 0 {
+	if n <= 0 || f.Unsealed(w) {
 		return 0
 	}
 	if step <= 0 || step > n {
@@ -217,8 +238,12 @@ func (f Footprint) WindowPeak(n, w, step int) int {
 // AdmitBlocks does: after an append of c ≤ step tokens at p0 a table holds
 // the blocks of positions p0 − w + 1 … p0 + c − 1 and the block-rounding at
 // both ends, at most ⌈(w + step + B − 2) / B⌉, plus one KIVI seal's blocks
-// (a seal cannot be freed before the next append).
+// (a seal cannot be freed before the next append). A never-sealed table
+// (Unsealed) takes none.
 func (f Footprint) AdmitWindowBlocks(n, w, step int) int {
+	if f.Unsealed(w) {
+		return 0 // its tokens stay in the residual, outside the arena
+	}
 	all := f.AdmitBlocks(n)
 	if w <= 0 || step <= 0 || step >= n {
 		return all

@@ -157,6 +157,80 @@ func TestWindowMemoryFlat(t *testing.T) {
 	}
 }
 
+// TestWindowUnsealed: with KIVI and a window within the residual (W ≤
+// Residual), a window-bounded layer takes no blocks, holds the positions
+// its queries read (this append's and the next), and holds at every
+// position the next query reads bit for bit what an unbounded KIVI layer
+// of the same pool holds there (its f16 residual, where KIVI keeps the
+// newest Residual tokens): decoding loses nothing to never sealing. A
+// window past the residual still seals, and its blocks are slid as before.
+func TestWindowUnsealed(t *testing.T) {
+	const R, n = 9, 400
+	for _, cp := range [][2]string{{"kivi2", "kivi2"}, {"kivi4", "kivi4"}, {"q8", "kivi2"}} {
+		for _, W := range []int{1, 5, R, R + 1, 40} {
+			for _, step := range []int{1, 7, 50} {
+				t.Run(fmt.Sprintf("%s-%s/W%d/step%d", cp[0], cp[1], W, step), func(t *testing.T) {
+					win, err := windowPool(t, Layout{Layers: 1, KVHeads: 2, HeadDim: 8, Windows: []int{W}}, cp[0], cp[1], 16, R, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					full, err := windowPool(t, Layout{Layers: 1, KVHeads: 2, HeadDim: 8}, cp[0], cp[1], 16, R, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					unsealed := W <= R
+					if got := win.fp.Unsealed(W); got != unsealed {
+						t.Fatalf("Unsealed(%d) = %v with residual %d", W, got, R)
+					}
+					sw, sf := win.NewSequence(), full.NewSequence()
+					sealed := false
+					for p0 := 0; p0 < n; p0 += step {
+						c := min(step, n-p0)
+						for _, s := range []*Paged{sw, sf} {
+							if err := appendTokens(t, s, p0, c); err != nil {
+								t.Fatal(err)
+							}
+						}
+						e := p0 + c
+						a, b := snapshot(sw), snapshot(sf)
+						for h := range 2 {
+							if blocks := BlockTokensOf(sw, 0, h); unsealed && blocks != 0 {
+								t.Fatalf("after %d tokens: the never-sealed table holds %d tokens in blocks", e, blocks)
+							}
+							sealed = sealed || BlockTokensOf(sw, 0, h) > 0
+							for pos := max(0, p0-W+1); pos < e; pos++ { // what this append's queries read
+								if _, ok := a[h][int32(pos)]; !ok {
+									t.Fatalf("after %d tokens: position %d (visible) not held", e, pos)
+								}
+							}
+							if !unsealed {
+								continue
+							}
+							for pos := max(0, e-W+1); pos < e; pos++ { // what the next query reads
+								if x, y := a[h][int32(pos)], b[h][int32(pos)]; fmt.Sprint(x) != fmt.Sprint(y) {
+									t.Fatalf("after %d tokens: position %d holds %v, the unbounded KIVI layer %v", e, pos, x, y)
+								}
+							}
+							if len(a[h]) != min(p0, W-1)+c {
+								t.Fatalf("after %d tokens: holds %d tokens, want %d", e, len(a[h]), min(p0, W-1)+c)
+							}
+						}
+					}
+					if sealed == unsealed {
+						t.Fatalf("window %d, residual %d: sealed %v", W, R, sealed)
+					}
+					checkInvariants(t, win, []*Paged{sw})
+					sw.Free()
+					sf.Free()
+					if u := win.Usage(); u.Used != 0 {
+						t.Fatalf("%d blocks used after Free", u.Used)
+					}
+				})
+			}
+		}
+	}
+}
+
 // checkContentsFrom checks every table holds positions from…to-1 with
 // appendTokens' values (f32).
 func checkContentsFrom(t testing.TB, s *Paged, from, to int) {

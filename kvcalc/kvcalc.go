@@ -341,11 +341,17 @@ func (c *Calc) FormulaBytesPerToken() float64 {
 // BoundBytes is the most bytes one sequence's window-bounded layers ever
 // hold, however long it runs (appends of at most Chunk tokens):
 // kvcache.Footprint.AdmitWindowBlocks blocks per table and, with KIVI, its
-// residual buffer.
+// residual buffer; a never-sealed KIVI table (Footprint.Unsealed: window
+// W ≤ residual) holds no blocks and at most W − 1 + Chunk residual slots.
 func (c *Calc) BoundBytes() int64 {
 	var b int64
 	for l := range c.Layout.Layers {
-		if w := c.window(l); w > 0 {
+		w := c.window(l)
+		switch {
+		case w <= 0:
+		case c.Pool.Unsealed(w):
+			b += int64(max(w, w-1+c.Chunk)) * int64(c.Pool.ResidualSlotBytes)
+		default:
 			b += int64(c.Pool.AdmitWindowBlocks(1<<40, w, c.Chunk))*int64(c.Pool.BlockBytes) +
 				int64(c.Pool.Residual+c.Pool.SealTokens)*int64(c.Pool.ResidualSlotBytes)
 		}

@@ -379,9 +379,20 @@ func printKVCalc(w io.Writer, c *kvcalc.Calc, opt kvcalc.Options, rows []kvcalc.
 	fmt.Fprintf(w, "formula    %s B = %s = %s  (2 · %d layers · %d KV heads · %d dims · (%s + %s) bits / 16; no positions, no blocks)\n",
 		bytesStr(fbpt), binUnit(fbpt), decUnit(fbpt), grow, m.KVHeads, m.HeadDim, num(c.KBits), num(c.VBits))
 	if res := max(c.K.Residual(), c.V.Residual()); res > 0 {
+		unsealed := 0 // window-bounded layers whose window fits in the residual
+		for _, win := range c.Layout.Windows {
+			if f.Unsealed(win) {
+				unsealed++
+			}
+		}
+		sealing := tables - int64(unsealed)*int64(m.KVHeads)
 		fmt.Fprintf(w, "KIVI       the pool seals %d tokens at a time once %d wait; the newest (%d to %d past %d) stay in an f16 residual buffer of %d slots × %s B per (layer, KV head) (%s B per sequence); per token above is the sealed rate\n",
 			f.SealTokens, f.Residual+f.SealTokens, f.Residual, f.Residual+f.SealTokens-1, f.Residual, f.Residual+f.SealTokens, commas(int64(f.ResidualSlotBytes)),
-			commas(tables*int64(f.Residual+f.SealTokens)*int64(f.ResidualSlotBytes)))
+			commas(sealing*int64(f.Residual+f.SealTokens)*int64(f.ResidualSlotBytes)))
+		if unsealed > 0 {
+			fmt.Fprintf(w, "           %d window-bounded layers (window ≤ %d, all of it f16 under KIVI) are never sealed: each (layer, KV head) holds its window in the residual alone, max(window, held) slots, no blocks\n",
+				unsealed, f.Residual)
+		}
 		fmt.Fprintf(w, "           the formula counts the last %d tokens of each sequence in f16 (the residual), the rest at its rate\n", res)
 	}
 	switch {
