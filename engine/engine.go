@@ -207,6 +207,11 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 			return nil, err
 		}
 		e.budget = min(int64(cfg.MaxRunning)*f.AdmitBytesStep(l, m.CtxLen, cfg.PrefillChunk), 4<<30)
+		// At least a block per table and running sequence: under KIVI a
+		// model whose every layer's window fits in the residual takes no
+		// blocks (kvcache.Footprint.Unsealed), yet requests of other
+		// codec pairs share this arena.
+		e.budget = max(e.budget, int64(cfg.MaxRunning)*int64(e.tables)*int64(f.BlockBytes))
 	}
 	chunk, err := chunkBytes(l, cfg.BlockTokens, e.budget)
 	if err != nil {
