@@ -85,11 +85,18 @@ def tensors(model):
     return {k: v.detach().numpy() for k, v in t.items()}
 
 
-def load(path, model):
+def load(path, model, grow=()):
     """Copies the weights of a GGUF in this layout (F32, kvlm's names) into
-    model, whose shape must match the file's tensors."""
+    model, whose shape must match the file's tensors. grow lists the
+    model's layers that are not in the file (model has len(grow) more
+    layers than it): the file's layers fill the others in order, and the
+    grown layers keep model's own weights."""
     _, t = gguf.read(path)
+    if grow:
+        t = grown(t, model.c.layers, grow, path)
     want = tensors(model)
+    for i in grow:
+        want = {k: v for k, v in want.items() if not k.startswith(f"blk.{i}.")}
     missing = sorted(set(want) - set(t))
     extra = sorted(set(t) - set(want))
     if missing or extra:
@@ -109,6 +116,23 @@ def load(path, model):
             if tuple(p.shape) != a.shape:
                 raise SystemExit(f"{path}: tensor {name} has shape {a.shape}, --arch implies {tuple(p.shape)}")
             p.copy_(torch.from_numpy(a))
+
+
+def grown(t, layers, grow, path):
+    """The tensors t of a file with layers − len(grow) layers, renamed to
+    the model's layer numbers with the layers in grow left out."""
+    keep = [i for i in range(layers) if i not in set(grow)]
+    have = {int(n.split(".")[1]) for n in t if n.startswith("blk.")}
+    if have != set(range(len(keep))):
+        raise SystemExit(f"{path}: {len(have)} layers; --grow {','.join(map(str, grow))} wants {len(keep)} "
+                         f"(--layers {layers} less the {len(grow)} grown)")
+    out = {}
+    for name, a in t.items():
+        if name.startswith("blk."):
+            _, i, rest = name.split(".", 2)
+            name = f"blk.{keep[int(i)]}.{rest}"
+        out[name] = a
+    return out
 
 
 def write(path, model, rec):

@@ -259,6 +259,53 @@ class TrainTest(unittest.TestCase):
                 self.run_train(os.path.join(d, "c"), "mha", 1, "--init", os.path.join(a, "model.gguf"))
             self.assertIn("shape", str(e.exception))
 
+    def test_grow(self):
+        """--grow places the file's layers at the model's other layers in
+        order, leaves the grown ones to the model (the trainer zeroes their
+        output projections, and a step trains them), records the grown
+        layers in the recipe; a layer count that does not fit, and --grow
+        without --init, are refused."""
+        import train
+        from export import load
+        with tempfile.TemporaryDirectory() as d:
+            a, b = os.path.join(d, "a"), os.path.join(d, "b")
+            self.run_train(a, "gqa", 2, "--layers", "3")
+            _, ta = gguf.read(os.path.join(a, "model.gguf"))
+            g = train.parse(["--arch", "gqa", "--out", b, "--steps", "1", "--layers", "5", "--grow", "3,1",
+                             "--init", os.path.join(a, "model.gguf")] + self.ARGS)
+            self.assertEqual(g.grow_layers, [1, 3])
+            m = Transformer(train.config_of(g))
+            load(g.init, m, g.grow_layers)
+            for new, old in ((0, 0), (2, 1), (4, 2)):
+                for ours, theirs in (("wq", "attn_q"), ("wk", "attn_k"), ("w_down", "ffn_down")):
+                    np.testing.assert_array_equal(getattr(m.blocks[new], ours).detach().numpy(),
+                                                  ta[f"blk.{old}.{theirs}.weight"])
+            self.run_train(b, "gqa", 1, "--layers", "5", "--grow", "1,3", "--init", os.path.join(a, "model.gguf"),
+                           "--no-export")
+            ck = torch.load(os.path.join(b, "ckpt.pt"))
+            self.assertEqual(ck["recipe"]["grow"], [1, 3])
+            self.assertGreater(float(ck["model"]["blocks.1.wo"].abs().max()), 0, "one step trains the grown layer")
+            for bad in (["--layers", "4", "--grow", "1,3"], ["--layers", "5", "--grow", "1"],
+                        ["--layers", "5", "--grow", "1,5"]):
+                with self.assertRaises(SystemExit):
+                    self.run_train(os.path.join(d, "c"), "gqa", 1, "--init", os.path.join(a, "model.gguf"),
+                                   "--no-export", *bad)
+            with self.assertRaises(SystemExit):
+                self.run_train(os.path.join(d, "e"), "gqa", 1, "--layers", "5", "--grow", "1,3", "--no-export")
+
+    def test_grow_starts_as_identity(self):
+        """The trainer's step-0 model under --grow computes the file's
+        logits: the NLL it records before training is the file's."""
+        with tempfile.TemporaryDirectory() as d:
+            a, b = os.path.join(d, "a"), os.path.join(d, "b")
+            self.run_train(a, "mqa", 2, "--layers", "2")
+            self.run_train(b, "mqa", 1, "--layers", "4", "--grow", "0,3", "--init", os.path.join(a, "model.gguf"))
+            ra, rb = (json.load(open(os.path.join(x, "record.json"))) for x in (a, b))
+            self.assertAlmostEqual(rb["init_heldout_nll"], ra["heldout"]["mean_nll"], places=6)
+            self.assertEqual(rb["recipe"]["grow"], [0, 3])
+            meta, _ = gguf.read(os.path.join(b, "model.gguf"))
+            self.assertEqual(json.loads(meta["kvlm.train.recipe"].value)["grow"], [0, 3])
+
     def test_split(self):
         self.assertEqual(data.TRAIN[1], data.HELDOUT[0])
         held = data.text_bytes(*data.HELDOUT)

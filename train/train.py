@@ -70,6 +70,9 @@ def parse(argv):
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--init", help="start from this GGUF's weights (e.g. an MHA model converted by kvlm convert kv-heads)")
+    p.add_argument("--grow", default="",
+                   help="I,J,… : with --init, the layers of this model that the --init file lacks (it has that many "
+                        "fewer): they start as the identity (output projections zero), the file's layers fill the rest")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --ctx tokens to evaluate")
     p.add_argument("--ckpt-every", type=int, default=200)
@@ -99,6 +102,13 @@ def parse(argv):
         p.error("--export-now needs --resume")
     if not 0 <= a.recall <= 1:
         p.error("--recall must be in [0, 1]")
+    try:
+        a.grow_layers = sorted({int(x) for x in a.grow.split(",")}) if a.grow else []
+    except ValueError:
+        p.error(f"--grow {a.grow!r}: want layer numbers I,J,…")
+    if a.grow_layers and (not a.init or a.grow_layers[0] < 0 or a.grow_layers[-1] >= a.layers
+                          or len(a.grow_layers) >= a.layers):
+        p.error("--grow needs --init and layer numbers in [0, --layers), fewer than --layers")
     a.curriculum = recall.parse_curriculum(a.recall_curriculum, a.ctx) if a.recall_curriculum else None
     a.task_weight = recall.parse_task_weights(a.recall_task_weight) if a.recall_task_weight else recall.TASK_WEIGHT
     if a.recall and (a.recall_pool < 21 or a.recall_eval_every < 1 or a.recall_eval_n < 1 or a.ctx < 256):
@@ -217,6 +227,8 @@ def main(argv=None):
     recipe = {k: getattr(a, k) for k in RECIPE_KEYS}
     if a.init:
         recipe["init"] = a.init
+    if a.grow_layers:
+        recipe["grow"] = a.grow_layers
     if a.recall:
         recipe.update({"recall": a.recall, "recall_weight": a.recall_weight, "recall_pool": a.recall_pool,
                        "recall_tasks": recall.TASKS, "recall_task_weight": a.task_weight,
@@ -233,7 +245,11 @@ def main(argv=None):
     model.init_weights(torch.Generator().manual_seed(a.seed))
     init_nll = None
     if a.init:
-        export.load(a.init, model)
+        export.load(a.init, model, a.grow_layers)
+        with torch.no_grad():
+            for i in a.grow_layers:  # a grown layer adds nothing to the residual stream until trained
+                model.blocks[i].wo.zero_()
+                model.blocks[i].w_down.zero_()
         model.eval()
         init_nll = evaluate(model, windows)
         model.train()
