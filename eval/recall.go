@@ -50,6 +50,36 @@ func Score(s RecallSample, got []int) (all bool, right int) {
 	return right == len(s.Parts), right
 }
 
+// Confused is how many parts of got are wrong yet copy another value of
+// the context: a value no part asks for (s.Others: another key's or
+// chain's) or another part's (multi-value, multi-query: the right value
+// in the wrong place). The other wrong parts match no value of the
+// context: the needle was lost, not confused with another. 0 for cwe
+// (every word of its list is in the context).
+func Confused(s RecallSample, got []int) int {
+	if s.Task == TaskCWE {
+		return 0
+	}
+	n := 0
+	for i, p := range s.Parts {
+		if p[1] > len(got) {
+			continue
+		}
+		g := got[p[0]:p[1]]
+		if slices.Equal(g, s.Answer[p[0]:p[1]]) {
+			continue
+		}
+		other := slices.ContainsFunc(s.Others, func(o []int) bool { return slices.Equal(g, o) })
+		for j, q := range s.Parts {
+			other = other || (j != i && slices.Equal(g, s.Answer[q[0]:q[1]]))
+		}
+		if other {
+			n++
+		}
+	}
+	return n
+}
+
 // The protocols.
 const (
 	ProtoAware    = "query-aware"    // the question is part of the compressed prompt
@@ -184,13 +214,16 @@ type RecallCell struct {
 	Correct  int     `json:"correct"` // samples with every part right
 	Parts    int     `json:"parts"`   // parts scored
 	PartsOK  int     `json:"parts_correct"`
-	Acc      float64 `json:"accuracy"` // Correct / N
-	Lo       float64 `json:"lo"`       // Wilson 95% interval of Acc
-	Hi       float64 `json:"hi"`
-	Chance   float64 `json:"chance"`   // a constant answer's all-correct rate
-	KVBytes  float64 `json:"kv_bytes"` // mean cache bytes after the compression
-	Seconds  float64 `json:"seconds"`
-	Error    string  `json:"error,omitempty"`
+	// PartsConfused is the wrong parts that copy another value of the
+	// context (Confused): the others lost their needle.
+	PartsConfused int     `json:"parts_confused"`
+	Acc           float64 `json:"accuracy"` // Correct / N
+	Lo            float64 `json:"lo"`       // Wilson 95% interval of Acc
+	Hi            float64 `json:"hi"`
+	Chance        float64 `json:"chance"`   // a constant answer's all-correct rate
+	KVBytes       float64 `json:"kv_bytes"` // mean cache bytes after the compression
+	Seconds       float64 `json:"seconds"`
+	Error         string  `json:"error,omitempty"`
 }
 
 // RecallResults is what a recall sweep measured.
@@ -203,6 +236,9 @@ type RecallResults struct {
 	Command string `json:"command,omitempty"`
 	Commit  string `json:"commit,omitempty"`
 	Dirty   bool   `json:"dirty,omitempty"`
+	// Confusion says the cells count their confused parts
+	// (PartsConfused); runs saved before that have none.
+	Confusion bool `json:"confusion,omitempty"`
 }
 
 // recallConfig is a method's policy at a ratio on a prompt of n tokens
@@ -358,6 +394,7 @@ func RecallSweep(m *model.Model, name string, v *RecallVocab, cfg RecallConfig) 
 					}
 					cell.Parts += len(s.Parts)
 					cell.PartsOK += right
+					cell.PartsConfused += Confused(s, got)
 					kvb += float64(b)
 				}
 				cell.Acc = float64(cell.Correct) / float64(cell.N)
@@ -378,5 +415,5 @@ func RecallSweep(m *model.Model, name string, v *RecallVocab, cfg RecallConfig) 
 	if err := runJobs(jobs, max(1, cfg.Workers), cfg.Progress); err != nil {
 		return nil, err
 	}
-	return &RecallResults{Config: cfg, Cells: cells, Wall: time.Since(t0).Seconds()}, nil
+	return &RecallResults{Config: cfg, Cells: cells, Wall: time.Since(t0).Seconds(), Confusion: true}, nil
 }

@@ -23,6 +23,7 @@ type RecallAgg struct {
 	Model, Method, Codec, Schedule, Protocol, Task string
 	Ratio                                          float64
 	N, Correct                                     int
+	Parts, PartsOK, Confused                       int // answer parts scored, right, wrong but another value of the context
 	Acc, Lo, Hi, Chance, KVBytes                   float64
 	Error                                          string
 }
@@ -48,6 +49,9 @@ func AggregateRecall(cells []RecallCell) []RecallAgg {
 		a.KVBytes = (a.KVBytes*float64(a.N) + c.KVBytes*float64(c.N)) / float64(a.N+c.N)
 		a.N += c.N
 		a.Correct += c.Correct
+		a.Parts += c.Parts
+		a.PartsOK += c.PartsOK
+		a.Confused += c.PartsConfused
 	}
 	for i := range out {
 		a := &out[i]
@@ -317,6 +321,9 @@ func WriteRecallSection(r *RecallResults, figs []Figure, info ReportInfo) string
 				p("\n")
 			}
 		}
+		if r.Confusion {
+			writeConfusion(p, cfg, aggs, model, codec, sched, func(ratio float64) []string { return rankRecall(r, aggs, model, ratio) })
+		}
 		if ranked := rankRecall(r, aggs, model, 0.25); len(ranked) > 0 {
 			p("#### Ratio 0.25: the best method against the window-only baseline\n\n")
 			win := "window"
@@ -356,6 +363,47 @@ func WriteRecallSection(r *RecallResults, figs []Figure, info ReportInfo) string
 	}
 	p("%s\n", RecallSectionEnd)
 	return b.String()
+}
+
+// writeConfusion writes, per ratio (query-aware), how many answer parts
+// each method got wrong and how many of those copy another value of the
+// context (Confused): a method that loses a needle answers with no value
+// of the context, a model that confuses needles with another's.
+func writeConfusion(p func(string, ...any), cfg RecallConfig, aggs []RecallAgg, model, codec, sched string, ranked func(float64) []string) {
+	tasks := slices.DeleteFunc(slices.Clone(cfg.Tasks), func(t string) bool { return t == TaskCWE })
+	if len(tasks) == 0 || !slices.Contains(cfg.Protocols, ProtoAware) {
+		return
+	}
+	for _, ratio := range cfg.Ratios {
+		methods := ranked(ratio)
+		if len(methods) == 0 {
+			continue
+		}
+		p("#### Ratio %g, query-aware: wrong answer parts, and how many of them are another value of the context\n\n", ratio)
+		p("Each cell: wrong parts of all scored, then the wrong ones that copy another needle's value (another key's or chain's, or another asked part's); the rest match no value in the context, their needle lost.\n\n")
+		p("| method | %s |\n|---|%s\n", strings.Join(tasks, " | "), strings.Repeat("---|", len(tasks)))
+		for _, m := range append([]string{"full"}, methods...) {
+			p("| %s |", m)
+			for _, t := range tasks {
+				var a *RecallAgg
+				if m == "full" {
+					a = findAgg(aggs, model, m, 1, "", "", ProtoAware, t)
+				} else {
+					a = findAgg(aggs, model, m, ratio, codec, sched, ProtoAware, t)
+				}
+				switch {
+				case a == nil || a.Error != "" || a.Parts == 0:
+					p(" n/a |")
+				case a.PartsOK == a.Parts:
+					p(" 0 of %d |", a.Parts)
+				default:
+					p(" %d of %d: %d another value |", a.Parts-a.PartsOK, a.Parts, a.Confused)
+				}
+			}
+			p("\n")
+		}
+		p("\n")
+	}
 }
 
 // UpdateSection replaces the section between begin and end in the file

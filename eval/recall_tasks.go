@@ -83,7 +83,11 @@ type RecallSample struct {
 	Question int      `json:"question_start"` // Prompt[Question:] is the question (query-agnostic appends it after compression)
 	Answer   []int    `json:"answer"`         // the tokens greedy decoding must produce
 	Parts    [][2]int `json:"parts"`          // [start, end) spans of Answer scored one by one (separators between them are not scored)
-	Text     string   `json:"text,omitempty"` // the answer decoded, for reading
+	// Others are the values in the context that no part asks for (the
+	// other keys' and chains' values); with the parts, the values a wrong
+	// part can copy from the context (Confused).
+	Others [][]int `json:"others,omitempty"`
+	Text   string  `json:"text,omitempty"` // the answer decoded, for reading
 }
 
 // RecallVocab is what the generator needs from a vocabulary.
@@ -232,9 +236,15 @@ func (v *RecallVocab) Sample(spec RecallSpec, task string, ctx int, depth float6
 			i := rng.IntN(len(keys))
 			question = join(enc("What is the special number for"), v.wordID[keys[i]], encP("? The special number for"), v.wordID[keys[i]], enc("is"))
 			parts = [][]int{vals[i]}
+			s.Others = slices.Delete(slices.Clone(vals), i, i+1)
 			break
 		}
 		asked := rng.Perm(len(keys))[:spec.Queries]
+		for i := range keys {
+			if !slices.Contains(asked, i) {
+				s.Others = append(s.Others, vals[i])
+			}
+		}
 		var list []int
 		for j, i := range asked {
 			switch {
@@ -289,6 +299,8 @@ func (v *RecallVocab) Sample(spec RecallSpec, task string, ctx int, depth float6
 				last := v.wordID[names[c*spec.Hops+spec.Hops-1]]
 				question = join(enc("What is the value of"), last, encP("? The value of"), last, enc("is"))
 				parts = [][]int{val}
+			} else {
+				s.Others = append(s.Others, val)
 			}
 		}
 	case TaskCWE:

@@ -207,6 +207,73 @@ func TestRecallScoring(t *testing.T) {
 	}
 }
 
+// TestRecallConfused: every sample names the context's values that no
+// part asks for (Others: multi-key Keys−1, multi-query Keys−Queries, vt
+// Chains−1, none otherwise), each of them in the context; Confused counts
+// a wrong part that copies one of them or another part's value, and not a
+// right part nor a value absent from the context.
+func TestRecallConfused(t *testing.T) {
+	_, _, v := recallVocab(t)
+	spec := DefaultRecallSpec()
+	want := map[string]int{TaskNeedle: 0, TaskMultiKey: spec.Keys - 1, TaskMultiValue: 0,
+		TaskMultiQuery: spec.Keys - spec.Queries, TaskVarTrack: spec.Chains - 1, TaskCWE: 0}
+	for _, task := range RecallTasks {
+		t.Run(task, func(t *testing.T) {
+			for seed := range uint64(30) {
+				d := -1.0
+				if task == TaskNeedle {
+					d = 0.5
+				}
+				s, err := v.Sample(spec, task, 512, d, seed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(s.Others) != want[task] {
+					t.Fatalf("seed %d: %d other values, want %d", seed, len(s.Others), want[task])
+				}
+				for _, o := range s.Others {
+					if !containsRun(s.Prompt[:s.Question], o) {
+						t.Fatalf("seed %d: other value %v not in the context", seed, o)
+					}
+				}
+				if c := Confused(s, s.Answer); c != 0 {
+					t.Fatalf("seed %d: the known answer has %d confused parts", seed, c)
+				}
+				lost := v.Constant(spec, s) // 0…0: in no context but by a 10^-4 chance
+				if c := Confused(s, lost); c != 0 && task != TaskCWE && !containsRun(s.Prompt, lost[s.Parts[0][0]:s.Parts[0][1]]) {
+					t.Fatalf("seed %d: a value absent from the context counted confused (%d)", seed, c)
+				}
+				got := slices.Clone(s.Answer)
+				switch task {
+				case TaskMultiKey, TaskVarTrack: // another key's or chain's value
+					p := s.Parts[0]
+					copy(got[p[0]:p[1]], s.Others[0])
+					if all, _ := Score(s, got); all || Confused(s, got) != 1 {
+						t.Fatalf("seed %d: another value scored %v, %d confused", seed, all, Confused(s, got))
+					}
+				case TaskMultiValue, TaskMultiQuery: // the first two parts swapped
+					a, b := s.Parts[0], s.Parts[1]
+					x, y := slices.Clone(s.Answer[a[0]:a[1]]), slices.Clone(s.Answer[b[0]:b[1]])
+					if slices.Equal(x, y) {
+						continue
+					}
+					copy(got[a[0]:a[1]], y)
+					copy(got[b[0]:b[1]], x)
+					if c := Confused(s, got); c != 2 {
+						t.Fatalf("seed %d: swapped parts, %d confused", seed, c)
+					}
+				case TaskCWE:
+					p := s.Parts[0]
+					copy(got[p[0]:p[1]], lost[p[0]:min(p[1], len(lost))])
+					if c := Confused(s, got); c != 0 {
+						t.Fatalf("seed %d: cwe counted %d confused", seed, c)
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestRecallAnswer checks the generation against a plain greedy loop over
 // the full sequence (the prompt and the tokens so far recomputed from
 // scratch at every step), and that with the full cache both protocols
@@ -510,5 +577,36 @@ func TestRankRecallBytes(t *testing.T) {
 	sec := WriteRecallSection(r, nil, ReportInfo{})
 	if !strings.Contains(sec, "**b**") || !strings.Contains(sec, "**3.81** (over)") {
 		t.Errorf("the section does not name b best and big over the bytes:\n%s", sec)
+	}
+}
+
+// TestRecallConfusionTable: the report's confusion table pools each
+// method's cells (parts wrong of all scored, the wrong ones that copy
+// another value) and leaves cwe out.
+func TestRecallConfusionTable(t *testing.T) {
+	cfg := RecallConfig{Methods: []string{"full", "a"}, Tasks: []string{TaskMultiKey, TaskCWE}, Codecs: []string{"f16"},
+		Schedules: []string{SchedPrefill}, Ratios: []float64{0.25}, Protocols: []string{ProtoAware}}
+	r := &RecallResults{Config: cfg}
+	for _, c := range []RecallCell{
+		{Method: "full", Ratio: 1, Codec: "f32", Schedule: "-", Context: 256, Parts: 10, PartsOK: 7, PartsConfused: 3},
+		{Method: "full", Ratio: 1, Codec: "f32", Schedule: "-", Context: 512, Parts: 10, PartsOK: 9, PartsConfused: 1},
+		{Method: "a", Ratio: 0.25, Codec: "f16", Schedule: SchedPrefill, Context: 256, Parts: 10, PartsOK: 2, PartsConfused: 1},
+		{Method: "a", Ratio: 0.25, Codec: "f16", Schedule: SchedPrefill, Context: 512, Parts: 10, PartsOK: 10},
+	} {
+		c.Model, c.Protocol, c.Task, c.N, c.Depth = "m", ProtoAware, TaskMultiKey, 10, -1
+		c.Correct = c.PartsOK
+		r.Cells = append(r.Cells, c)
+		c.Task, c.Parts, c.PartsOK, c.PartsConfused, c.Correct = TaskCWE, 30, 3, 0, 1
+		r.Cells = append(r.Cells, c)
+	}
+	if sec := WriteRecallSection(r, nil, ReportInfo{}); strings.Contains(sec, "another value") {
+		t.Error("a confusion table for a run that did not count confused parts")
+	}
+	r.Confusion = true
+	sec := WriteRecallSection(r, nil, ReportInfo{})
+	for _, want := range []string{"| method | niah_multikey |", "| full | 4 of 20: 4 another value |", "| a | 8 of 20: 1 another value |"} {
+		if !strings.Contains(sec, want) {
+			t.Errorf("no %q in the section:\n%s", want, sec)
+		}
 	}
 }
