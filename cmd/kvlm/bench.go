@@ -749,10 +749,16 @@ func benchCompare(mf *modelFlags, f *benchFlags, m *model.Model, a, b string) (*
 	return res, nil
 }
 
+// median is the middle of x, the mean of the two middle values when x
+// has an even count (two rounds: their mean, not the faster one).
 func median(x []float64) float64 {
 	s := slices.Clone(x)
 	slices.Sort(s)
-	return s[len(s)/2]
+	n := len(s)
+	if n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[n/2]
 }
 
 func peakRSS() int64 {

@@ -105,3 +105,14 @@ func TestBenchCompareKV(t *testing.T) {
 		}
 	}
 }
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		x    []float64
+		want float64
+	}{{[]float64{3}, 3}, {[]float64{5, 1}, 3}, {[]float64{2, 9, 4}, 4}, {[]float64{4, 1, 3, 10}, 3.5}} {
+		if got := median(c.x); got != c.want {
+			t.Errorf("median(%v) = %v, want %v", c.x, got, c.want)
+		}
+	}
+}
