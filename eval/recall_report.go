@@ -322,7 +322,7 @@ func WriteRecallSection(r *RecallResults, figs []Figure, info ReportInfo) string
 			}
 		}
 		if r.Confusion {
-			writeConfusion(p, cfg, aggs, model, codec, sched, func(ratio float64) []string { return rankRecall(r, aggs, model, ratio) })
+			writeConfusion(p, r, aggs, model, codec, sched)
 		}
 		if ranked := rankRecall(r, aggs, model, 0.25); len(ranked) > 0 {
 			p("#### Ratio 0.25: the best method against the window-only baseline\n\n")
@@ -369,13 +369,14 @@ func WriteRecallSection(r *RecallResults, figs []Figure, info ReportInfo) string
 // each method got wrong and how many of those copy another value of the
 // context (Confused): a method that loses a needle answers with no value
 // of the context, a model that confuses needles with another's.
-func writeConfusion(p func(string, ...any), cfg RecallConfig, aggs []RecallAgg, model, codec, sched string, ranked func(float64) []string) {
+func writeConfusion(p func(string, ...any), r *RecallResults, aggs []RecallAgg, model, codec, sched string) {
+	cfg := r.Config
 	tasks := slices.DeleteFunc(slices.Clone(cfg.Tasks), func(t string) bool { return t == TaskCWE })
 	if len(tasks) == 0 || !slices.Contains(cfg.Protocols, ProtoAware) {
 		return
 	}
 	for _, ratio := range cfg.Ratios {
-		methods := ranked(ratio)
+		methods := rankRecall(r, aggs, model, ratio)
 		if len(methods) == 0 {
 			continue
 		}

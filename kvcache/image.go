@@ -178,14 +178,11 @@ func (p *Pool) checkImage(img *Image) error {
 			if p.residual == 0 {
 				return fmt.Errorf("kvcache: image table %d holds a KIVI residual; this pool keeps none", i)
 			}
-			slots := p.residualSlots()
-			if w := p.resWindow(i / L.KVHeads); w > 0 {
-				if t.N > 0 {
-					return fmt.Errorf("kvcache: image table %d holds %d sealed tokens; its window of %d is never sealed in this pool", i, t.N, w)
-				}
-				slots = max(w, r.N)
+			w := p.resWindow(i / L.KVHeads)
+			if w > 0 && t.N > 0 {
+				return fmt.Errorf("kvcache: image table %d holds %d sealed tokens; its window of %d is never sealed in this pool", i, t.N, w)
 			}
-			if len(r.Pos) < slots || len(r.K) != len(r.Pos)*d || len(r.V) != len(r.Pos)*d || r.N < 0 || r.N > len(r.Pos) {
+			if len(r.Pos) < p.fp.ResidualBuffer(w, r.N) || len(r.K) != len(r.Pos)*d || len(r.V) != len(r.Pos)*d || r.N < 0 || r.N > len(r.Pos) {
 				return fmt.Errorf("kvcache: image table %d: a residual of %d tokens in %d slots does not fit this pool", i, r.N, len(r.Pos))
 			}
 			for _, x := range r.Pos[:r.N] {

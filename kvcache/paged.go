@@ -147,7 +147,7 @@ func (s *Paged) Append(layer int, pos []int32, k, v []float32) error {
 			}
 		}
 		if t.resWindow > 0 {
-			t.res.trim(d, t.resWindow)
+			t.res.shrink(d, p.fp.ResidualBuffer(t.resWindow, t.res.n))
 		}
 	}
 	s.last = layer

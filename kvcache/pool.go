@@ -136,6 +136,17 @@ func (f Footprint) Table(n int) (blocks, residualTokens, residualSlots int) {
 // window frees residual tokens one by one (window.go).
 func (f Footprint) Unsealed(w int) bool { return f.SealTokens > 0 && w > 0 && w <= f.Residual }
 
+// ResidualBuffer is the slots of the residual buffer a KIVI table of a
+// layer with window w (0: none) keeps between appends while it holds held
+// tokens there: Residual + SealTokens, or for a never-sealed table
+// (Unsealed) max(w, held).
+func (f Footprint) ResidualBuffer(w, held int) int {
+	if f.Unsealed(w) {
+		return max(w, held)
+	}
+	return f.Residual + f.SealTokens
+}
+
 // sealed is how many of n tokens in a KIVI residual are sealed into blocks
 // once sealing is due: whole groups of SealTokens while Residual+SealTokens
 // tokens are there; 0 without KIVI.

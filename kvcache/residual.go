@@ -54,16 +54,6 @@ func (p *Pool) resWindow(layer int) int {
 	return 0
 }
 
-// slots is the residual buffer table t keeps between appends while it
-// holds n tokens: residualSlots, or for a never-sealed table max(W, n)
-// (its window's tokens, more when the last append was longer).
-func (p *Pool) slots(t *table, n int) int {
-	if t.resWindow > 0 {
-		return max(t.resWindow, n)
-	}
-	return p.residualSlots()
-}
-
 // fit is r with room for m tokens in all (a never-sealed table's residual
 // before an append): a new residual of max(w, m) slots for nil, the
 // buffers grown to exactly m if they are smaller.
@@ -77,10 +67,10 @@ func (r *residual) fit(d, m, w int) *residual {
 	return r
 }
 
-// trim shrinks a never-sealed table's buffers to max(w, n) slots after an
-// append.
-func (r *residual) trim(d, w int) {
-	if c := max(w, r.n); len(r.pos) > c {
+// shrink gives back the buffers' room beyond c slots when they hold at
+// most c tokens.
+func (r *residual) shrink(d, c int) {
+	if len(r.pos) > c && r.n <= c {
 		r.grow(d, c)
 	}
 }
@@ -301,9 +291,7 @@ func (r *residual) release(p *Pool, t *table) error {
 	if err := r.sealDue(p, t); err != nil {
 		return err
 	}
-	if c := p.slots(t, r.n); len(r.pos) > c && r.n <= c {
-		r.grow(p.layout.HeadDim, c)
-	}
+	r.shrink(p.layout.HeadDim, p.fp.ResidualBuffer(t.resWindow, r.n))
 	return nil
 }
 

@@ -190,9 +190,9 @@ func (f Footprint) WindowTable(n, w, step int) (blocks, residualTokens, residual
 	}
 	p0 := (n - 1) / step * step // the last append's start
 	if f.Unsealed(w) {
-		// Positions p0 − w + 1 … n − 1 in the residual, max(w, held) slots.
+		// Positions p0 − w + 1 … n − 1 in the residual.
 		held := min(p0, w-1) + n - p0
-		return 0, held, max(w, held)
+		return 0, held, f.ResidualBuffer(w, held)
 	}
 	return blocks - f.windowDrop(p0, w), residualTokens, residualSlots
 }
