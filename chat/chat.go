@@ -55,8 +55,10 @@ type Template struct {
 	// nil).
 	Now func() time.Time
 
-	render func(t *Template, msgs []Message, gen bool) (string, error)
-	jinja  *jinja.Template // the compiled model template (FromJinja); nil for built-ins
+	render  func(t *Template, msgs []Message, gen bool) (string, error)
+	jinja   *jinja.Template // the compiled model template (FromJinja); nil for built-ins
+	tools   ToolSyntax      // the syntax the Jinja template writes tool calls in; "" for none kvlm reads
+	toolTag string          // ToolsJSONList's tag, ToolsXML's open tag
 }
 
 // Render returns the prompt for msgs; with gen, it ends with the header of

@@ -42,6 +42,9 @@ func FromJinja(src, bos, eos string) (*Template, error) {
 			t.Stops = append(t.Stops, s)
 		}
 	}
+	if strings.Contains(src, "tool") {
+		t.tools, t.toolTag = t.detectToolSyntax()
+	}
 	return t, nil
 }
 

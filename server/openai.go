@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -143,9 +144,11 @@ type responseFormat struct {
 }
 
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-	Name    string          `json:"name"`
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"`
+	Name       string          `json:"name"`
+	ToolCalls  json.RawMessage `json:"tool_calls"`   // an assistant's: [{"id", "type", "function": {"name", "arguments"}}]
+	ToolCallID string          `json:"tool_call_id"` // a tool result's
 }
 
 type contentPart struct {
@@ -521,7 +524,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("kv.truncate", "kv.truncate drops whole turns of a chat; it applies to /v1/chat/completions"))
 		return
 	}
-	s.generate(w, r, false, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions, 0)
+	s.generate(w, r, false, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions, 0, nil)
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
@@ -537,55 +540,91 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	case req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text":
 		writeError(w, badRequest("response_format", "response_format %q is not supported (only text)", req.ResponseFormat.Type))
 		return
-	case len(bytes.TrimSpace(req.Tools)) > 0 && string(bytes.TrimSpace(req.Tools)) != "null" && string(bytes.TrimSpace(req.Tools)) != "[]":
-		writeError(w, badRequest("tools", "tools are not supported"))
-		return
 	}
 	if len(req.Messages) == 0 {
 		writeError(w, badRequest("messages", "messages must hold at least one message"))
 		return
 	}
-	msgs := make([]chat.Message, 0, len(req.Messages))
-	for i, m := range req.Messages {
-		role := m.Role
-		if role == "developer" {
-			role = "system"
-		}
-		switch role {
-		case "system", "user", "assistant":
-		case "":
-			writeError(w, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d] has no role", i))
-			return
-		default:
-			writeError(w, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d]: role %q is not supported (system, user, assistant)", i, m.Role))
-			return
-		}
-		text, err := messageText(m.Content)
-		if err != nil {
-			writeError(w, badRequest(fmt.Sprintf("messages[%d].content", i), "messages[%d].content: %v", i, err))
-			return
-		}
-		msgs = append(msgs, chat.Message{Role: role, Content: text})
+	tools, aerr := checkTools(req.Tools)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
 	}
+	auto, aerr := checkToolChoice(req.ToolChoice)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	history := slices.ContainsFunc(req.Messages, chatMessage.usesTools)
 	var prompt []int
 	var err error
+	var tr *toolReply
 	dropped := 0
-	if kv := req.KV; kv != nil && kv.Truncate != nil && *kv.Truncate {
-		// The reply's share of the context, as kvlm chat gives it.
-		ctx := s.m.CtxLen
-		room := ctx / 4
-		for _, v := range []*int{req.MaxTokens, req.MaxCompletionTokens} {
-			if v != nil && *v >= 1 {
-				room = min(*v, ctx/4)
-			}
+	truncate := req.KV != nil && req.KV.Truncate != nil && *req.KV.Truncate
+	switch tf, ok := s.toolsOf(); {
+	case tools != nil || history:
+		field := "tools"
+		if tools == nil {
+			field = "messages"
 		}
-		if prompt, _, dropped, err = FitTurns(s.opt.Format, s.tok, msgs, ctx, room); err != nil {
-			writeError(w, badRequest("messages", "kv.truncate: %s", strings.TrimPrefix(err.Error(), "chat: ")))
+		if !ok || (tools != nil && auto && tf.ToolSyntax() == "") {
+			writeError(w, toolsRefused(s, field))
 			return
 		}
-	} else if prompt, err = s.opt.Format.Encode(s.tok, msgs); err != nil {
-		writeError(w, badRequest("messages", "%s", strings.TrimPrefix(err.Error(), "chat: ")))
-		return
+		if truncate {
+			writeError(w, badRequest("kv.truncate", "kv.truncate does not apply to a conversation with tools"))
+			return
+		}
+		if !auto {
+			tools = nil // "none": the model is not offered them
+		}
+		if prompt, aerr = s.encodeToolChat(tf, req.Messages, tools); aerr != nil {
+			writeError(w, aerr)
+			return
+		}
+		if tools != nil {
+			tr = &toolReply{f: tf, tools: tools, parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls}
+		}
+	default:
+		msgs := make([]chat.Message, 0, len(req.Messages))
+		for i, m := range req.Messages {
+			role := m.Role
+			if role == "developer" {
+				role = "system"
+			}
+			switch role {
+			case "system", "user", "assistant":
+			case "":
+				writeError(w, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d] has no role", i))
+				return
+			default:
+				writeError(w, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d]: role %q is not supported (system, user, assistant; tool with a template that renders tools)", i, m.Role))
+				return
+			}
+			text, err := messageText(m.Content)
+			if err != nil {
+				writeError(w, badRequest(fmt.Sprintf("messages[%d].content", i), "messages[%d].content: %v", i, err))
+				return
+			}
+			msgs = append(msgs, chat.Message{Role: role, Content: text})
+		}
+		if truncate {
+			// The reply's share of the context, as kvlm chat gives it.
+			ctx := s.m.CtxLen
+			room := ctx / 4
+			for _, v := range []*int{req.MaxTokens, req.MaxCompletionTokens} {
+				if v != nil && *v >= 1 {
+					room = min(*v, ctx/4)
+				}
+			}
+			if prompt, _, dropped, err = FitTurns(s.opt.Format, s.tok, msgs, ctx, room); err != nil {
+				writeError(w, badRequest("messages", "kv.truncate: %s", strings.TrimPrefix(err.Error(), "chat: ")))
+				return
+			}
+		} else if prompt, err = s.opt.Format.Encode(s.tok, msgs); err != nil {
+			writeError(w, badRequest("messages", "%s", strings.TrimPrefix(err.Error(), "chat: ")))
+			return
+		}
 	}
 	gr, stops, aerr := s.params(&req.commonParams, max(1, s.m.CtxLen-len(prompt)))
 	if aerr != nil {
@@ -608,7 +647,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 			stops = append(stops, st)
 		}
 	}
-	s.generate(w, r, true, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions, dropped)
+	s.generate(w, r, true, gr, stops, req.Stream != nil && *req.Stream, req.StreamOptions, dropped, tr)
 }
 
 // messageText is a message's content: a string, null, or an array of text
@@ -693,13 +732,15 @@ type completionChoice struct {
 }
 
 type chatMessageOut struct {
-	Role    string `json:"role,omitempty"`
-	Content string `json:"content"`
+	Role      string         `json:"role,omitempty"`
+	Content   *string        `json:"content"` // null when the reply is only tool calls
+	ToolCalls []toolCallJSON `json:"tool_calls,omitempty"`
 }
 
 type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string         `json:"role,omitempty"`
+	Content   *string        `json:"content,omitempty"`
+	ToolCalls []toolCallJSON `json:"tool_calls,omitempty"`
 }
 
 type chatChoice struct {
@@ -737,8 +778,11 @@ type choiceState struct {
 	err    error
 }
 
-// generate runs an engine request and answers it, whole or streamed.
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, gr engine.GenRequest, stops []string, stream bool, so *streamOptions, dropped int) {
+// generate runs an engine request and answers it, whole or streamed. With
+// tr (a chat request offering tools), each reply is read for tool calls
+// when it ends: its text is decoded with control tokens' text and, in a
+// stream, held back until then.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, gr engine.GenRequest, stops []string, stream bool, so *streamOptions, dropped int, tr *toolReply) {
 	start := time.Now()
 	h, err := s.e.Submit(gr)
 	if err != nil {
@@ -748,8 +792,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, g
 	defer h.Cancel() // the client went away or we are done: release at once
 	ctx := r.Context()
 	cs := make([]*choiceState, gr.N)
+	var dec tokenizer.Tokenizer = s.tok
+	if tr != nil {
+		dec = specialText{s.tok}
+	}
 	for i := range cs {
-		cs[i] = &choiceState{ts: NewTextStream(s.tok, gr.Prompt[len(gr.Prompt)-1], stops)}
+		cs[i] = &choiceState{ts: NewTextStream(dec, gr.Prompt[len(gr.Prompt)-1], stops)}
 	}
 	id, created := newID("cmpl-"), time.Now().Unix()
 	object := "text_completion"
@@ -779,15 +827,23 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, g
 		if fin != "" {
 			c.finish = fin
 		}
-		if !stream || (text == "" && fin == "") {
+		if !stream || (text == "" && fin == "") || (tr != nil && fin == "") {
 			return nil
+		}
+		var calls []toolCallJSON
+		if tr != nil && c.err == nil {
+			// The reply is whole: deliver it, read for calls, at once.
+			text, calls, fin = tr.read(c.text.String(), fin)
+			for k := range calls {
+				calls[k].Index = &k
+			}
 		}
 		var finp *string
 		if fin != "" {
 			finp = &fin
 		}
 		if isChat {
-			d := &chatDelta{}
+			d := &chatDelta{ToolCalls: calls}
 			if text != "" {
 				d.Content = &text
 			}
@@ -873,8 +929,16 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool, g
 	if isChat {
 		ch := make([]chatChoice, len(cs))
 		for i, c := range cs {
-			f := c.finish
-			ch[i] = chatChoice{Index: i, Message: &chatMessageOut{Role: "assistant", Content: c.text.String()}, FinishReason: &f}
+			text, f := c.text.String(), c.finish
+			var calls []toolCallJSON
+			if tr != nil {
+				text, calls, f = tr.read(text, f)
+			}
+			m := &chatMessageOut{Role: "assistant", Content: &text, ToolCalls: calls}
+			if text == "" && len(calls) > 0 {
+				m.Content = nil
+			}
+			ch[i] = chatChoice{Index: i, Message: m, FinishReason: &f}
 		}
 		resp.Choices = ch
 	} else {
