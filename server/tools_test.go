@@ -1,9 +1,7 @@
 package server
 
 import (
-	"encoding/binary"
 	"encoding/json"
-	"math"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -12,118 +10,16 @@ import (
 
 	"github.com/kvlm/kvlm/chat"
 	"github.com/kvlm/kvlm/engine"
-	"github.com/kvlm/kvlm/gguf"
-	"github.com/kvlm/kvlm/tensor"
+	"github.com/kvlm/kvlm/internal/scripted"
 	"github.com/kvlm/kvlm/tokenizer"
 )
 
-// scriptedModel writes a one-layer Llama GGUF whose greedy reply to any
-// prompt ending in the token of after is the pieces of script in order,
-// then stop: a vocabulary of the 256 byte tokens, then script's pieces
-// (each one token; control tokens marked with a leading "!"), then
-// specials. The layer's output projections are zero, so the logits depend
-// on the last token alone: its embedding is one-hot and the output matrix
-// maps each token to its successor.
+// scriptedModel writes a scripted model (internal/scripted) to a temporary
+// file.
 func scriptedModel(t *testing.T, template, after string, script []string, specials []string, eos string) string {
 	t.Helper()
-	var tokens []string
-	var types []int32
-	for b := range 256 {
-		tokens = append(tokens, tokenizer.ByteLevelEncode(string([]byte{byte(b)})))
-		types = append(types, tokenizer.TypeNormal)
-	}
-	id := map[string]int{}
-	add := func(p string, typ int32) int {
-		if i, ok := id[p]; ok {
-			return i
-		}
-		id[p] = len(tokens)
-		if typ == tokenizer.TypeNormal {
-			tokens = append(tokens, tokenizer.ByteLevelEncode(p))
-		} else {
-			tokens = append(tokens, p)
-		}
-		types = append(types, typ)
-		return id[p]
-	}
-	var chain []int
-	for _, p := range script {
-		if c, ok := strings.CutPrefix(p, "!"); ok {
-			chain = append(chain, add(c, tokenizer.TypeControl))
-		} else {
-			chain = append(chain, add(p, tokenizer.TypeNormal))
-		}
-	}
-	for _, s := range specials {
-		add(s, tokenizer.TypeControl)
-	}
-	start := int([]byte(after)[0]) // a byte token
-	if i, ok := id[after]; ok {
-		start = i
-	}
-	vocab := len(tokens)
-	const dim, heads, hidden = 320, 4, 32
-	if vocab > dim {
-		t.Fatalf("vocabulary %d > dim %d", vocab, dim)
-	}
-	next := make([]int, vocab) // the successor of each token
-	for i := range next {
-		next[i] = id[eos]
-	}
-	prev := start
-	for _, c := range chain {
-		next[prev] = c
-		prev = c
-	}
-	w := gguf.NewWriter()
-	for k, v := range map[string]any{
-		"general.architecture": "llama", "llama.vocab_size": uint32(vocab), "llama.context_length": uint32(2048),
-		"llama.embedding_length": uint32(dim), "llama.block_count": uint32(1), "llama.feed_forward_length": uint32(hidden),
-		"llama.rope.dimension_count": uint32(dim / heads), "llama.attention.head_count": uint32(heads),
-		"llama.attention.head_count_kv": uint32(heads), "llama.attention.layer_norm_rms_epsilon": float32(1e-5),
-		"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
-		"tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": []string{},
-		"tokenizer.ggml.eos_token_id": uint32(id[eos]), "tokenizer.chat_template": template,
-	} {
-		if err := w.Set(k, v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f32 := func(name string, shape []uint64, v []float32) {
-		data := make([]byte, 4*len(v))
-		for i, x := range v {
-			binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(x))
-		}
-		if err := w.AddTensor(name, tensor.F32, shape, data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ones := func(n int) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = 1
-		}
-		return v
-	}
-	emb := make([]float32, vocab*dim)
-	out := make([]float32, vocab*dim)
-	for i := range vocab {
-		emb[i*dim+i] = 1
-		out[next[i]*dim+i] = 1
-	}
-	f32("token_embd.weight", []uint64{dim, uint64(vocab)}, emb)
-	f32("output.weight", []uint64{dim, uint64(vocab)}, out)
-	f32("output_norm.weight", []uint64{dim}, ones(dim))
-	f32("blk.0.attn_norm.weight", []uint64{dim}, ones(dim))
-	f32("blk.0.ffn_norm.weight", []uint64{dim}, ones(dim))
-	for _, n := range []string{"attn_q", "attn_k", "attn_v", "attn_output"} {
-		f32("blk.0."+n+".weight", []uint64{dim, dim}, make([]float32, dim*dim))
-	}
-	f32("blk.0.ffn_gate.weight", []uint64{dim, hidden}, make([]float32, dim*hidden))
-	f32("blk.0.ffn_up.weight", []uint64{dim, hidden}, make([]float32, dim*hidden))
-	f32("blk.0.ffn_down.weight", []uint64{hidden, dim}, make([]float32, dim*hidden))
 	path := filepath.Join(t.TempDir(), "scripted.gguf")
-	if err := w.WriteFile(path); err != nil {
+	if err := scripted.Write(path, scripted.Spec{Template: template, After: after, Script: script, Specials: specials, EOS: eos}); err != nil {
 		t.Fatal(err)
 	}
 	return path

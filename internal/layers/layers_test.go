@@ -37,14 +37,14 @@ func (a Arrow) String() string { return a.From + " → " + a.To }
 var architecture = Rules{
 	Layers: [][]string{
 		{"tensor", "gguf", "tokenizer", "sample", "kvstore", "kvevents", "internal/progress", "internal/shared", "internal/redistest", "internal/layers"},
-		{"kvcache/codec", "chat", "hub"},
+		{"kvcache/codec", "chat", "hub", "internal/scripted"},
 		{"kvcache"},
 		{"attention"},
 		{"model"},
 		{"policy", "kvcalc", "convert"},
 		{"engine", "eval"},
 		{"server"},
-		{"cmd/kvlm"},
+		{"cmd/kvlm", "test/openai/scripted"},
 	},
 	Exceptions: map[Arrow]string{
 		{"gguf", "tensor"}: "the GGML type table (block sizes validate tensor sizes), not a second copy of it",

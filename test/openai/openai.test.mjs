@@ -12,17 +12,13 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
+import { shared, kvlmBin, serve, stop } from './serve.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const repo = path.resolve(here, '..', '..');
-const shared = process.env.KVLM_SHARED || path.resolve(repo, '..', 'shared');
 const modelPath = path.join(shared, 'models', 'stories260K', 'stories260K.bin');
 const tokPath = path.join(shared, 'models', 'stories260K', 'tok512.bin');
 const MODEL = 'stories260K';
@@ -34,37 +30,13 @@ let server, baseURL, client, work;
 before(async () => {
   assert.ok(existsSync(modelPath), `stories260K not found at ${modelPath} (set KVLM_SHARED)`);
   work = mkdtempSync(path.join(tmpdir(), 'kvlm-openai-'));
-  let bin = process.env.KVLM_BIN;
-  if (!bin) {
-    bin = path.join(work, 'kvlm');
-    execFileSync('go', ['build', '-o', bin, './cmd/kvlm'], { cwd: repo, stdio: 'inherit' });
-  }
-  server = spawn(bin, ['serve', '-m', modelPath, '--tokenizer', tokPath, '--addr', '127.0.0.1:0',
-    '--served-model-name', MODEL, '--slot-dir', work], { stdio: ['ignore', 'inherit', 'pipe'], env: { ...process.env, KVLM_API_KEY: API_KEY } });
-  baseURL = await new Promise((resolve, reject) => {
-    let log = '';
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 60000);
-    server.stderr.on('data', (d) => {
-      log += d;
-      process.stderr.write(d);
-      const m = log.match(/listening on (http:\/\/\S+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve(m[1]);
-      }
-    });
-    server.on('exit', (code) => reject(new Error(`server exited with ${code}:\n${log}`)));
-  });
+  ({ server, baseURL } = await serve(kvlmBin(work), ['-m', modelPath, '--tokenizer', tokPath,
+    '--served-model-name', MODEL, '--slot-dir', work], { KVLM_API_KEY: API_KEY }));
   client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: API_KEY, maxRetries: 0, timeout: 60000 });
 });
 
 after(async () => {
-  if (server && server.exitCode === null) {
-    const exited = new Promise((resolve) => server.on('exit', resolve));
-    server.kill('SIGTERM');
-    const code = await exited;
-    assert.equal(code, 0, 'kvlm serve exits cleanly on SIGTERM');
-  }
+  if (server) assert.equal(await stop(server), 0, 'kvlm serve exits cleanly on SIGTERM');
   if (work) rmSync(work, { recursive: true, force: true });
 });
 
