@@ -1316,7 +1316,15 @@ func genIQ4XS(e *emitter, R, T int) {
 	mask, ytab := rg.get(), rg.get()
 	e.in("%s qmask0F<>(SB), Y%d", op.movdqu, mask)
 	e.in("%s kvIQ4<>(SB), Y%d", op.movdqu, ytab)
-	ysc, yq, yh, yv, yabs, ysx, yp, yi, yd := rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
+	// Sub-block j's values are looked up once (yv, and their magnitudes
+	// yabs) for all T tokens, each token's integer sum in its own yi[t]
+	// (exact: the order of integer additions does not matter); with
+	// 16 registers, R·T + 2·T ≤ 8.
+	ysc, yq, yv, yabs, ysx, yp := rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
+	yi := make([]int, T)
+	for t := range yi {
+		yi[t] = rg.get()
+	}
 	e.label("loop")
 	for r := 0; r < R; r++ {
 		e.in("MOVL %s, R9", rowAddr(r, 4))
@@ -1337,29 +1345,34 @@ func genIQ4XS(e *emitter, R, T int) {
 			e.in("SUBL $32, R11")
 			e.in("MOVW R11, %d(SP)", 2*j)
 		}
-		e.in("VPBROADCASTW %s, X%d", rowAddr(r, 0), yd)
-		e.in("VCVTPH2PS X%d, X%d", yd, yd)
 		for t := 0; t < T; t++ {
-			e.in("VPXOR Y%d, Y%d, Y%d", yi, yi, yi)
-			for j := 0; j < 8; j++ {
-				e.in("VBROADCASTI128 %s, Y%d", rowAddr(r, 8+16*j), yq)
-				e.in("VPSRLW $4, Y%d, Y%d", yq, yh)
-				e.in("VPBLENDD $0xF0, Y%d, Y%d, Y%d", yh, yq, yq)
-				e.in("VPAND Y%d, Y%d, Y%d", mask, yq, yq)
-				e.in("VPSHUFB Y%d, Y%d, Y%d", yq, ytab, yv)
-				e.in("VPSIGNB Y%d, Y%d, Y%d", yv, yv, yabs)
-				e.in("VPBROADCASTW %d(SP), Y%d", 2*j, ysc)
+			e.in("VPXOR Y%d, Y%d, Y%d", yi[t], yi[t], yi[t])
+		}
+		for j := 0; j < 8; j++ {
+			e.in("VBROADCASTI128 %s, Y%d", rowAddr(r, 8+16*j), yq)
+			e.in("VPSRLW $4, Y%d, Y%d", yq, yv)
+			e.in("VPBLENDD $0xF0, Y%d, Y%d, Y%d", yv, yq, yq)
+			e.in("VPAND Y%d, Y%d, Y%d", mask, yq, yq)
+			e.in("VPSHUFB Y%d, Y%d, Y%d", yq, ytab, yv)
+			e.in("VPSIGNB Y%d, Y%d, Y%d", yv, yv, yabs)
+			e.in("VPBROADCASTW %d(SP), Y%d", 2*j, ysc)
+			for t := 0; t < T; t++ {
 				e.in("VMOVDQU %d(DI), Y%d", t*xbK+32*j, ysx)
 				e.in("VPSIGNB Y%d, Y%d, Y%d", yv, ysx, ysx)
 				e.in("VPMADDUBSW Y%d, Y%d, Y%d", ysx, yabs, yp)
 				e.in("VPMADDWD Y%d, Y%d, Y%d", ysc, yp, yp)
-				e.in("VPADDD Y%d, Y%d, Y%d", yp, yi, yi)
+				e.in("VPADDD Y%d, Y%d, Y%d", yp, yi[t], yi[t])
 			}
-			e.in("VCVTDQ2PS Y%d, Y%d", yi, yi)
+		}
+		yd := yq // free once the integer sums are done
+		e.in("VPBROADCASTW %s, X%d", rowAddr(r, 0), yd)
+		e.in("VCVTPH2PS X%d, X%d", yd, yd)
+		for t := 0; t < T; t++ {
+			e.in("VCVTDQ2PS Y%d, Y%d", yi[t], yi[t])
 			e.in("VMULSS %d(DI), X%d, X%d", t*xbK+xbKD, yd, yp)
 			e.in("VBROADCASTSS X%d, Y%d", yp, yp)
-			e.in("VMULPS Y%d, Y%d, Y%d", yp, yi, yi)
-			e.in("VADDPS Y%d, Y%d, Y%d", yi, A[t][r], A[t][r])
+			e.in("VMULPS Y%d, Y%d, Y%d", yp, yi[t], yi[t])
+			e.in("VADDPS Y%d, Y%d, Y%d", yi[t], A[t][r], A[t][r])
 		}
 	}
 	qepilogue(e, R, T, A, 136, T*xbK)
