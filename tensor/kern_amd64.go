@@ -753,6 +753,9 @@ func qQ4_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float3
 func qQ5_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
+func qIQ4_XSVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
+
+//go:noescape
 func qQ6_KVrows(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, out *float32, rows int)
 
 //go:noescape
@@ -874,6 +877,12 @@ func qQ3_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float3
 
 //go:noescape
 func qQ2_KAr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qIQ4_XSVr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
+
+//go:noescape
+func qIQ4_XSVr1t4(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)
 
 //go:noescape
 func qQ8_0Vr1t1(w unsafe.Pointer, ldw int, x unsafe.Pointer, nb int, acc *float32, load int)

@@ -3,14 +3,13 @@
 package tensor
 
 var quantKernA = map[DType]*quantKernels{
-	Q8_0: {rd: 1, rp: 2, tp: 4, dec: qQ8_0Ar1t1, dec1: qQ8_0Ar1t1, pre: qQ8_0Ar2t4, pre1: qQ8_0Ar1t4, rows: qQ8_0Arows},
-	Q4_0: {rd: 1, rp: 2, tp: 4, dec: qQ4_0Ar1t1, dec1: qQ4_0Ar1t1, pre: qQ4_0Ar2t4, pre1: qQ4_0Ar1t4, rows: qQ4_0Arows},
-	Q4_K: {rd: 1, rp: 1, tp: 4, dec: qQ4_KAr1t1, dec1: qQ4_KAr1t1, pre: qQ4_KAr1t4, pre1: qQ4_KAr1t4, rows: qQ4_KArows},
-	Q6_K: {rd: 1, rp: 1, tp: 4, dec: qQ6_KAr1t1, dec1: qQ6_KAr1t1, pre: qQ6_KAr1t4, pre1: qQ6_KAr1t4, rows: qQ6_KArows},
-	Q5_K: {rd: 1, rp: 1, tp: 4, dec: qQ5_KAr1t1, dec1: qQ5_KAr1t1, pre: qQ5_KAr1t4, pre1: qQ5_KAr1t4, rows: qQ5_KArows},
-	Q3_K: {rd: 1, rp: 1, tp: 4, dec: qQ3_KAr1t1, dec1: qQ3_KAr1t1, pre: qQ3_KAr1t4, pre1: qQ3_KAr1t4, rows: qQ3_KArows},
-	Q2_K: {rd: 1, rp: 1, tp: 4, dec: qQ2_KAr1t1, dec1: qQ2_KAr1t1, pre: qQ2_KAr1t4, pre1: qQ2_KAr1t4, rows: qQ2_KArows},
-	// IQ4_XS: AVX2 only, also run at the AVX-512 level (quantKern).
+	Q8_0:   {rd: 1, rp: 2, tp: 4, dec: qQ8_0Ar1t1, dec1: qQ8_0Ar1t1, pre: qQ8_0Ar2t4, pre1: qQ8_0Ar1t4, rows: qQ8_0Arows},
+	Q4_0:   {rd: 1, rp: 2, tp: 4, dec: qQ4_0Ar1t1, dec1: qQ4_0Ar1t1, pre: qQ4_0Ar2t4, pre1: qQ4_0Ar1t4, rows: qQ4_0Arows},
+	Q4_K:   {rd: 1, rp: 1, tp: 4, dec: qQ4_KAr1t1, dec1: qQ4_KAr1t1, pre: qQ4_KAr1t4, pre1: qQ4_KAr1t4, rows: qQ4_KArows},
+	Q6_K:   {rd: 1, rp: 1, tp: 4, dec: qQ6_KAr1t1, dec1: qQ6_KAr1t1, pre: qQ6_KAr1t4, pre1: qQ6_KAr1t4, rows: qQ6_KArows},
+	Q5_K:   {rd: 1, rp: 1, tp: 4, dec: qQ5_KAr1t1, dec1: qQ5_KAr1t1, pre: qQ5_KAr1t4, pre1: qQ5_KAr1t4, rows: qQ5_KArows},
+	Q3_K:   {rd: 1, rp: 1, tp: 4, dec: qQ3_KAr1t1, dec1: qQ3_KAr1t1, pre: qQ3_KAr1t4, pre1: qQ3_KAr1t4, rows: qQ3_KArows},
+	Q2_K:   {rd: 1, rp: 1, tp: 4, dec: qQ2_KAr1t1, dec1: qQ2_KAr1t1, pre: qQ2_KAr1t4, pre1: qQ2_KAr1t4, rows: qQ2_KArows},
 	IQ4_XS: {rd: 1, rp: 1, tp: 4, dec: qIQ4_XSAr1t1, dec1: qIQ4_XSAr1t1, pre: qIQ4_XSAr1t4, pre1: qIQ4_XSAr1t4, rows: qIQ4_XSArows},
 	Q4_1:   {rd: 1, rp: 1, tp: 4, dec: qQ4_1Ar1t1, dec1: qQ4_1Ar1t1, pre: qQ4_1Ar1t4, pre1: qQ4_1Ar1t4, rows: qQ4_1Arows},
 	Q5_0:   {rd: 1, rp: 1, tp: 4, dec: qQ5_0Ar1t1, dec1: qQ5_0Ar1t1, pre: qQ5_0Ar1t4, pre1: qQ5_0Ar1t4, rows: qQ5_0Arows},
@@ -26,6 +25,7 @@ var quantKernV = map[DType]*quantKernels{
 	Q5_K:   {rd: 1, rp: 4, tp: 4, dec: qQ5_KVr1t1, dec1: qQ5_KVr1t1, pre: qQ5_KVr4t4, pre1: qQ5_KVr1t4, rows: qQ5_KVrows},
 	Q3_K:   {rd: 1, rp: 4, tp: 4, dec: qQ3_KVr1t1, dec1: qQ3_KVr1t1, pre: qQ3_KVr4t4, pre1: qQ3_KVr1t4, rows: qQ3_KVrows},
 	Q2_K:   {rd: 1, rp: 4, tp: 4, dec: qQ2_KVr1t1, dec1: qQ2_KVr1t1, pre: qQ2_KVr4t4, pre1: qQ2_KVr1t4, rows: qQ2_KVrows},
+	IQ4_XS: {rd: 1, rp: 1, tp: 4, dec: qIQ4_XSVr1t1, dec1: qIQ4_XSVr1t1, pre: qIQ4_XSVr1t4, pre1: qIQ4_XSVr1t4, rows: qIQ4_XSVrows},
 	Q4_1:   {rd: 1, rp: 1, tp: 4, dec: qQ4_1Vr1t1, dec1: qQ4_1Vr1t1, pre: qQ4_1Vr1t4, pre1: qQ4_1Vr1t4, rows: qQ4_1Vrows},
 	Q5_0:   {rd: 1, rp: 1, tp: 4, dec: qQ5_0Vr1t1, dec1: qQ5_0Vr1t1, pre: qQ5_0Vr1t4, pre1: qQ5_0Vr1t4, rows: qQ5_0Vrows},
 	Q5_1:   {rd: 1, rp: 1, tp: 4, dec: qQ5_1Vr1t1, dec1: qQ5_1Vr1t1, pre: qQ5_1Vr1t4, pre1: qQ5_1Vr1t4, rows: qQ5_1Vrows},

@@ -77,6 +77,8 @@ func genQuantKernels(e *emitter) {
 		genQ4K(e, "Q5_K", isa, 1, 1)
 		if isa == "A" {
 			genIQ4XS(e, 1, 1)
+		} else {
+			genIQ4XSV(e, 1, 1)
 		}
 		genQ6K(e, isa, 1, 1)
 		genQ3K(e, isa, 1, 1)
@@ -104,6 +106,9 @@ func genQuantKernels(e *emitter) {
 		genQ3K(e, "A", s.r, s.t)
 		genQ2K(e, "A", s.r, s.t)
 	}
+	genIQ4XSVData(e)
+	genIQ4XSV(e, 1, 1)
+	genIQ4XSV(e, 1, 4)
 	for _, s := range qshapesV {
 		genQ32(e, "Q8_0", "V", s.r, s.t)
 		genQ32(e, "Q4_0", "V", s.r, s.t)
@@ -1377,4 +1382,120 @@ func genIQ4XS(e *emitter, R, T int) {
 	}
 	qepilogue(e, R, T, A, 136, T*xbK)
 	e.frame = 0
+}
+
+// genIQ4XSV: IQ4_XS weights with Q8_K activations, AVX-512 (BW, VNNI):
+// the AVX2 kernel's integer sums lane for lane, 64 values (two
+// sub-blocks 2p, 2p+1) per instruction. Per row and super-block the eight
+// scales s_j = (ls_j | hs_j<<4) − 32 are unpacked in vector lanes
+// (VPSRLVD of the broadcast scale bytes) into eight words, and VPERMW
+// spreads s_2p over the low 256 bits and s_2p+1 over the high ones. Per
+// pair the 32 quant bytes become [low nibbles 2p | high 2p | low 2p+1 |
+// high 2p+1] (VSHUFI64X2, a masked VPSRLW, VPANDD), the table gives the
+// values v (VPSHUFB per 128-bit lane), |v| and v's signs (VPABSB,
+// VPMOVB2M) once for all T tokens; per token the activations negated
+// where v < 0 (a masked VPSUBB from zero: AVX2's VPSIGNB, which AVX-512
+// lacks, to the byte), VPMADDUBSW by |v| and VPDPWSSD by the scale words
+// into a 16-lane sum whose halves, added, are the AVX2 kernel's eight
+// lanes (dword m: values 4m..4m+3 of each sub-block; exact integers).
+// The float steps are the AVX2 kernel's.
+func genIQ4XSV(e *emitter, R, T int) {
+	if R != 1 {
+		panic("genIQ4XSV: one row")
+	}
+	rg := &regs{max: 32}
+	name := qname("IQ4_XS", "V", R, T)
+	A := qprologue(e, name, R, T, rg)
+	zmask, ztab, zzero := rg.get(), rg.get(), rg.get()
+	e.in("VBROADCASTI64X4 qmask0F<>(SB), Z%d", zmask)
+	e.in("VBROADCASTI32X4 kvIQ4<>(SB), Z%d", ztab)
+	e.in("VPXORD Z%d, Z%d, Z%d", zzero, zzero, zzero)
+	idx := make([]int, 4)
+	for p := range idx {
+		idx[p] = rg.get()
+		e.in("VMOVDQU64 kvIQ4perm%d<>(SB), Z%d", p, idx[p])
+	}
+	zsl, zsh := rg.get(), rg.get()
+	e.in("VMOVDQU32 kvIQ4shl<>(SB), Y%d", zsl)
+	e.in("VMOVDQU32 kvIQ4shh<>(SB), Y%d", zsh)
+	e.in("MOVL $0xFF00FF00, AX")
+	e.in("KMOVD AX, K1") // words of 128-bit lanes 1 and 3
+	zs8, zq, zv, zabs, zsc, zx, zp := rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get(), rg.get()
+	zi := make([]int, T)
+	for t := range zi {
+		zi[t] = rg.get()
+	}
+	e.label("loop")
+	// s_j: bits 4j..4j+3 of the scale bytes (dword at 4) and bits
+	// 2j..2j+1 of the high word (at 2; the dword's upper half does not
+	// reach them), as dwords, then words.
+	e.in("VPBROADCASTD %s, Y%d", rowAddr(0, 4), zs8)
+	e.in("VPSRLVD Y%d, Y%d, Y%d", zsl, zs8, zs8)
+	e.in("VPANDD kvIQ4x15<>(SB), Y%d, Y%d", zs8, zs8)
+	e.in("VPBROADCASTD %s, Y%d", rowAddr(0, 2), zq)
+	e.in("VPSRLVD Y%d, Y%d, Y%d", zsh, zq, zq)
+	e.in("VPANDD kvIQ4x3<>(SB), Y%d, Y%d", zq, zq)
+	e.in("VPSLLD $4, Y%d, Y%d", zq, zq)
+	e.in("VPORD Y%d, Y%d, Y%d", zq, zs8, zs8)
+	e.in("VPSUBD kvIQ4x32<>(SB), Y%d, Y%d", zs8, zs8)
+	e.in("VPMOVDW Y%d, X%d", zs8, zs8)
+	for t := 0; t < T; t++ {
+		e.in("VPXORD Z%d, Z%d, Z%d", zi[t], zi[t], zi[t])
+	}
+	for p := 0; p < 4; p++ {
+		e.in("VBROADCASTI64X4 %s, Z%d", rowAddr(0, 8+32*p), zq)
+		e.in("VSHUFI64X2 $0x50, Z%d, Z%d, Z%d", zq, zq, zq) // [q2p q2p q2p+1 q2p+1]
+		e.in("VPSRLW $4, Z%d, K1, Z%d", zq, zq)
+		e.in("VPANDD Z%d, Z%d, Z%d", zmask, zq, zq)
+		e.in("VPSHUFB Z%d, Z%d, Z%d", zq, ztab, zv)
+		e.in("VPABSB Z%d, Z%d", zv, zabs)
+		e.in("VPMOVB2M Z%d, K2", zv)
+		e.in("VPERMW Z%d, Z%d, Z%d", zs8, idx[p], zsc)
+		for t := 0; t < T; t++ {
+			e.in("VMOVDQU64 %d(DI), Z%d", t*xbK+64*p, zx)
+			e.in("VPSUBB Z%d, Z%d, K2, Z%d", zx, zzero, zx)
+			e.in("VPMADDUBSW Z%d, Z%d, Z%d", zx, zabs, zp)
+			e.in("VPDPWSSD Z%d, Z%d, Z%d", zsc, zp, zi[t])
+		}
+	}
+	yd := zq
+	e.in("VPBROADCASTW %s, X%d", rowAddr(0, 0), yd)
+	e.in("VCVTPH2PS X%d, X%d", yd, yd)
+	for t := 0; t < T; t++ {
+		e.in("VEXTRACTI64X4 $1, Z%d, Y%d", zi[t], zp)
+		e.in("VPADDD Y%d, Y%d, Y%d", zp, zi[t], zi[t])
+		e.in("VCVTDQ2PS Y%d, Y%d", zi[t], zi[t])
+		e.in("VMULSS %d(DI), X%d, X%d", t*xbK+xbKD, yd, zp)
+		e.in("VBROADCASTSS X%d, Y%d", zp, zp)
+		e.in("VMULPS Y%d, Y%d, Y%d", zp, zi[t], zi[t])
+		e.in("VADDPS Y%d, Y%d, Y%d", zi[t], A[t][0], A[t][0])
+	}
+	qepilogue(e, R, T, A, 136, T*xbK)
+}
+
+// genIQ4XSVData: genIQ4XSV's constants.
+func genIQ4XSVData(e *emitter) {
+	for p := 0; p < 4; p++ {
+		b := make([]byte, 64)
+		for w := 0; w < 32; w++ {
+			b[2*w] = byte(2*p + w/16) // words 0..15: s_2p, 16..31: s_2p+1
+		}
+		e.dataBytes(fmt.Sprintf("kvIQ4perm%d", p), b)
+	}
+	sl, sh := make([]byte, 32), make([]byte, 32)
+	for j := 0; j < 8; j++ {
+		sl[4*j], sh[4*j] = byte(4*j), byte(2*j)
+	}
+	e.dataBytes("kvIQ4shl", sl)
+	e.dataBytes("kvIQ4shh", sh)
+	for _, c := range []struct {
+		name string
+		v    byte
+	}{{"kvIQ4x15", 15}, {"kvIQ4x3", 3}, {"kvIQ4x32", 32}} {
+		b := make([]byte, 32)
+		for j := 0; j < 8; j++ {
+			b[4*j] = c.v
+		}
+		e.dataBytes(c.name, b)
+	}
 }
