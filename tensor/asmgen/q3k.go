@@ -2,6 +2,8 @@
 
 package main
 
+import "fmt"
+
 // genQ3K: Q3_K weights (110-byte super-blocks: hmask[32], qs[64],
 // scales[12], f16 d) with Q8_K activations. Value i of group g = i/32
 // (e = i%32) is q3 = (qs[32(g/4)+e] >> 2(g%4) & 3) | (hmask[e] >> g & 1)<<2
@@ -27,6 +29,10 @@ func genQ3K(e *emitter, isa string, R, T int) {
 	ys16, yd, yh := rg.get(), rg.get(), rg.get()
 	k := newTwoBit(rg)
 	I, yi, yi2 := kAccumulators(rg, isa, T)
+	var z *q3kZ
+	if isa == "V" && T == 1 {
+		z = newQ3KZ(e, rg)
+	}
 	e.label("loop")
 	for r := 0; r < R; r++ {
 		// The scales (ggml: aux[0..2] = the 12 bytes as uint32s, tmp =
@@ -69,20 +75,11 @@ func genQ3K(e *emitter, isa string, R, T int) {
 		e.in("VPBROADCASTW %s, X%d", rowAddr(r, 108), yd)
 		e.in("VCVTPH2PS X%d, X%d", yd, yd)
 		tokenSums := func(ts []int, accs, accs2 []int) {
-			e.in("%s %s, Y%d", op.movdqu, rowAddr(r, 0), yh)
-			k.sums(e, isa, r, 32, ts, accs, accs2, func(g, yq int) {
-				// the high bit g of hmask to bit 2
-				switch {
-				case g < 2:
-					e.in("VPSLLW $%d, Y%d, Y%d", 2-g, yh, k.yt)
-				case g == 2:
-					e.in("%s Y%d, Y%d", op.movdqu, yh, k.yt)
-				default:
-					e.in("VPSRLW $%d, Y%d, Y%d", g-2, yh, k.yt)
-				}
-				e.in("%s qmask04<>(SB), Y%d, Y%d", op.pand, k.yt, k.yt)
-				e.in("%s Y%d, Y%d, Y%d", op.por, k.yt, yq, yq)
-			})
+			if z != nil {
+				z.sums(e, r, ts[0], accs[0], accs2[0], ys16, k)
+			} else {
+				q3kSums(e, op, isa, r, ts, accs, accs2, yh, k)
+			}
 			for i, t := range ts {
 				ia := accs[i]
 				if accs2 != nil {
@@ -167,5 +164,109 @@ func (k *twoBit) sums(e *emitter, isa string, r, qsOff int, ts, accs, accs2 []in
 				}
 			}
 		}
+	}
+}
+
+// q3kSums is the YMM path of genQ3K's integer sums (twoBitSums with the
+// high bit of hmask ORed in; yh holds hmask).
+func q3kSums(e *emitter, op isaOps, isa string, r int, ts, accs, accs2 []int, yh int, k *twoBit) {
+	e.in("%s %s, Y%d", op.movdqu, rowAddr(r, 0), yh)
+	k.sums(e, isa, r, 32, ts, accs, accs2, func(g, yq int) {
+		// the high bit g of hmask to bit 2
+		switch {
+		case g < 2:
+			e.in("VPSLLW $%d, Y%d, Y%d", 2-g, yh, k.yt)
+		case g == 2:
+			e.in("%s Y%d, Y%d", op.movdqu, yh, k.yt)
+		default:
+			e.in("VPSRLW $%d, Y%d, Y%d", g-2, yh, k.yt)
+		}
+		e.in("%s qmask04<>(SB), Y%d, Y%d", op.pand, k.yt, k.yt)
+		e.in("%s Y%d, Y%d, Y%d", op.por, k.yt, yq, yq)
+	})
+}
+
+// q3kZ: genQ3K's one-token AVX-512 sums, two groups (g = 2p, 2p+1: 64
+// values) per instruction. The 2-bit plane of half n (qs[32n..32n+31])
+// and hmask are broadcast to both 256-bit halves and shifted per half by
+// word (VPSRLVW, VPSLLVW: the low half group 2p's amounts, the high half
+// group 2p+1's); VPERMW spreads the scales 2g, 2g+1, 2g+2, 2g+3 over the
+// four 128-bit lanes. Dword l of the low half sums values 4l..4l+3 of the
+// even groups, of the high half those of the odd groups: the halves,
+// added, are the YMM kernel's lanes (exact integers).
+type q3kZ struct {
+	qsh, hsh, perm [4]int // per pair: qs shifts, hmask shifts, scale indices
+	m03, m04       int
+}
+
+func newQ3KZ(e *emitter, rg *regs) *q3kZ {
+	z := &q3kZ{m03: rg.get(), m04: rg.get()}
+	e.in("VBROADCASTI64X4 qmask03<>(SB), Z%d", z.m03)
+	e.in("VBROADCASTI64X4 qmask04<>(SB), Z%d", z.m04)
+	for p := 0; p < 4; p++ {
+		z.qsh[p], z.hsh[p], z.perm[p] = rg.get(), rg.get(), rg.get()
+		e.in("VMOVDQU64 kq3qsh%d<>(SB), Z%d", p, z.qsh[p])
+		e.in("VMOVDQU64 kq3hsh%d<>(SB), Z%d", p, z.hsh[p])
+		e.in("VMOVDQU64 kq3perm%d<>(SB), Z%d", p, z.perm[p])
+	}
+	return z
+}
+
+// genQ3KZData: q3kZ's constants (words).
+func genQ3KZData(e *emitter) {
+	words := func(name string, f func(w int) int) {
+		b := make([]byte, 64)
+		for w := 0; w < 32; w++ {
+			v := f(w)
+			b[2*w], b[2*w+1] = byte(v), byte(v>>8)
+		}
+		e.dataBytes(name, b)
+	}
+	for p := 0; p < 4; p++ {
+		g0 := 2 * p
+		words(fmt.Sprintf("kq3qsh%d", p), func(w int) int { return 2 * ((g0 + w/16) % 4) })
+		// hmask bit g to bit 2: left by 2-g for g < 2 (pair 0), else right by g-2
+		words(fmt.Sprintf("kq3hsh%d", p), func(w int) int {
+			g := g0 + w/16
+			if p == 0 {
+				return 2 - g
+			}
+			return g - 2
+		})
+		words(fmt.Sprintf("kq3perm%d", p), func(w int) int { return 2*g0 + w/8 })
+	}
+}
+
+// sums adds row r's integer sums for token t into Z(acc) (pairs 0, 2) and
+// Z(acc2) (pairs 1, 3), then folds each to its YMM lanes. ys16 holds the
+// sixteen scales as words; k's registers are the temporaries.
+func (z *q3kZ) sums(e *emitter, r, t, acc, acc2, ys16 int, k *twoBit) {
+	e.in("VPXORD Z%d, Z%d, Z%d", acc, acc, acc)
+	e.in("VPXORD Z%d, Z%d, Z%d", acc2, acc2, acc2)
+	e.in("VBROADCASTI64X4 %s, Z%d", rowAddr(r, 0), k.yt) // hmask, both halves
+	for p := 0; p < 4; p++ {
+		n := p / 2
+		if p%2 == 0 {
+			e.in("VBROADCASTI64X4 %s, Z%d", rowAddr(r, 32+32*n), k.yql) // qs of half n, both halves
+		}
+		e.in("VPSRLVW Z%d, Z%d, Z%d", z.qsh[p], k.yql, k.yq)
+		e.in("VPANDD Z%d, Z%d, Z%d", z.m03, k.yq, k.yq)
+		if p == 0 {
+			e.in("VPSLLVW Z%d, Z%d, Z%d", z.hsh[p], k.yt, k.yv)
+		} else {
+			e.in("VPSRLVW Z%d, Z%d, Z%d", z.hsh[p], k.yt, k.yv)
+		}
+		e.in("VPTERNLOGD $0xF8, Z%d, Z%d, Z%d", z.m04, k.yv, k.yq) // q | (h & 4)
+		e.in("VPERMW Z%d, Z%d, Z%d", ys16, z.perm[p], k.ysc)
+		a := acc
+		if p%2 == 1 {
+			a = acc2
+		}
+		e.in("VPMADDUBSW %d(DI), Z%d, Z%d", t*xbK+64*p, k.yq, k.yp)
+		e.in("VPDPWSSD Z%d, Z%d, Z%d", k.ysc, k.yp, a)
+	}
+	for _, a := range []int{acc, acc2} {
+		e.in("VEXTRACTI64X4 $1, Z%d, Y%d", a, k.yp)
+		e.in("VPADDD Y%d, Y%d, Y%d", k.yp, a, a)
 	}
 }

@@ -107,6 +107,7 @@ func genQuantKernels(e *emitter) {
 		genQ2K(e, "A", s.r, s.t)
 	}
 	genIQ4XSVData(e)
+	genQ3KZData(e)
 	genIQ4XSV(e, 1, 1)
 	genIQ4XSV(e, 1, 4)
 	for _, s := range qshapesV {
