@@ -42,6 +42,13 @@ func newFixture(t testing.TB, cfg engine.Config, opt Options) *fixture {
 	if opt.ModelName == "" {
 		opt.ModelName = "stories260K"
 	}
+	return serveFixture(t, m, tok, cfg, opt)
+}
+
+// serveFixture starts a server over m behind an httptest server; both and
+// m are closed when the test ends.
+func serveFixture(t testing.TB, m *model.Model, tok tokenizer.Tokenizer, cfg engine.Config, opt Options) *fixture {
+	t.Helper()
 	srv, err := New(m, tok, cfg, opt)
 	if err != nil {
 		t.Fatal(err)

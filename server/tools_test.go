@@ -2,7 +2,6 @@ package server
 
 import (
 	"encoding/json"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,17 +35,7 @@ func toolFixture(t *testing.T, path string) *fixture {
 	if err != nil || how != "chat_template" {
 		t.Fatalf("format %v by %s: %v", f, how, err)
 	}
-	srv, err := New(m, tok, engine.Config{}, Options{ModelName: "scripted", Format: f})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(srv.Handler())
-	t.Cleanup(func() {
-		ts.Close()
-		srv.Close()
-		m.Close()
-	})
-	return &fixture{m: m, tok: tok, srv: srv, ts: ts}
+	return serveFixture(t, m, tok, engine.Config{}, Options{ModelName: "scripted", Format: f})
 }
 
 func corpusTemplate(t *testing.T, name string) string {
