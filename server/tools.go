@@ -294,13 +294,14 @@ func toolsRefused(s *Server, field string) *apiError {
 
 // specialText decodes tokens with control tokens written as their text
 // ([TOOL_CALLS], <|python_tag|>): the form a reply's calls are read from.
+// Other tokens decode as the vocabulary decodes them.
 type specialText struct{ tokenizer.Tokenizer }
 
 func (t specialText) Decode(prev, id int) string {
 	if s := t.Tokenizer.Decode(prev, id); s != "" {
 		return s
 	}
-	if id < 0 || id >= t.VocabSize() {
+	if ty, ok := t.Tokenizer.(interface{ Type(int) int32 }); !ok || ty.Type(id) != tokenizer.TypeControl {
 		return ""
 	}
 	return strings.Trim(t.Piece(id), "\n")

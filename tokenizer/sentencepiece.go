@@ -492,3 +492,11 @@ func (e *encoder) up(i int) {
 }
 
 func (e *encoder) down(i int) { siftDown(e.heap, i) }
+
+// Type is the token type of id (TypeUndefined when out of range).
+func (s *SentencePiece) Type(id int) int32 {
+	if id < 0 || id >= len(s.types) {
+		return TypeUndefined
+	}
+	return s.types[id]
+}
