@@ -69,6 +69,14 @@ var probeTools = []byte(`[{"type": "function", "function": {"name": "` + probeNa
  "parameters": {"type": "object", "properties": {"` + probeArg + `": {"type": "string", "description": "A value."}},
  "required": ["` + probeArg + `"]}}}]`)
 
+// The probe's call as each syntax writes it.
+var (
+	probeHermes   = regexp.MustCompile(`<tool_call>\s*\{"name":\s*"` + probeName + `"`)
+	probeGLM      = regexp.MustCompile(`<tool_call>\s*` + probeName + `\s*<arg_key>`)
+	probeLlama3   = regexp.MustCompile(`\{"name":\s*"` + probeName + `",\s*"parameters":`)
+	probeJSONList = regexp.MustCompile(`<([A-Za-z_]+)>\[\{"name":\s*"` + probeName + `"`)
+)
+
 // detectToolSyntax renders the probe conversation with the template and
 // names the syntax its tool call came out in ("" when the template renders
 // no tool calls, fails on them, or writes them in a syntax kvlm does not
@@ -86,18 +94,18 @@ func (t *Template) detectToolSyntax() (syn ToolSyntax, tag string) {
 		if strings.Contains(out, "<tool_call>") {
 			return ToolsXML, "tool_call"
 		}
-	case regexp.MustCompile(`<tool_call>\s*\{"name":\s*"` + probeName + `"`).MatchString(out):
+	case probeHermes.MatchString(out):
 		return ToolsHermes, ""
-	case regexp.MustCompile(`<tool_call>\s*` + probeName + `\s*<arg_key>`).MatchString(out):
+	case probeGLM.MatchString(out):
 		return ToolsGLM, ""
 	case strings.Contains(out, "[TOOL_CALLS]"+probeName) || strings.Contains(out, `[TOOL_CALLS][{"name": "`+probeName+`"`):
 		return ToolsMistral, ""
-	case regexp.MustCompile(`\{"name":\s*"`+probeName+`",\s*"parameters":`).MatchString(out) && !strings.Contains(out, "<tool_call>"):
+	case probeLlama3.MatchString(out) && !strings.Contains(out, "<tool_call>"):
 		return ToolsLlama3, ""
 	}
 	// The last such list is the call (a system prompt may list the tools
 	// the same way before it).
-	if ms := regexp.MustCompile(`<([A-Za-z_]+)>\[\{"name":\s*"`+probeName+`"`).FindAllStringSubmatchIndex(out, -1); ms != nil {
+	if ms := probeJSONList.FindAllStringSubmatchIndex(out, -1); ms != nil {
 		m := ms[len(ms)-1]
 		if tag := out[m[2]:m[3]]; strings.Contains(out[m[1]:], "</"+tag+">") {
 			return ToolsJSONList, tag

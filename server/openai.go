@@ -568,7 +568,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 			field = "messages"
 		}
 		if !ok || (tools != nil && auto && tf.ToolSyntax() == "") {
-			writeError(w, toolsRefused(s, field))
+			writeError(w, toolsRefused(s.opt.Format.Name(), ok, field))
 			return
 		}
 		if truncate {
@@ -588,22 +588,9 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	default:
 		msgs := make([]chat.Message, 0, len(req.Messages))
 		for i, m := range req.Messages {
-			role := m.Role
-			if role == "developer" {
-				role = "system"
-			}
-			switch role {
-			case "system", "user", "assistant":
-			case "":
-				writeError(w, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d] has no role", i))
-				return
-			default:
-				writeError(w, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d]: role %q is not supported (system, user, assistant; tool with a template that renders tools)", i, m.Role))
-				return
-			}
-			text, err := messageText(m.Content)
-			if err != nil {
-				writeError(w, badRequest(fmt.Sprintf("messages[%d].content", i), "messages[%d].content: %v", i, err))
+			role, text, aerr := m.read(i, false)
+			if aerr != nil {
+				writeError(w, aerr)
 				return
 			}
 			msgs = append(msgs, chat.Message{Role: role, Content: text})

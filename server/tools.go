@@ -138,6 +138,30 @@ type requestToolCall struct {
 	} `json:"function"`
 }
 
+// read is message i's role ("developer" read as "system") and its
+// content's text; with tools, the role may also be "tool".
+func (m chatMessage) read(i int, tools bool) (role, text string, aerr *apiError) {
+	field := fmt.Sprintf("messages[%d]", i)
+	role = m.Role
+	if role == "developer" {
+		role = "system"
+	}
+	switch {
+	case role == "system" || role == "user" || role == "assistant" || (tools && role == "tool"):
+	case role == "":
+		return "", "", badRequest(field+".role", "%s has no role", field)
+	case tools:
+		return "", "", badRequest(field+".role", "%s: role %q is not supported (system, user, assistant, tool)", field, m.Role)
+	default:
+		return "", "", badRequest(field+".role", "%s: role %q is not supported (system, user, assistant; tool with a template that renders tools)", field, m.Role)
+	}
+	text, err := messageText(m.Content)
+	if err != nil {
+		return "", "", badRequest(field+".content", "%s.content: %v", field, err)
+	}
+	return role, text, nil
+}
+
 // usesTools says whether a message carries what only a tool-aware render
 // can write: a tool result or an assistant's tool calls.
 func (m chatMessage) usesTools() bool {
@@ -170,20 +194,9 @@ func jsonMessages(msgs []chatMessage) ([]byte, *apiError) {
 	out := make([]msg, len(msgs))
 	for i, m := range msgs {
 		field := fmt.Sprintf("messages[%d]", i)
-		role := m.Role
-		if role == "developer" {
-			role = "system"
-		}
-		switch role {
-		case "system", "user", "assistant", "tool":
-		case "":
-			return nil, badRequest(field+".role", "%s has no role", field)
-		default:
-			return nil, badRequest(field+".role", "%s: role %q is not supported (system, user, assistant, tool)", field, m.Role)
-		}
-		text, err := messageText(m.Content)
-		if err != nil {
-			return nil, badRequest(field+".content", "%s.content: %v", field, err)
+		role, text, aerr := m.read(i, true)
+		if aerr != nil {
+			return nil, aerr
 		}
 		o := msg{Role: role, Content: text, Name: m.Name}
 		if tc := bytes.TrimSpace(m.ToolCalls); len(tc) > 0 && string(tc) != "null" {
@@ -280,10 +293,12 @@ func (tr *toolReply) read(reply, finish string) (content string, calls []toolCal
 	return text, calls, "tool_calls"
 }
 
-// toolsRefused explains why a request with tools cannot be served.
-func toolsRefused(s *Server, field string) *apiError {
-	if _, ok := s.toolsOf(); !ok {
-		return badRequest(field, "the chat format %q renders no tools: tools need the model's own Jinja chat template (tokenizer.chat_template)", s.opt.Format.Name())
+// toolsRefused explains why a request with tools cannot be served by the
+// format named format: it renders no tools (jinja false), or its template
+// writes calls in a syntax kvlm does not read.
+func toolsRefused(format string, jinja bool, field string) *apiError {
+	if !jinja {
+		return badRequest(field, "the chat format %q renders no tools: tools need the model's own Jinja chat template (tokenizer.chat_template)", format)
 	}
 	names := make([]string, len(chat.ToolSyntaxes))
 	for i, n := range chat.ToolSyntaxes {
