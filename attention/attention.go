@@ -929,25 +929,34 @@ func (b *Batch) addMass(h int, w *tile, q0 int) {
 			p := &w.panels[pi]
 			c0 := (pi - w.p0) * L
 			o := out[p.k0 : p.k0+p.n]
-			for j := range o {
-				var agg float32
-				for g := 0; g < G; g++ {
-					r := t*G + g
-					if w.l[r] == 0 {
-						continue
+			// The query heads' weights of the panel, aggregated lane by
+			// lane over g in order: per slot the same operations as a sum
+			// over g slot by slot, bit for bit.
+			var acc [L]float32
+			agg := acc[:len(o)]
+			for g := 0; g < G; g++ {
+				r := t*G + g
+				if w.l[r] == 0 {
+					continue
+				}
+				row := w.s[r*ld+c0 : r*ld+c0+len(o)]
+				if b.Mass.Agg == AggMax {
+					for j, pj := range row {
+						agg[j] = max(agg[j], pj)
 					}
-					pj := w.s[r*ld+c0+j]
-					switch b.Mass.Agg {
-					case AggMax:
-						agg = max(agg, pj)
-					default:
-						agg += pj
+				} else {
+					for j, pj := range row {
+						agg[j] += pj
 					}
 				}
-				if b.Mass.Agg == AggMean {
-					agg /= float32(G)
+			}
+			if b.Mass.Agg == AggMean {
+				for j := range agg {
+					agg[j] /= float32(G)
 				}
-				o[j] += wt * agg
+			}
+			for j, a := range agg {
+				o[j] += wt * a
 			}
 		}
 	}

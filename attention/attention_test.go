@@ -407,6 +407,106 @@ func TestAttentionMassFused(t *testing.T) {
 	}
 }
 
+// TestAddMassExact: addMass, which aggregates a panel's query heads lane by
+// lane, gives bit for bit the sums of the slot-by-slot loop below (the
+// form it replaced: per slot, the heads in order), with and without
+// per-query weights, from a later query, for every aggregation.
+func TestAddMassExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 8))
+	f := build(t, rng, 2, 4, 16, 90, 16, codec.F32, codec.F32)
+	stride := f.heads * f.G * f.hd
+	for _, nq := range []int{1, 20} {
+		qpos := make([]int32, nq)
+		for i := range qpos {
+			qpos[i] = int32(90 - nq + i)
+		}
+		q := make([]float32, nq*stride)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		for _, agg := range []Agg{AggMean, AggMax, AggSum} {
+			for _, from := range []int{0, nq / 2} {
+				for _, weighted := range []bool{false, true} {
+					t.Run(fmt.Sprintf("%dq/%s_from%d_w%v", nq, agg, from, weighted), func(t *testing.T) {
+						var w []float32
+						if weighted {
+							for i := from; i < nq; i++ {
+								w = append(w, 1+0.3*float32(i))
+							}
+						}
+						m := &MassRequest{From: from, Agg: agg, Weights: w, Out: [][]float32{make([]float32, 90), make([]float32, 90)}}
+						b := Batch{Heads: f.heads, G: f.G, HeadDim: f.hd, Norm: float32(math.Sqrt(float64(f.hd))), Q: q, Out: make([]float32, nq*stride), Pos: qpos,
+							Segs: func(h int) []kvcache.Segment { return f.seq.Segments(0, h) }, SplitMin: -1, Mass: m}
+						var sc Scratch
+						b.Run(&sc)
+						want := [][]float32{make([]float32, 90), make([]float32, 90)}
+						tl := new(tile)
+						for h := range f.heads {
+							segs := b.Segs(h)
+							slots := 0
+							for _, s := range segs {
+								slots += s.N
+							}
+							n := queryTile(f.G, slots)
+							for q0 := max(from, 0); q0 < nq; q0 += n {
+								it := item{head: h, q0: q0, q1: min(q0+n, nq), s0: 0, s1: len(segs), state: -1}
+								tl.setup(&b, &it)
+								tl.probs(&b)
+								addMassSlotwise(&b, want[h], tl, q0)
+							}
+						}
+						for h := range want {
+							for j := range want[h] {
+								if math.Float32bits(m.Out[h][j]) != math.Float32bits(want[h][j]) {
+									t.Fatalf("head %d slot %d: addMass %v, slot by slot %v", h, j, m.Out[h][j], want[h][j])
+								}
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+// addMassSlotwise is addMass as a loop over slots, each aggregating the
+// query heads in order: the reference TestAddMassExact holds it to.
+func addMassSlotwise(b *Batch, out []float32, w *tile, q0 int) {
+	from := max(b.Mass.From, 0)
+	for t := max(0, from-q0); t < w.nq; t++ {
+		wt := float32(1)
+		if b.Mass.Weights != nil {
+			wt = b.Mass.Weights[q0+t-from]
+		}
+		for pi := w.r0[t]; pi < w.r1[t]; pi++ {
+			if w.vis[t*len(w.panels)+pi] == visNone {
+				continue
+			}
+			p := &w.panels[pi]
+			c0 := (pi - w.p0) * tensor.AttnLanes
+			for j := range p.n {
+				var agg float32
+				for g := 0; g < b.G; g++ {
+					r := t*b.G + g
+					if w.l[r] == 0 {
+						continue
+					}
+					pj := w.s[r*w.ld+c0+j]
+					if b.Mass.Agg == AggMax {
+						agg = max(agg, pj)
+					} else {
+						agg += pj
+					}
+				}
+				if b.Mass.Agg == AggMean {
+					agg /= float32(b.G)
+				}
+				out[p.k0+j] += wt * agg
+			}
+		}
+	}
+}
+
 // TestAttentionMassWeights: per-query weights scale each query's mass
 // (PyramidInfer's linspace(1, 1.2) over the recent queries).
 func TestAttentionMassWeights(t *testing.T) {
