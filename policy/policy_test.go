@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"sort"
@@ -38,6 +39,70 @@ func TestKeep(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKeepFewDrops: Keep's passes for a few dropped slots (dropLowest)
+// keep what the stable sort by score keeps, on random scores with ties,
+// NaNs and missing entries, for 1 to fewDrops+2 slots over the budget.
+func TestKeepFewDrops(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := range 400 {
+		n := 2 + rng.IntN(60)
+		score := make([]float32, n-rng.IntN(3)) // slots past len(score) score 0
+		for i := range score {
+			switch rng.IntN(6) {
+			case 0:
+				score[i] = float32(math.NaN())
+			case 1:
+				score[i] = float32(math.Inf(-1))
+			default:
+				score[i] = float32(rng.IntN(5)) // ties
+			}
+		}
+		drop := 1 + rng.IntN(fewDrops+2)
+		budget := max(1, n-drop)
+		sinks, win := rng.IntN(3), rng.IntN(4)
+		got := Keep(n, budget, sinks, win, score)
+		want := keepSorted(n, budget, sinks, win, score)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("trial %d: Keep(%d, %d, %d, %d, %v) = %v, the sort keeps %v", trial, n, budget, sinks, win, score, got, want)
+		}
+	}
+}
+
+// keepSorted is Keep by the stable sort alone: the reference for its
+// few-drops passes.
+func keepSorted(n, budget, sinks, window int, score []float32) []int {
+	if n <= budget {
+		return Keep(n, budget, sinks, window, score)
+	}
+	sinks = min(sinks, budget)
+	window = min(window, budget-sinks)
+	var mid []int
+	for i := sinks; i < n-window; i++ {
+		mid = append(mid, i)
+	}
+	slices.SortStableFunc(mid, func(a, b int) int {
+		sa, sb := key(score, a), key(score, b)
+		switch {
+		case sa > sb:
+			return -1
+		case sa < sb:
+			return 1
+		}
+		return a - b
+	})
+	mid = mid[:min(len(mid), budget-sinks-window)]
+	slices.Sort(mid)
+	var keep []int
+	for i := 0; i < sinks; i++ {
+		keep = append(keep, i)
+	}
+	keep = append(keep, mid...)
+	for i := n - window; i < n; i++ {
+		keep = append(keep, i)
+	}
+	return keep
 }
 
 func TestNormalizeErrors(t *testing.T) {

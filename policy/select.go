@@ -25,7 +25,9 @@ func Keep(n, budget, sinks, window int, score []float32) []int {
 		mid = append(mid, i)
 	}
 	rest := budget - sinks - window
-	if rest < len(mid) {
+	if drop := len(mid) - rest; drop > 0 && drop <= fewDrops {
+		mid = dropLowest(mid, drop, score)
+	} else if rest < len(mid) {
 		slices.SortStableFunc(mid, func(a, b int) int {
 			sa, sb := key(score, a), key(score, b)
 			switch {
@@ -48,6 +50,28 @@ func Keep(n, budget, sinks, window int, score []float32) []int {
 		keep = append(keep, i)
 	}
 	return keep
+}
+
+// fewDrops is the most slots Keep removes by passes over the candidates
+// (dropLowest, O(drop·n)) rather than by sorting them (O(n log n)): a
+// decode step's prune, one token over the budget, removes one.
+const fewDrops = 8
+
+// dropLowest removes from mid (slot indexes, ascending) the drop slots the
+// sort in Keep would put last: the lowest key, and of equal keys the
+// latest slot, one pass each. What is left is the set the sort keeps, in
+// ascending order.
+func dropLowest(mid []int, drop int, score []float32) []int {
+	for range drop {
+		worst := 0
+		for j := 1; j < len(mid); j++ {
+			if key(score, mid[j]) <= key(score, mid[worst]) {
+				worst = j
+			}
+		}
+		mid = slices.Delete(mid, worst, worst+1)
+	}
+	return mid
 }
 
 // key orders scores; NaN sorts last.

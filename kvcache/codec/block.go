@@ -72,6 +72,10 @@ func (c *kiviKeys) GetRows(src []byte, n, d, i0, cnt int, out []float32) bool {
 // bytes) x̂ = scale·u + min.
 func (c *tokenQuant) getRows(src []byte, n, d, i0, cnt, g int, out []float32) {
 	rb, ng := c.rowBytes(d), c.groups(d)
+	if c.bits != 8 && d%tensor.AttnLanes == 0 && g%tensor.AttnLanes == 0 && cnt*d <= rowsAtOnce {
+		c.getRowsLanes(src, n, d, i0, cnt, g, out)
+		return
+	}
 	for i := range cnt {
 		row := src[(i0+i)*rb : (i0+i+1)*rb]
 		metas := src[n*rb+4*(i0+i)*ng : n*rb+4*(i0+i+1)*ng]
@@ -84,6 +88,37 @@ func (c *tokenQuant) getRows(src []byte, n, d, i0, cnt, g int, out []float32) {
 			decodeLevels(p, c.bits, s, m, oc)
 		}
 	}
+}
+
+// rowsAtOnce bounds the values getRowsLanes decodes in one call (a panel
+// of 16 slots of a head of up to 256 channels).
+const rowsAtOnce = tensor.AttnLanes * maxStackDim
+
+// getRowsLanes is getRows in one kernel call for cnt slots of 2- or 4-bit
+// levels whose groups are whole rows of 16 values: each group's scale and
+// minimum repeated for its rows of 16 (g/16, fewer in a short last group), the cnt slots' payload (rows
+// adjacent, d·bits/8 bytes each) decoded by tensor.ScaleLevelRows. Each
+// value is s·u + m, rounded as decodeLevels rounds it: the same bits, one
+// call a panel instead of one a group.
+func (c *tokenQuant) getRowsLanes(src []byte, n, d, i0, cnt, g int, out []float32) {
+	const L = tensor.AttnLanes
+	rb, ng := c.rowBytes(d), c.groups(d)
+	var sb, mb [rowsAtOnce / L]float32
+	rows := cnt * d / L
+	sc, mn := sb[:rows], mb[:rows]
+	metas := src[n*rb+4*i0*ng : n*rb+4*(i0+cnt)*ng]
+	r, k := 0, 0
+	for range cnt {
+		for c0 := 0; c0 < d; c0 += g {
+			s, m := unmeta(binary.LittleEndian.Uint32(metas[4*k:]))
+			k++
+			for range min(g, d-c0) / L {
+				sc[r], mn[r] = s, m
+				r++
+			}
+		}
+	}
+	tensor.ScaleLevelRows(out[:cnt*d], src[i0*rb:(i0+cnt)*rb], c.bits, sc, mn)
 }
 
 // decodeLevels sets out[j] = s·u_j + m for the levels u_j of bits bits
