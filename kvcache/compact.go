@@ -87,7 +87,8 @@ func (s *Paged) keep(t *table, keep []int) error {
 	}
 	first := min(same, t.n) / B
 	// Slots of the blocks from `first` on that survive, and residual ones.
-	var fromBlocks, fromRes []int
+	fromBlocks := make([]int, 0, len(keep)-first*B)
+	var fromRes []int
 	for _, k := range keep[first*B:] {
 		if k < t.n {
 			fromBlocks = append(fromBlocks, k)

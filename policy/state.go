@@ -550,8 +550,11 @@ func (st *State) KeptPerLayer() []int {
 	return out
 }
 
+// gather32 keeps x[i] for i in keep (ascending), in place: x[i] is read
+// before anything at or after i is written (the j-th kept value goes to
+// index j ≤ keep[j]), and a decode step's prune allocates nothing.
 func gather32(x []int32, keep []int) []int32 {
-	out := make([]int32, 0, len(keep))
+	out := x[:0]
 	for _, i := range keep {
 		if i < len(x) {
 			out = append(out, x[i])
@@ -560,8 +563,10 @@ func gather32(x []int32, keep []int) []int32 {
 	return out
 }
 
+// gatherF is gather32 for scores, 0 for the kept slots past len(x) (slots
+// not scored yet).
 func gatherF(x []float32, keep []int) []float32 {
-	out := make([]float32, 0, len(keep))
+	out := x[:0]
 	for _, i := range keep {
 		if i < len(x) {
 			out = append(out, x[i])
