@@ -364,14 +364,7 @@ func TestAttentionMassFused(t *testing.T) {
 	f := build(t, rng, 2, 4, 16, 90, 16, codec.F32, codec.F32)
 	stride := f.heads * f.G * f.hd
 	for _, nq := range []int{1, 5, 12, 20, 40} {
-		qpos := make([]int32, nq)
-		for i := range qpos {
-			qpos[i] = int32(90 - nq + i)
-		}
-		q := make([]float32, nq*stride)
-		for i := range q {
-			q[i] = float32(rng.NormFloat64())
-		}
+		qpos, q := lastQueries(rng, f, nq)
 		w := make([]float32, nq)
 		for i := range w {
 			w[i] = 1 + 0.2*float32(i)
@@ -416,14 +409,7 @@ func TestAddMassExact(t *testing.T) {
 	f := build(t, rng, 2, 4, 16, 90, 16, codec.F32, codec.F32)
 	stride := f.heads * f.G * f.hd
 	for _, nq := range []int{1, 20} {
-		qpos := make([]int32, nq)
-		for i := range qpos {
-			qpos[i] = int32(90 - nq + i)
-		}
-		q := make([]float32, nq*stride)
-		for i := range q {
-			q[i] = float32(rng.NormFloat64())
-		}
+		qpos, q := lastQueries(rng, f, nq)
 		for _, agg := range []Agg{AggMean, AggMax, AggSum} {
 			for _, from := range []int{0, nq / 2} {
 				for _, weighted := range []bool{false, true} {
@@ -467,6 +453,19 @@ func TestAddMassExact(t *testing.T) {
 			}
 		}
 	}
+}
+
+// lastQueries is nq random query rows at the fixture's last nq positions.
+func lastQueries(rng *rand.Rand, f *fixture, nq int) ([]int32, []float32) {
+	qpos := make([]int32, nq)
+	for i := range qpos {
+		qpos[i] = int32(f.tokens - nq + i)
+	}
+	q := make([]float32, nq*f.heads*f.G*f.hd)
+	for i := range q {
+		q[i] = float32(rng.NormFloat64())
+	}
+	return qpos, q
 }
 
 // addMassSlotwise is addMass as a loop over slots, each aggregating the
