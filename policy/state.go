@@ -552,7 +552,7 @@ func (st *State) KeptPerLayer() []int {
 
 // gather32 keeps x[i] for i in keep (ascending), in place: x[i] is read
 // before anything at or after i is written (the j-th kept value goes to
-// index j ≤ keep[j]), and a decode step's prune allocates nothing.
+// index j ≤ keep[j]), so that a prune does not allocate them anew.
 func gather32(x []int32, keep []int) []int32 {
 	out := x[:0]
 	for _, i := range keep {

@@ -96,10 +96,11 @@ const rowsAtOnce = tensor.AttnLanes * maxStackDim
 
 // getRowsLanes is getRows in one kernel call for cnt slots of 2- or 4-bit
 // levels whose groups are whole rows of 16 values: each group's scale and
-// minimum repeated for its rows of 16 (g/16, fewer in a short last group), the cnt slots' payload (rows
-// adjacent, d·bits/8 bytes each) decoded by tensor.ScaleLevelRows. Each
-// value is s·u + m, rounded as decodeLevels rounds it: the same bits, one
-// call a panel instead of one a group.
+// minimum repeated for its rows of 16 (g/16, fewer in a short last
+// group), the cnt slots' payload (rows adjacent, d·bits/8 bytes each)
+// decoded by tensor.ScaleLevelRows. Each value is s·u + m, rounded as
+// decodeLevels rounds it: the same bits, one call a panel instead of one
+// a group.
 func (c *tokenQuant) getRowsLanes(src []byte, n, d, i0, cnt, g int, out []float32) {
 	const L = tensor.AttnLanes
 	rb, ng := c.rowBytes(d), c.groups(d)
