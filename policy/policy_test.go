@@ -42,8 +42,9 @@ func TestKeep(t *testing.T) {
 }
 
 // TestKeepFewDrops: Keep's passes for a few dropped slots (dropLowest)
-// keep what the stable sort by score keeps, on random scores with ties,
-// NaNs and missing entries, for 1 to fewDrops+2 slots over the budget.
+// keep what its stable sort (keepBest) keeps, on random candidate slots
+// and scores with ties, NaNs, −Inf and missing entries, for 1 to
+// fewDrops+2 slots dropped.
 func TestKeepFewDrops(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for trial := range 400 {
@@ -59,50 +60,18 @@ func TestKeepFewDrops(t *testing.T) {
 				score[i] = float32(rng.IntN(5)) // ties
 			}
 		}
-		drop := 1 + rng.IntN(fewDrops+2)
-		budget := max(1, n-drop)
-		sinks, win := rng.IntN(3), rng.IntN(4)
-		got := Keep(n, budget, sinks, win, score)
-		want := keepSorted(n, budget, sinks, win, score)
+		// The candidates between the sinks and the window, as Keep takes them.
+		var mid []int
+		for i := rng.IntN(3); i < n-rng.IntN(4); i++ {
+			mid = append(mid, i)
+		}
+		drop := min(len(mid), 1+rng.IntN(fewDrops+2))
+		got := dropLowest(slices.Clone(mid), drop, score)
+		want := keepBest(slices.Clone(mid), len(mid)-drop, score)
 		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("trial %d: Keep(%d, %d, %d, %d, %v) = %v, the sort keeps %v", trial, n, budget, sinks, win, score, got, want)
+			t.Fatalf("trial %d: of %v with scores %v, dropping %d keeps %v, the sort keeps %v", trial, mid, score, drop, got, want)
 		}
 	}
-}
-
-// keepSorted is Keep by the stable sort alone: the reference for its
-// few-drops passes.
-func keepSorted(n, budget, sinks, window int, score []float32) []int {
-	if n <= budget {
-		return Keep(n, budget, sinks, window, score)
-	}
-	sinks = min(sinks, budget)
-	window = min(window, budget-sinks)
-	var mid []int
-	for i := sinks; i < n-window; i++ {
-		mid = append(mid, i)
-	}
-	slices.SortStableFunc(mid, func(a, b int) int {
-		sa, sb := key(score, a), key(score, b)
-		switch {
-		case sa > sb:
-			return -1
-		case sa < sb:
-			return 1
-		}
-		return a - b
-	})
-	mid = mid[:min(len(mid), budget-sinks-window)]
-	slices.Sort(mid)
-	var keep []int
-	for i := 0; i < sinks; i++ {
-		keep = append(keep, i)
-	}
-	keep = append(keep, mid...)
-	for i := n - window; i < n; i++ {
-		keep = append(keep, i)
-	}
-	return keep
 }
 
 func TestNormalizeErrors(t *testing.T) {

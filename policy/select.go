@@ -28,18 +28,7 @@ func Keep(n, budget, sinks, window int, score []float32) []int {
 	if drop := len(mid) - rest; drop > 0 && drop <= fewDrops {
 		mid = dropLowest(mid, drop, score)
 	} else if rest < len(mid) {
-		slices.SortStableFunc(mid, func(a, b int) int {
-			sa, sb := key(score, a), key(score, b)
-			switch {
-			case sa > sb:
-				return -1
-			case sa < sb:
-				return 1
-			}
-			return a - b // ties: the earlier position wins
-		})
-		mid = mid[:rest]
-		slices.Sort(mid)
+		mid = keepBest(mid, rest, score)
 	}
 	keep := make([]int, 0, budget)
 	for i := 0; i < sinks; i++ {
@@ -52,13 +41,32 @@ func Keep(n, budget, sinks, window int, score []float32) []int {
 	return keep
 }
 
+// keepBest keeps the rest best-scored of mid (slot indexes, ascending),
+// by a stable sort: higher keys first, of equal keys the earlier slot. It
+// returns them in ascending order.
+func keepBest(mid []int, rest int, score []float32) []int {
+	slices.SortStableFunc(mid, func(a, b int) int {
+		sa, sb := key(score, a), key(score, b)
+		switch {
+		case sa > sb:
+			return -1
+		case sa < sb:
+			return 1
+		}
+		return a - b // ties: the earlier position wins
+	})
+	mid = mid[:rest]
+	slices.Sort(mid)
+	return mid
+}
+
 // fewDrops is the most slots Keep removes by passes over the candidates
 // (dropLowest, O(drop·n)) rather than by sorting them (O(n log n)): a
 // decode step's prune, one token over the budget, removes one.
 const fewDrops = 8
 
-// dropLowest removes from mid (slot indexes, ascending) the drop slots the
-// sort in Keep would put last: the lowest key, and of equal keys the
+// dropLowest removes from mid (slot indexes, ascending) the drop slots
+// keepBest's sort would put last: the lowest key, and of equal keys the
 // latest slot, one pass each. What is left is the set the sort keeps, in
 // ascending order.
 func dropLowest(mid []int, drop int, score []float32) []int {
