@@ -18,7 +18,9 @@
 # the same data (and, on the same thread count, the same model:
 # test_resume_is_bitwise). PHASE=1, 2 or 3 runs one phase, PHASE=4 the
 # fourth (from phase 3's model, into $OUT/phase4), PHASE=5 the fifth
-# (from phase 4's, into $OUT/phase5); RESUME=1
+# (from phase 4's, into $OUT/phase5), PHASE=6 the sixth (from phase 5's,
+# into $OUT/phase6), PHASE=7 the seventh (from phase 6's, into
+# $OUT/phase7); RESUME=1
 # continues a stopped one.
 set -e
 cd "$(dirname "$0")/.."
@@ -49,6 +51,32 @@ if [ "${PHASE:-}" = 5 ]; then
         --recall 0.8 --recall-weight 2 --recall-curriculum 256:0.35,512 --recall-eval-every 100 \
         --recall-task-weight niah_single=0.4,niah_multikey=1.5,niah_multivalue=1.5,niah_multiquery=1.5,vt=1.5,cwe=0.5 \
         --ckpt-every 50 --init "$OUT/phase4/model.gguf" --out "$OUT/phase5" ${RESUME:+--resume} "$@"
+    exit 0
+fi
+if [ "${PHASE:-}" = 6 ]; then
+    # phase 6 (docs/ZOO.md): from phase 5's model, 1,000 steps of 8,192
+    # tokens; the first 40% dense key-value rows (train/dense.py) of
+    # 256 tokens whose key-value gap widens stage by stage, then 512-token
+    # rows, half dense rows of the suite's four kinds of fact, half as
+    # --recall (80% suite samples, 20% story windows)
+    /usr/bin/python3 train/train.py $COMMON --batch 16 --lr 2e-3 --steps 1000 --seed 1342 \
+        --recall 0.8 --recall-weight 2 --recall-curriculum 256:0.4,512 \
+        --dense g0:0.1,g1:0.2,g2:0.3,key:0.4,mix --dense-share 0.5 \
+        --recall-task-weight niah_single=0.3,niah_multikey=1,niah_multivalue=1.5,niah_multiquery=1.5,vt=1.5,cwe=0.3 \
+        --recall-eval-every 100 --ckpt-every 50 --init "$OUT/phase5/model.gguf" --out "$OUT/phase6" ${RESUME:+--resume} "$@"
+    exit 0
+fi
+if [ "${PHASE:-}" = 7 ]; then
+    # phase 7 (docs/ZOO.md): from phase 6's model, 500 steps for the tasks
+    # phase 6 left below target (vt, niah_multivalue): 50 steps of dense
+    # chains of one or two assignments, then 512-token rows, 60% dense
+    # (vt and multi twice as often as key and are), the suite rows weighted
+    # to vt and multi-value
+    /usr/bin/python3 train/train.py $COMMON --batch 16 --lr 1e-3 --steps 500 --seed 1343 \
+        --recall 0.8 --recall-weight 2 --recall-curriculum 256:0.1,512 \
+        --dense vt2:0.1,mix --dense-share 0.6 --dense-mix key,are,multi,multi,vt2,vt,vt \
+        --recall-task-weight niah_single=0.2,niah_multikey=0.5,niah_multivalue=2,niah_multiquery=0.5,vt=3,cwe=0.3 \
+        --recall-eval-every 100 --ckpt-every 50 --init "$OUT/phase6/model.gguf" --out "$OUT/phase7" ${RESUME:+--resume} "$@"
     exit 0
 fi
 if [ "${PHASE:-}" = 4 ]; then

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402
+import dense  # noqa: E402
 import gguf  # noqa: E402
 import recall  # noqa: E402
 from model import ARCHS, Transformer, arch_config, rope_tables  # noqa: E402
@@ -413,6 +414,208 @@ class RecallTest(unittest.TestCase):
         self.assertEqual(int(ans.any(dim=1).sum()), 4)
         self.assertTrue(torch.equal(x[:4, 0], torch.full((4,), data.BOS)))
         x2, _, _ = train.recall_batch(a, ids, {256: FakePool()}, 0)
+        self.assertTrue(torch.equal(x, x2))
+
+
+class DenseTest(unittest.TestCase):
+    """Dense key-value rows (dense.py): made of the suite's own pieces, and
+    every answer is what the row's facts say, read back by a small reader
+    written here."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.p = dense.Pieces()
+
+    def key_at(self, ids, end, pre, post):
+        """The word w with ids[..end] ending in pre + w + post (the longest
+        such word), or None."""
+        for w in sorted(self.p.words, key=len, reverse=True):
+            seq = pre + w + post
+            if end >= len(seq) and ids[end - len(seq):end] == seq:
+                return tuple(w)
+        return None
+
+    def facts(self, ids, pre, post, value_len):
+        """[(word, value)] of every pre + w + post + value + dot in ids, in order."""
+        out = []
+        for w in self.p.words:
+            seq = pre + w + post
+            for i in range(len(ids) - len(seq) - value_len):
+                if ids[i:i + len(seq)] == seq and ids[i + len(seq) + value_len] == self.p.dot:
+                    out.append((i, tuple(w), ids[i + len(seq):i + len(seq) + value_len]))
+        return [(w, v) for _, w, v in sorted(out, key=lambda e: e[0])]
+
+    def spans(self, x, y, ans):
+        """The row's ids (BOS + …) and its answer spans [s, e) in them."""
+        m = int((y != recall.PAD).sum())
+        ids = [int(t) for t in x[:1]] + [int(t) for t in y[:m]]
+        out, t = [], 0
+        while t < m:
+            if ans[t]:
+                s = t
+                while t < m and ans[t]:
+                    t += 1
+                out.append((s + 1, t + 1))
+            t += 1
+        return ids, out
+
+    def check(self, fmt, x, y, ans):
+        p = self.p
+        ids, spans = self.spans(x, y, ans)
+        self.assertEqual(ids[0], data.BOS)
+        self.assertTrue(spans, fmt)
+        first = spans[0][0]
+        head = ids[:first]  # the facts, and the first question
+        if fmt in ("g0", "g1", "g2", "key"):
+            pre = {"g0": [p.dot], "g1": [p.dot], "g2": [p.dot], "key": p.fact}[fmt]
+            post = p.is_ if fmt in ("g2", "key") else []
+            vlen = 4 if fmt == "g0" else 5
+            facts = dict(self.facts(head, pre if fmt == "key" else [], post, vlen))
+            for s, e in spans:
+                w = self.key_at(ids, s, pre, post)
+                self.assertIsNotNone(w, (fmt, s))
+                self.assertEqual(ids[s:e], facts[w], fmt)
+            self.assertEqual(len(spans), len(facts), fmt)  # every key asked once
+        elif fmt == "multi":
+            facts = self.facts(head, p.fact, p.is_, 5)
+            asked = []
+            i = 0
+            while i < len(spans):
+                w = self.key_at(ids, spans[i][0], p.facts, p.are)
+                self.assertIsNotNone(w)
+                want = [v for k, v in facts if k == w]
+                got = [ids[s:e] for s, e in spans[i:i + len(want)]]
+                self.assertEqual(got, want)
+                asked.append(w)
+                i += len(want)
+            self.assertEqual(sorted(asked), sorted({k for k, _ in facts}))
+        elif fmt == "are":
+            facts = dict(self.facts(head, p.fact, p.is_, 5))
+            i, asked = 0, []
+            while i < len(spans):
+                s = spans[i][0]
+                self.assertEqual(ids[s - len(p.are):s], p.are)
+                q = ids[:s - len(p.are)]
+                start = max(j for j in range(len(q)) if q[j:j + len(p.facts)] == p.facts) + len(p.facts)
+                keys = [k for k in q[start:] if k not in (p.comma, *p.and_)]
+                words = []
+                while keys:  # the listed words, longest match first
+                    w = next(w for w in sorted(p.words, key=len, reverse=True) if keys[:len(w)] == w)
+                    words.append(tuple(w))
+                    keys = keys[len(w):]
+                self.assertTrue(2 <= len(words) <= 4 or i + len(words) == len(spans))
+                for w, (s, e) in zip(words, spans[i:i + len(words)]):
+                    self.assertEqual(ids[s:e], facts[w])
+                i += len(words)
+                asked += words
+            self.assertEqual(sorted(asked), sorted(facts))  # every key asked once
+        elif fmt in ("vt", "vt1", "vt2"):
+            assign = {}
+            for i in range(len(head)):
+                if head[i:i + len(p.var)] == p.var:
+                    j = i + len(p.var)
+                    w = tuple(next(w for w in sorted(p.words, key=len, reverse=True) if head[j:j + len(w)] == w))
+                    j += len(w)
+                    self.assertEqual(head[j:j + len(p.eq)], p.eq)
+                    j += len(p.eq)
+                    end = head.index(p.dot, j)
+                    self.assertNotIn(w, assign)  # a name assigned once
+                    assign[w] = head[j:end]
+            for s, e in spans:
+                w = self.key_at(ids, s, p.value_of, p.is_)
+                v = assign[w]
+                for _ in range(3):  # follow the chain (at most three hops)
+                    if v[0] == p.space:
+                        break
+                    v = assign[tuple(v)]
+                self.assertEqual(ids[s:e], v)
+                self.assertEqual(v[0], p.space)
+
+            def depth(v):  # assignments from a name's right-hand side to its value
+                return 1 if v[0] == p.space else 1 + depth(assign[tuple(v)])
+            self.assertLessEqual(max(depth(v) for v in assign.values()), {"vt": 3, "vt1": 1, "vt2": 2}[fmt])
+
+    def test_rows_answer_their_facts(self):
+        """Every format at 256 and 512 tokens: the row fits, targets are the
+        inputs shifted by one, and every answer is the value its facts
+        give the asked key (name)."""
+        rng = np.random.default_rng(5)
+        for L in (256, 512):
+            for fmt in dense.FORMATS:
+                with self.subTest(L=L, fmt=fmt):
+                    for _ in range(20):
+                        x, y, ans = dense.row(self.p, rng, fmt, L)
+                        m = int((y != recall.PAD).sum())
+                        self.assertEqual(x[1:m].tolist(), y[:m - 1].tolist())
+                        self.assertFalse(ans[m:].any())
+                        self.check(fmt, x, y, ans)
+
+    def test_reader_can_fail(self):
+        """The reader above refuses a row whose answer is another key's."""
+        x, y, ans = dense.row(self.p, np.random.default_rng(1), "key", 256)
+        ids, spans = self.spans(x, y, ans)
+        (s0, e0), (s1, e1) = spans[0], spans[1]
+        y = y.copy()
+        y[s0 - 1:e0 - 1], y[s1 - 1:e1 - 1] = ids[s1:e1], ids[s0:e0]
+        with self.assertRaises(AssertionError):
+            self.check("key", x, y, ans)
+
+    def test_pieces_are_the_suites(self):
+        """The rows' sentences are the suite's: a niah_multikey prompt ends
+        with the question the key rows ask (fact + key + is) and holds the
+        asked needle as a key row's fact; niah_multiquery's, multivalue's
+        and vt's prompts end as the are, multi and vt rows' questions."""
+        p = self.p
+        s = recall.generate("niah_multikey", 256, 0, 1, haystack="heldout")[0]
+        w = self.key_at(s["prompt"], len(s["prompt"]), p.fact, p.is_)
+        self.assertIsNotNone(w)
+        self.assertIn((w, s["answer"]), self.facts(s["prompt"], p.fact, p.is_, 5))
+        s = recall.generate("niah_multiquery", 256, 0, 1, haystack="heldout")[0]
+        self.assertEqual(s["prompt"][-len(p.are):], p.are)
+        self.assertEqual(s["answer"][5], p.comma)
+        s = recall.generate("niah_multivalue", 256, 0, 1, haystack="heldout")[0]
+        self.assertIsNotNone(self.key_at(s["prompt"], len(s["prompt"]), p.facts, p.are))
+        s = recall.generate("vt", 256, 0, 1, haystack="heldout")[0]
+        w = self.key_at(s["prompt"], len(s["prompt"]), p.value_of, p.is_)
+        self.assertIsNotNone(w)
+        seq = p.var + list(w) + p.eq
+        self.assertTrue(any(s["prompt"][i:i + len(seq)] == seq for i in range(len(s["prompt"]))))
+
+    def test_stages(self):
+        """--dense's stages, refused when malformed."""
+        st = dense.parse_stages("g0:0.1,key:0.4,mix")
+        self.assertEqual(st, [("g0", 0.1), ("key", 0.4), ("mix", 1.0)])
+        self.assertEqual([dense.stage_at(st, f) for f in (0, 0.1, 0.39, 0.4, 0.99)], ["g0", "key", "key", "mix", "mix"])
+        for bad in ("mix:0.5,key", "g0:0.5,g1:0.2,key", "nope:0.1,key", "g0:0.1,key:0.5", "g0:x,key"):
+            with self.assertRaises(SystemExit, msg=bad):
+                dense.parse_stages(bad)
+        self.assertEqual(dense.parse_mix("vt2,multi,multi"), ("vt2", "multi", "multi"))
+        with self.assertRaises(SystemExit):
+            dense.parse_mix("vt,mix")
+
+    def test_recall_batch_dense(self):
+        """With --dense, a dense stage's batch is all dense rows of its
+        format; the mix stage's holds --dense-share dense rows, then the
+        --recall rows; each a function of (seed, step)."""
+        import train
+
+        class FakePool:
+            def draw(self, rng, n, floor, weights=None):
+                x, y, a = recall.rows(RecallTest.SAMPLES * n, 256)
+                return x[:n], y[:n], a[:n]
+
+        a = train.parse(["--arch", "gqa", "--out", "/nonexistent", "--steps", "10", "--ctx", "256", "--batch", "8",
+                         "--recall", "0.5", "--dense", "g1:0.5,mix", "--dense-share", "0.25"])
+        ids = np.arange(5000) % 500
+        x, y, ans = train.recall_batch(a, ids, {256: FakePool()}, 0, self.p)
+        self.assertEqual(tuple(x.shape), (8, 256))
+        for r in range(8):
+            self.check("g1", x[r].numpy(), y[r].numpy(), ans[r].numpy())
+        x, y, ans = train.recall_batch(a, ids, {256: FakePool()}, 7, self.p)
+        self.assertTrue(all(x[r, 1:15].tolist() != RecallTest.SAMPLES[0]["prompt"][1:] for r in range(2)))
+        self.assertEqual(x[2:, 0].tolist(), [data.BOS] * 6)
+        self.assertEqual(int(ans[2:].any(dim=1).sum()), 3)  # half of the six from the pool, three story windows
+        x2, _, _ = train.recall_batch(a, ids, {256: FakePool()}, 7, self.p)
         self.assertTrue(torch.equal(x, x2))
 
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402
+import dense  # noqa: E402
 import export  # noqa: E402
 import recall  # noqa: E402
 from model import ARCHS, Config, Transformer, arch_config  # noqa: E402
@@ -94,6 +95,14 @@ def parse(argv):
     p.add_argument("--recall-task-weight", default="",
                    help="TASK=SHARE,… : the recall rows' task shares, replacing recall.TASK_WEIGHT's for those "
                         "tasks (e.g. niah_single=0.5,niah_multikey=1.5)")
+    p.add_argument("--dense", default="",
+                   help="with --recall: stages of dense key-value rows (dense.py) FORMAT:END,…,FORMAT (END a fraction "
+                        "of --steps), e.g. g0:0.1,g1:0.2,g2:0.3,key:0.4,mix; in a FORMAT stage every row is a dense "
+                        "row of it, in a last stage mix a --dense-share of the rows are (key, are, multi and vt "
+                        "alike) and the rest as --recall")
+    p.add_argument("--dense-share", type=float, default=0.5, help="the share of dense rows in --dense's mix stage")
+    p.add_argument("--dense-mix", default=",".join(dense.MIX),
+                   help="the mix stage's dense formats, drawn uniformly (one named twice drawn twice as often)")
     p.add_argument("--recall-pool", type=int, default=2000, help="training samples per task and context")
     p.add_argument("--recall-eval-every", type=int, default=100, help="steps between held-out recall checks")
     p.add_argument("--recall-eval-n", type=int, default=12, help="held-out samples per task (and depth) per check")
@@ -110,6 +119,12 @@ def parse(argv):
                           or len(a.grow_layers) >= a.layers):
         p.error("--grow needs --init and layer numbers in [0, --layers), fewer than --layers")
     a.curriculum = recall.parse_curriculum(a.recall_curriculum, a.ctx) if a.recall_curriculum else None
+    a.dense_stages = dense.parse_stages(a.dense) if a.dense else None
+    a.mix = dense.parse_mix(a.dense_mix)
+    if a.dense and not a.recall:
+        p.error("--dense needs --recall")
+    if not 0 <= a.dense_share <= 1:
+        p.error("--dense-share must be in [0, 1]")
     a.task_weight = recall.parse_task_weights(a.recall_task_weight) if a.recall_task_weight else recall.TASK_WEIGHT
     if a.recall and (a.recall_pool < 21 or a.recall_eval_every < 1 or a.recall_eval_n < 1 or a.ctx < 256):
         p.error("--recall needs --recall-pool ≥ 21, positive --recall-eval-every and --recall-eval-n, --ctx ≥ 256")
@@ -152,14 +167,34 @@ def recall_depth_floor(a, step):
     return recall.depth_floor(step / a.steps, until)
 
 
-def recall_batch(a, ids, pools, step):
+def recall_batch(a, ids, pools, step, pieces=None):
     """The batch of step `step` with --recall: row length L from the
     curriculum, batch·ctx/L rows of which a --recall share are recall
     samples (the rest story windows as batch()), all drawn from (seed,
-    step) alone. Returns x, y (PAD where no loss) and the answer mask."""
+    step) alone. With --dense, a dense stage's rows are all dense rows of
+    its format, and the mix stage's first --dense-share of them are dense
+    (dense.py, built from pieces). Returns x, y (PAD where no loss) and the
+    answer mask."""
     L = recall.step_context(step, a.steps, a.ctx, a.curriculum)
     n = a.batch * a.ctx // L
     rng = np.random.default_rng([a.seed, step])
+    if a.dense_stages:
+        fmt = dense.stage_at(a.dense_stages, step / a.steps)
+        if fmt != "mix":
+            x, y, ans = dense.rows(pieces, rng, (fmt,), n, L)
+            return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(ans)
+        nd = int(round(n * a.dense_share))
+        dx, dy, dans = dense.rows(pieces, rng, a.mix, nd, L)
+        x, y, ans = recall_rows(a, ids, pools, step, rng, n - nd, L)
+        return (torch.from_numpy(np.concatenate([dx, x])), torch.from_numpy(np.concatenate([dy, y])),
+                torch.from_numpy(np.concatenate([dans, ans])))
+    x, y, ans = recall_rows(a, ids, pools, step, rng, n, L)
+    return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(ans)
+
+
+def recall_rows(a, ids, pools, step, rng, n, L):
+    """n rows of length L from rng: a --recall share recall samples, the
+    rest story windows."""
     nr = int(round(n * a.recall))
     off = rng.integers(0, len(ids) - L, size=n - nr)
     rows = np.stack([ids[o:o + L] for o in off]) if n > nr else np.zeros((0, L), dtype=np.int64)
@@ -168,7 +203,7 @@ def recall_batch(a, ids, pools, step):
     if nr:
         rx, ry, ra = pools[L].draw(rng, nr, recall_depth_floor(a, step), a.task_weight)
         x, y, ans = np.concatenate([x, rx]), np.concatenate([y, ry]), np.concatenate([ans, ra])
-    return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(ans)
+    return x, y, ans
 
 
 def mean_nll(logits, targets):
@@ -236,6 +271,10 @@ def main(argv=None):
                        "recall_contexts": recall_contexts(a)})
         if a.curriculum:
             recipe["recall_curriculum"] = a.recall_curriculum
+        if a.dense:
+            recipe.update({"dense": a.dense, "dense_share": a.dense_share})
+            if a.mix != dense.MIX:
+                recipe["dense_mix"] = a.dense_mix
     train_ids, held_ids = data.split_ids()
     train_ids = np.asarray(train_ids, dtype=np.int64)
     windows = data.heldout_windows(held_ids, a.ctx, a.eval_windows)
@@ -268,7 +307,9 @@ def main(argv=None):
     elif os.path.exists(ckpt_path):
         raise SystemExit(f"{ckpt_path} exists: give --resume to continue it, or another --out")
 
-    pools, checks, curve = None, None, []
+    pools, checks, curve, pieces = None, None, [], None
+    if a.dense:
+        pieces = dense.Pieces()
     if a.recall:
         pools = {L: recall.Pool(L, a.recall_pool) for L in recall_contexts(a)}
         checks = recall.heldout_set(a.ctx, a.recall_eval_n)
@@ -278,13 +319,14 @@ def main(argv=None):
                 curve = [e for e in json.load(f) if e["step"] <= step]
     log = open(os.path.join(a.out, "train.log"), "a")
     try:
-        run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log, init_nll, pools, checks, curve)
+        run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log, init_nll, pools, checks, curve,
+            pieces)
     finally:
         log.close()
 
 
 def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, log, init_nll, pools=None, checks=None,
-        curve=None):
+        curve=None, pieces=None):
     def say(line):
         log.write(line + "\n")
         log.flush()
@@ -319,7 +361,7 @@ def run(a, c, recipe, model, opt, step, seconds, train_ids, windows, ckpt_path, 
             logits = model(x)
             loss = F.cross_entropy(logits.reshape(-1, c.vocab), y.reshape(-1))
         else:
-            x, y, ans = recall_batch(a, train_ids, pools, step)
+            x, y, ans = recall_batch(a, train_ids, pools, step, pieces)
             logits = model(x).reshape(-1, c.vocab)
             y, ans = y.reshape(-1), ans.reshape(-1)
             loss = F.cross_entropy(logits, y, ignore_index=recall.PAD)

@@ -53,8 +53,10 @@ type recallRecord struct {
 func TestRecallModel(t *testing.T) {
 	dirs := []string{recallModelDir()}
 	if os.Getenv("KVLM_RECALL") == "" {
-		// docs/ZOO.md, "Phase 4" and "Phase 5"
-		dirs = append(dirs, filepath.Join(dirs[0], "phase4"), filepath.Join(dirs[0], "phase5"))
+		// docs/ZOO.md, "Phase 4", "Phase 5" and "Phase 6"
+		for _, p := range []string{"phase4", "phase5", "phase6"} {
+			dirs = append(dirs, filepath.Join(dirs[0], p))
+		}
 	}
 	for _, dir := range dirs {
 		t.Run(filepath.Base(dir), func(t *testing.T) { checkRecallModel(t, dir) })
