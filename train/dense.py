@@ -98,15 +98,6 @@ def _list(p, keys):
     return out
 
 
-def _join_values(p, vals):
-    out = []
-    for j, v in enumerate(vals):
-        if j:
-            out.append(p.comma)
-        out += v
-    return out
-
-
 def _facts(p, rng, fmt, keys):
     """[(key index, fact ids, value)] for the key formats."""
     out = []

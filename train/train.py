@@ -98,8 +98,8 @@ def parse(argv):
     p.add_argument("--dense", default="",
                    help="with --recall: stages of dense key-value rows (dense.py) FORMAT:END,…,FORMAT (END a fraction "
                         "of --steps), e.g. g0:0.1,g1:0.2,g2:0.3,key:0.4,mix; in a FORMAT stage every row is a dense "
-                        "row of it, in a last stage mix a --dense-share of the rows are (key, are, multi and vt "
-                        "alike) and the rest as --recall")
+                        "row of it, in a last stage mix a --dense-share of the rows are (of the --dense-mix formats) "
+                        "and the rest as --recall")
     p.add_argument("--dense-share", type=float, default=0.5, help="the share of dense rows in --dense's mix stage")
     p.add_argument("--dense-mix", default=",".join(dense.MIX),
                    help="the mix stage's dense formats, drawn uniformly (one named twice drawn twice as often)")
