@@ -29,6 +29,11 @@ from model import ARCHS, Transformer, arch_config, rope_tables  # noqa: E402
 torch.set_num_threads(1)
 
 
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def small(arch, ctx=12, window=3, passes=7, grad_passes=2, scale=4.0, seed=0):
     """A model of arch at width 32 with random weights, scaled up so that
     attention is far from uniform."""
@@ -237,7 +242,7 @@ class TrainTest(unittest.TestCase):
             self.run_train(d, "gqa", 4, "--stop-after", "2")
             self.assertFalse(os.path.exists(os.path.join(d, "model.gguf")))
             self.run_train(d, "gqa", 4, "--resume", "--export-now")
-            rec = json.load(open(os.path.join(d, "record.json")))
+            rec = read_json(os.path.join(d, "record.json"))
             meta, _ = gguf.read(os.path.join(d, "model.gguf"))
             self.assertEqual((rec["steps_done"], rec["tokens_seen"]), (2, 2 * 2 * 32))
             self.assertEqual(meta["kvlm.train.steps"].value, 2)
@@ -252,7 +257,7 @@ class TrainTest(unittest.TestCase):
             a, b = os.path.join(d, "a"), os.path.join(d, "b")
             self.run_train(a, "gqa", 2)
             self.run_train(b, "gqa", 1, "--init", os.path.join(a, "model.gguf"))
-            ra, rb = (json.load(open(os.path.join(x, "record.json"))) for x in (a, b))
+            ra, rb = (read_json(os.path.join(x, "record.json")) for x in (a, b))
             self.assertEqual(rb["init_heldout_nll"], ra["heldout"]["mean_nll"])
             meta, _ = gguf.read(os.path.join(b, "model.gguf"))
             self.assertEqual(meta["kvlm.train.init"].value, os.path.join(a, "model.gguf"))
@@ -301,7 +306,7 @@ class TrainTest(unittest.TestCase):
             a, b = os.path.join(d, "a"), os.path.join(d, "b")
             self.run_train(a, "mqa", 2, "--layers", "2")
             self.run_train(b, "mqa", 1, "--layers", "4", "--grow", "0,3", "--init", os.path.join(a, "model.gguf"))
-            ra, rb = (json.load(open(os.path.join(x, "record.json"))) for x in (a, b))
+            ra, rb = (read_json(os.path.join(x, "record.json")) for x in (a, b))
             self.assertAlmostEqual(rb["init_heldout_nll"], ra["heldout"]["mean_nll"], places=6)
             self.assertEqual(rb["recipe"]["grow"], [0, 3])
             meta, _ = gguf.read(os.path.join(b, "model.gguf"))
