@@ -98,57 +98,43 @@ def _list(p, keys):
     return out
 
 
-def _facts(p, rng, fmt, keys):
-    """[(key index, fact ids, value)] for the key formats."""
-    out = []
-    for i, k in enumerate(keys):
-        v = p.value(rng)
-        if fmt == "g0":
-            ids = k + v[1:]
-        elif fmt == "g1":
-            ids = k + v
-        elif fmt == "g2":
-            ids = k + p.is_ + v
-        else:
-            ids = p.fact + k + p.is_ + v
-        out.append((i, ids + [p.dot], v))
-    return out
+def _before(p, fmt, k):
+    """The tokens of a key format's fact, and of its question, before the
+    value."""
+    if fmt in ("g0", "g1"):
+        return k
+    if fmt == "g2":
+        return k + p.is_
+    return p.fact + k + p.is_
 
 
 def _build(p, rng, fmt, n):
     """A row of format fmt with n keys (n distinct words)."""
     keys = [p.words[i] for i in rng.permutation(len(p.words))[:n]]
     r = _Row()
-    if fmt in ("g0", "g1", "g2", "key"):
-        facts = _facts(p, rng, fmt, keys)
-        for _, ids, _ in facts:
-            r.add(ids)
-        for j in rng.permutation(n):
-            _, _, v = facts[j]
-            k = keys[j]
-            if fmt == "g0":
-                r.add(k), r.answer(v[1:])
-            elif fmt == "g1":
-                r.add(k), r.answer(v)
-            elif fmt == "g2":
-                r.add(k, p.is_), r.answer(v)
-            else:
-                r.add(p.fact, k, p.is_), r.answer(v)
-            r.add([p.dot])
-    elif fmt == "are":
-        facts = _facts(p, rng, "key", keys)
-        for _, ids, _ in facts:
-            r.add(ids)
-        order = list(rng.permutation(n))
-        while order:
-            g = min(len(order), int(rng.integers(2, 5)))
-            ask, order = order[:g], order[g:]
-            r.add(p.facts, _list(p, [keys[j] for j in ask]), p.are)
-            for j, i in enumerate(ask):
-                if j:
-                    r.add([p.comma])
-                r.answer(facts[i][2])
-            r.add([p.dot])
+    if fmt in ("g0", "g1", "g2", "key", "are"):
+        kf = "key" if fmt == "are" else fmt  # are's facts are the needle sentence
+        vals = [p.value(rng) for _ in keys]
+        if kf == "g0":
+            vals = [v[1:] for v in vals]  # the boundary piece dropped
+        for k, v in zip(keys, vals):
+            r.add(_before(p, kf, k), v, [p.dot])
+        if fmt != "are":
+            for j in rng.permutation(n):
+                r.add(_before(p, fmt, keys[j]))
+                r.answer(vals[j])
+                r.add([p.dot])
+        else:
+            order = list(rng.permutation(n))
+            while order:
+                g = min(len(order), int(rng.integers(2, 5)))
+                ask, order = order[:g], order[g:]
+                r.add(p.facts, _list(p, [keys[j] for j in ask]), p.are)
+                for j, i in enumerate(ask):
+                    if j:
+                        r.add([p.comma])
+                    r.answer(vals[i])
+                r.add([p.dot])
     elif fmt == "multi":
         vals = [[p.value(rng) for _ in range(int(rng.integers(1, 4)))] for _ in keys]
         facts = [(i, v) for i in range(n) for v in vals[i]]
