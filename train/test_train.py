@@ -540,6 +540,14 @@ class DenseTest(unittest.TestCase):
                 return 1 if v[0] == p.space else 1 + depth(assign[tuple(v)])
             self.assertLessEqual(max(depth(v) for v in assign.values()), {"vt": 3, "vt1": 1, "vt2": 2}[fmt])
 
+    def reads_as(self, fmt, x, y, ans):
+        """Whether check(fmt) accepts the row."""
+        try:
+            self.check(fmt, x, y, ans)
+        except (AssertionError, KeyError, StopIteration, ValueError):
+            return False
+        return True
+
     def test_rows_answer_their_facts(self):
         """Every format at 256 and 512 tokens: the row fits, targets are the
         inputs shifted by one, and every answer is the value its facts
@@ -595,6 +603,14 @@ class DenseTest(unittest.TestCase):
             with self.assertRaises(SystemExit, msg=bad):
                 dense.parse_stages(bad)
         self.assertEqual(dense.parse_mix("vt2,multi,multi"), ("vt2", "multi", "multi"))
+        import train
+        base = ["--arch", "gqa", "--out", "/nonexistent", "--steps", "10", "--recall", "0.5"]
+        a = train.parse(base + ["--dense", "g1:0.5,mix", "--dense-mix", "vt,vt2"])
+        self.assertEqual((a.mix, a.dense_share), (("vt", "vt2"), 0.5))
+        for bad in ([], ["--dense", "g1:0.5,key"]):  # no mix stage reads them: refused, not ignored
+            for flag in (["--dense-share", "0.3"], ["--dense-mix", "vt"]):
+                with self.assertRaises(SystemExit, msg=(bad, flag)):
+                    train.parse(base + bad + flag)
         with self.assertRaises(SystemExit):
             dense.parse_mix("vt,mix")
 
@@ -617,7 +633,9 @@ class DenseTest(unittest.TestCase):
         for r in range(8):
             self.check("g1", x[r].numpy(), y[r].numpy(), ans[r].numpy())
         x, y, ans = train.recall_batch(a, ids, {256: FakePool()}, 7, self.p)
-        self.assertTrue(all(x[r, 1:15].tolist() != RecallTest.SAMPLES[0]["prompt"][1:] for r in range(2)))
+        for r in range(2):  # the dense rows: each reads back as one of the mix's formats
+            self.assertTrue(any(self.reads_as(f, x[r].numpy(), y[r].numpy(), ans[r].numpy()) for f in dense.MIX))
+        self.assertFalse(self.reads_as("key", x[2].numpy(), y[2].numpy(), ans[2].numpy()))  # a story window
         self.assertEqual(x[2:, 0].tolist(), [data.BOS] * 6)
         self.assertEqual(int(ans[2:].any(dim=1).sum()), 3)  # half of the six from the pool, three story windows
         x2, _, _ = train.recall_batch(a, ids, {256: FakePool()}, 7, self.p)

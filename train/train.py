@@ -100,9 +100,9 @@ def parse(argv):
                         "of --steps), e.g. g0:0.1,g1:0.2,g2:0.3,key:0.4,mix; in a FORMAT stage every row is a dense "
                         "row of it, in a last stage mix a --dense-share of the rows are (of the --dense-mix formats) "
                         "and the rest as --recall")
-    p.add_argument("--dense-share", type=float, default=0.5, help="the share of dense rows in --dense's mix stage")
-    p.add_argument("--dense-mix", default=",".join(dense.MIX),
-                   help="the mix stage's dense formats, drawn uniformly (one named twice drawn twice as often)")
+    p.add_argument("--dense-share", type=float, help="the share of dense rows in --dense's mix stage (default 0.5)")
+    p.add_argument("--dense-mix", help="the mix stage's dense formats, drawn uniformly (one named twice drawn twice "
+                                       "as often; default " + ",".join(dense.MIX) + ")")
     p.add_argument("--recall-pool", type=int, default=2000, help="training samples per task and context")
     p.add_argument("--recall-eval-every", type=int, default=100, help="steps between held-out recall checks")
     p.add_argument("--recall-eval-n", type=int, default=12, help="held-out samples per task (and depth) per check")
@@ -120,9 +120,13 @@ def parse(argv):
         p.error("--grow needs --init and layer numbers in [0, --layers), fewer than --layers")
     a.curriculum = recall.parse_curriculum(a.recall_curriculum, a.ctx) if a.recall_curriculum else None
     a.dense_stages = dense.parse_stages(a.dense) if a.dense else None
-    a.mix = dense.parse_mix(a.dense_mix)
     if a.dense and not a.recall:
         p.error("--dense needs --recall")
+    if (a.dense_share is not None or a.dense_mix is not None) and not (a.dense_stages and
+                                                                      a.dense_stages[-1][0] == "mix"):
+        p.error("--dense-share and --dense-mix need a --dense whose last stage is mix")
+    a.dense_share = 0.5 if a.dense_share is None else a.dense_share
+    a.mix = dense.parse_mix(a.dense_mix) if a.dense_mix is not None else dense.MIX
     if not 0 <= a.dense_share <= 1:
         p.error("--dense-share must be in [0, 1]")
     a.task_weight = recall.parse_task_weights(a.recall_task_weight) if a.recall_task_weight else recall.TASK_WEIGHT
@@ -178,18 +182,15 @@ def recall_batch(a, ids, pools, step, pieces=None):
     L = recall.step_context(step, a.steps, a.ctx, a.curriculum)
     n = a.batch * a.ctx // L
     rng = np.random.default_rng([a.seed, step])
-    if a.dense_stages:
-        fmt = dense.stage_at(a.dense_stages, step / a.steps)
-        if fmt != "mix":
-            x, y, ans = dense.rows(pieces, rng, (fmt,), n, L)
-            return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(ans)
+    fmt = dense.stage_at(a.dense_stages, step / a.steps) if a.dense_stages else None
+    if fmt is None:
+        parts = [recall_rows(a, ids, pools, step, rng, n, L)]
+    elif fmt != "mix":
+        parts = [dense.rows(pieces, rng, (fmt,), n, L)]
+    else:
         nd = int(round(n * a.dense_share))
-        dx, dy, dans = dense.rows(pieces, rng, a.mix, nd, L)
-        x, y, ans = recall_rows(a, ids, pools, step, rng, n - nd, L)
-        return (torch.from_numpy(np.concatenate([dx, x])), torch.from_numpy(np.concatenate([dy, y])),
-                torch.from_numpy(np.concatenate([dans, ans])))
-    x, y, ans = recall_rows(a, ids, pools, step, rng, n, L)
-    return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(ans)
+        parts = [dense.rows(pieces, rng, a.mix, nd, L), recall_rows(a, ids, pools, step, rng, n - nd, L)]
+    return tuple(torch.from_numpy(np.concatenate(p)) for p in zip(*parts))
 
 
 def recall_rows(a, ids, pools, step, rng, n, L):
