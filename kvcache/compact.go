@@ -134,12 +134,13 @@ func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
 		// A run of kept slots moving together inside one block (the whole
 		// window behind an evicted token): moved in bulk where the codecs
 		// can, slot by slot otherwise.
-		run := 1
-		for k+run < len(fromBlocks) && fromBlocks[k+run] == slot+run && (slot+run)/B == slot/B && (dk+run)/B == dk/B {
-			run++
-		}
 		src, si := t.blocks[slot/B], slot%B
 		dst, di := t.blocks[dk/B], dk%B
+		limit := min(B-si, B-di, len(fromBlocks)-k) // the run ends at either block's end
+		run := 1
+		for run < limit && fromBlocks[k+run] == slot+run {
+			run++
+		}
 		if !moveRun(kc, p.kbuf(dst), di, p.kbuf(src), si, run, B, d, src == dst) ||
 			!moveRun(p.vc, p.vbuf(dst), di, p.vbuf(src), si, run, B, d, src == dst) {
 			return fmt.Errorf("codec %s/%s cannot move slots", p.kc.Name(), p.vc.Name())

@@ -69,9 +69,14 @@ func (c keyPanels) slot(b []byte, n, d, i int) ([]byte, int) {
 func (c keyPanels) CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int) bool {
 	dv, dst2 := c.slot(dst, dn, d, di)
 	sv, sst := c.slot(src, sn, d, si)
-	es := c.size()
+	if c.size() == 2 { // f16, bf16: one 16-bit move a value
+		for k := range d {
+			binary.LittleEndian.PutUint16(dv[k*dst2:], binary.LittleEndian.Uint16(sv[k*sst:]))
+		}
+		return true
+	}
 	for k := range d {
-		copy(dv[k*dst2:k*dst2+es], sv[k*sst:k*sst+es])
+		binary.LittleEndian.PutUint32(dv[k*dst2:], binary.LittleEndian.Uint32(sv[k*sst:]))
 	}
 	return true
 }
@@ -309,6 +314,38 @@ func (c quantPanels) CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int)
 		c.setLevel(dst, de+k*dst2, c.level(src, se+k*sst))
 	}
 	copy(dm, sm)
+	return true
+}
+
+// MoveSlots moves slots inside one group of 16, as keyPanels.MoveSlots
+// does: level c of the slots is a run of the group's row c (q8: one copy
+// a row, or the whole group in one copy when the run ends it; q4: the
+// row's nibbles one by one, ascending), and the slots' metadata, one
+// entry a slot, in one copy.
+func (c quantPanels) MoveSlots(b []byte, n, d, dst, src, cnt int) bool {
+	g := dst &^ (tensor.AttnLanes - 1)
+	if (src+cnt-1)&^(tensor.AttnLanes-1) != g {
+		return false
+	}
+	e0, L := panelSlot(n, d, g)
+	switch {
+	case c.tq.bits == 8 && dst == g && src+cnt == g+L:
+		copy(b[e0:], b[e0+src-dst:e0+d*L])
+	case c.tq.bits == 8:
+		for k := range d {
+			row := b[e0+k*L : e0+(k+1)*L]
+			copy(row[dst-g:], row[src-g:src-g+cnt])
+		}
+	default:
+		for k := range d {
+			e := e0 + k*L - g
+			for j := range cnt {
+				c.setLevel(b, e+dst+j, c.level(b, e+src+j))
+			}
+		}
+	}
+	m := n * c.tq.rowBytes(d)
+	copy(b[m+4*dst:], b[m+4*src:m+4*(src+cnt)])
 	return true
 }
 
