@@ -155,14 +155,22 @@ func NewRecallVocabFrom(tok tokenizer.Tokenizer, dataDir, haystack string) (*Rec
 		}
 		*p.id = ids[1]
 	}
-	for _, w := range recallWordCandidates {
-		if ids := tok.Encode(w, false, false); len(ids) <= 2 {
-			v.words = append(v.words, w)
-			v.wordID = append(v.wordID, ids)
-		}
-	}
+	v.words, v.wordID = RecallWords(tok)
 	v.hay = tok.Encode(string(b[lo:hi]), false, false)
 	return v, nil
+}
+
+// RecallWords is the suite's word pool in tok's vocabulary: the story
+// words it encodes in at most two tokens, in the suite's order, with their
+// ids (what `kvlm eval recall-words` prints for a trainer).
+func RecallWords(tok tokenizer.Tokenizer) (words []string, ids [][]int) {
+	for _, w := range recallWordCandidates {
+		if e := tok.Encode(w, false, false); len(e) <= 2 {
+			words = append(words, w)
+			ids = append(ids, e)
+		}
+	}
+	return words, ids
 }
 
 // Words is the word pool: whole words encoded in ≤ 2 tokens.

@@ -28,6 +28,9 @@ Rows are drawn from a numpy Generator alone (train.py seeds it with
 (seed, step)).
 """
 
+import json
+import subprocess
+
 import numpy as np
 
 import data
@@ -36,17 +39,20 @@ import recall
 FORMATS = ("g0", "g1", "g2", "key", "are", "multi", "vt", "vt1", "vt2")
 # The formats of the last stage ("mix"): the suite's four kinds of fact.
 MIX = ("key", "are", "multi", "vt")
-# The suite's word pool, in its order (eval/recall_tasks.go,
-# recallWordCandidates); Pieces keeps those tok512 encodes in ≤ 2 tokens,
-# as the suite does.
-WORDS = ["cat", "dog", "ball", "sun", "red", "hat", "car", "bed", "toy", "bear", "door", "star", "pig", "cow", "hen",
-         "big", "mom", "dad", "tree", "bird", "cake", "box", "fish", "cup", "book", "boat", "frog", "duck", "moon",
-         "milk", "bus", "egg", "sky", "rain", "blue", "green", "fun", "home", "park"]
 
 
 def enc(text):
     """The suite's enc: tok512 ids of text, no BOS."""
     return data.tokenize(text.encode())
+
+
+def suite_words():
+    """The suite's word pool in tok512, in its order: the ids of the words
+    it encodes in at most two tokens (`kvlm eval recall-words`, from
+    eval/recall_tasks.go's list, so the two never differ)."""
+    out = subprocess.run([data.kvlm_bin(), "eval", "recall-words", "--tokenizer", data.tok512_path()],
+                         capture_output=True, check=True).stdout
+    return [w["ids"] for w in json.loads(out)]
 
 
 class Pieces:
@@ -60,7 +66,7 @@ class Pieces:
             raise SystemExit(f"dense: tok512 encodes the digits as {d0}, not a boundary piece and one digit")
         self.digits = [d[1] for d in d0]
         self.dot, self.comma = enc(".")[1], enc(",")[1]
-        self.words = [w for w in (enc(x) for x in WORDS) if len(w) <= 2]
+        self.words = suite_words()
         self.fact = enc("The special number for")
         self.facts = enc("The special numbers for")
         self.is_, self.are, self.and_ = enc("is"), enc("are"), enc("and")

@@ -229,6 +229,7 @@ The committed docs/RESULTS.md comes from:
 	matrix.flags(f)
 	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr (there is none unless stderr is a terminal)")
 	c.AddCommand(newRecallData())
+	c.AddCommand(newRecallWords())
 	return c
 }
 

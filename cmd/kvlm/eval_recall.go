@@ -320,6 +320,53 @@ func writeSuite(out, report, name string, res any, info eval.ReportInfo, plot fu
 	return len(figs), eval.UpdateSection(report, section(figs, info), begin, end)
 }
 
+// newRecallWords is `kvlm eval recall-words`: the suite's word pool, for
+// a trainer that builds rows of the suite's own pieces (train/dense.py).
+func newRecallWords() *cobra.Command {
+	var modelPath, tokPath string
+	c := &cobra.Command{
+		Use:   "recall-words -m MODEL | --tokenizer T",
+		Short: "Print the recall suite's word pool in the model's vocabulary (JSON)",
+		Long: `Print the words the recall suite draws its keys and variable names from:
+the story words the vocabulary encodes in at most two tokens, in the suite's
+order, as a JSON array of {"word", "ids"} (ids without BOS).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if modelPath == "" && tokPath == "" {
+				return errors.New("no vocabulary given: use -m MODEL or --tokenizer T")
+			}
+			var err error
+			if modelPath != "" {
+				if modelPath, err = resolveModel(modelPath); err != nil {
+					return err
+				}
+			}
+			t, err := loadTokenizer(modelPath, tokPath)
+			if err != nil {
+				return err
+			}
+			type word struct {
+				Word string `json:"word"`
+				IDs  []int  `json:"ids"`
+			}
+			words, ids := eval.RecallWords(t)
+			out := make([]word, len(words))
+			for i := range words {
+				out[i] = word{words[i], ids[i]}
+			}
+			b, err := json.Marshal(out)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&modelPath, "model", "m", "", "model (its vocabulary): GGUF, or a llama2.c checkpoint with --tokenizer")
+	c.Flags().StringVar(&tokPath, "tokenizer", "", "llama2.c tokenizer.bin (or a GGUF)")
+	return c
+}
+
 // newRecallData is `kvlm eval recall-data`: the suite's samples, for a
 // trainer (seeds ≥ 2^32) or for reading.
 func newRecallData() *cobra.Command {

@@ -260,3 +260,43 @@ func TestEvalRecallFlags(t *testing.T) {
 		t.Errorf("--haystack train: not the train-haystack sample of the same seed")
 	}
 }
+
+// TestEvalRecallWords: `kvlm eval recall-words` prints the suite's word
+// pool (the words the vocabulary encodes in ≤ 2 tokens, in the suite's
+// order, each with its ids), the pool the samples draw from; no
+// vocabulary is refused.
+func TestEvalRecallWords(t *testing.T) {
+	tok := shared.Path(t, "models/stories260K/tok512.bin")
+	out, errOut, code := kvlm(t, "eval", "recall-words", "--tokenizer", tok)
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	var got []struct {
+		Word string `json:"word"`
+		IDs  []int  `json:"ids"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := loadTokenizer("", tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := eval.NewRecallVocab(tk, filepath.Dir(shared.Path(t, "data/"+eval.HeldOutFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var words []string
+	for _, w := range got {
+		words = append(words, w.Word)
+		if ids := tk.Encode(w.Word, false, false); !slices.Equal(ids, w.IDs) || len(ids) > 2 {
+			t.Errorf("%q: ids %v, the vocabulary encodes it as %v", w.Word, w.IDs, ids)
+		}
+	}
+	if !slices.Equal(words, v.Words()) || len(words) < 12 {
+		t.Errorf("pool %v, the suite's %v", words, v.Words())
+	}
+	if _, errOut, code := kvlm(t, "eval", "recall-words"); code == 0 || !strings.Contains(errOut, "no vocabulary") {
+		t.Errorf("no vocabulary: exit %d, %q", code, errOut)
+	}
+}
