@@ -151,6 +151,7 @@ func genKVPanel(e *emitter, typ string) {
 		e.in("VBROADCASTI64X4 %d(DI), Z12", xbKBs)
 		for p := 0; p < 8; p++ {
 			kvQ4KPair(e, p)
+			kvPrefetch(e, bb, p)
 		}
 	} else {
 		for c := 0; c < 4; c++ {
@@ -160,6 +161,7 @@ func genKVPanel(e *emitter, typ string) {
 		e.in("VPSUBW %d(DI), Y12, Y12", xbKBs) // -bs
 		for p := 0; p < 8; p++ {
 			kvQ6KPair(e, p)
+			kvPrefetch(e, bb, p)
 		}
 	}
 	e.in("ADDQ $%d, SI", 16*bb)
@@ -188,6 +190,26 @@ func genKVPanel(e *emitter, typ string) {
 	e.label("end")
 	e.in("VZEROUPPER")
 	e.in("RET")
+}
+
+// kvAhead is how many tiles ahead the one-token K-quant panel kernels
+// prefetch.
+const kvAhead = 2
+
+// kvPrefetch emits, after pair p of a tile of 16 rows of bb bytes, its
+// share of the prefetches (PREFETCHT0, one per 64-byte line) of the tile
+// kvAhead tiles on: the weights are one forward stream, so that is the
+// tile the kernel reads kvAhead tiles later (past the matrix's end a
+// prefetch is wasted, never a fault). Without it the hardware prefetchers
+// do not keep up (as for Q4_0's and Q8_0's panels, qpanelPrefetch).
+func kvPrefetch(e *emitter, bb, p int) {
+	tile := 16 * bb
+	n := (tile + 63) / 64
+	for i := 0; i < n; i++ {
+		if i*8/n == p {
+			e.in("PREFETCHT0 %d(SI)", kvAhead*tile+64*i)
+		}
+	}
 }
 
 // kvRow is the address of byte off of row j of the tile at SI.
