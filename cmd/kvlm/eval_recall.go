@@ -15,6 +15,7 @@ import (
 	"github.com/kvlm/kvlm/internal/progress"
 	"github.com/kvlm/kvlm/internal/shared"
 	"github.com/kvlm/kvlm/kvcache/codec"
+	"github.com/kvlm/kvlm/tokenizer"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -320,6 +321,21 @@ func writeSuite(out, report, name string, res any, info eval.ReportInfo, plot fu
 	return len(figs), eval.UpdateSection(report, section(figs, info), begin, end)
 }
 
+// recallTokenizer is the vocabulary of recall-data and recall-words: the
+// model's (-m) or a tokenizer file's (--tokenizer).
+func recallTokenizer(modelPath, tokPath string) (tokenizer.Tokenizer, error) {
+	if modelPath == "" && tokPath == "" {
+		return nil, errors.New("no vocabulary given: use -m MODEL or --tokenizer T")
+	}
+	if modelPath != "" {
+		var err error
+		if modelPath, err = resolveModel(modelPath); err != nil {
+			return nil, err
+		}
+	}
+	return loadTokenizer(modelPath, tokPath)
+}
+
 // newRecallWords is `kvlm eval recall-words`: the suite's word pool, for
 // a trainer that builds rows of the suite's own pieces (train/dense.py).
 func newRecallWords() *cobra.Command {
@@ -332,16 +348,7 @@ the story words the vocabulary encodes in at most two tokens, in the suite's
 order, as a JSON array of {"word", "ids"} (ids without BOS).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if modelPath == "" && tokPath == "" {
-				return errors.New("no vocabulary given: use -m MODEL or --tokenizer T")
-			}
-			var err error
-			if modelPath != "" {
-				if modelPath, err = resolveModel(modelPath); err != nil {
-					return err
-				}
-			}
-			t, err := loadTokenizer(modelPath, tokPath)
+			t, err := recallTokenizer(modelPath, tokPath)
 			if err != nil {
 				return err
 			}
@@ -390,9 +397,6 @@ sample nor held-out text. Tasks: %s.`, eval.EvalSeedEnd, eval.HeldOutStart, eval
 			eval.TrainSeedStart, eval.HeldOutStart, strings.Join(eval.RecallTasks, ", ")),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if modelPath == "" && tokPath == "" {
-				return errors.New("no vocabulary given: use -m MODEL or --tokenizer T")
-			}
 			if count < 1 {
 				return fmt.Errorf("--count must be positive, got %d", count)
 			}
@@ -415,12 +419,7 @@ sample nor held-out text. Tasks: %s.`, eval.EvalSeedEnd, eval.HeldOutStart, eval
 			if err != nil {
 				return err
 			}
-			if modelPath != "" {
-				if modelPath, err = resolveModel(modelPath); err != nil {
-					return err
-				}
-			}
-			t, err := loadTokenizer(modelPath, tokPath)
+			t, err := recallTokenizer(modelPath, tokPath)
 			if err != nil {
 				return err
 			}
