@@ -88,11 +88,17 @@ func (c keyPanels) CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int) b
 // each row's head takes its own later values, and only the vacated slots
 // at the row's end take the next row's.
 func (c keyPanels) MoveSlots(b []byte, n, d, dst, src, cnt int) bool {
+	return movePanelRun(b, c.size(), n, d, dst, src, cnt)
+}
+
+// movePanelRun is keyPanels.MoveSlots over elements of es bytes (q8 key
+// panels' levels are elements of one byte): false when the run crosses
+// its group.
+func movePanelRun(b []byte, es, n, d, dst, src, cnt int) bool {
 	g := dst &^ (tensor.AttnLanes - 1)
 	if (src+cnt-1)&^(tensor.AttnLanes-1) != g {
 		return false
 	}
-	es := c.size()
 	e0, L := panelSlot(n, d, g)
 	if dst == g && src+cnt == g+L {
 		s := src - dst
@@ -323,20 +329,16 @@ func (c quantPanels) CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int)
 // row's nibbles one by one, ascending), and the slots' metadata, one
 // entry a slot, in one copy.
 func (c quantPanels) MoveSlots(b []byte, n, d, dst, src, cnt int) bool {
-	g := dst &^ (tensor.AttnLanes - 1)
-	if (src+cnt-1)&^(tensor.AttnLanes-1) != g {
-		return false
-	}
-	e0, L := panelSlot(n, d, g)
-	switch {
-	case c.tq.bits == 8 && dst == g && src+cnt == g+L:
-		copy(b[e0:], b[e0+src-dst:e0+d*L])
-	case c.tq.bits == 8:
-		for k := range d {
-			row := b[e0+k*L : e0+(k+1)*L]
-			copy(row[dst-g:], row[src-g:src-g+cnt])
+	if c.tq.bits == 8 {
+		if !movePanelRun(b, 1, n, d, dst, src, cnt) {
+			return false
 		}
-	default:
+	} else {
+		g := dst &^ (tensor.AttnLanes - 1)
+		if (src+cnt-1)&^(tensor.AttnLanes-1) != g {
+			return false
+		}
+		e0, L := panelSlot(n, d, g)
 		for k := range d {
 			e := e0 + k*L - g
 			for j := range cnt {

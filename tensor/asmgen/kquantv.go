@@ -203,13 +203,7 @@ const kvAhead = 2
 // prefetch is wasted, never a fault). Without it the hardware prefetchers
 // do not keep up (as for Q4_0's and Q8_0's panels, qpanelPrefetch).
 func kvPrefetch(e *emitter, bb, p int) {
-	tile := 16 * bb
-	n := (tile + 63) / 64
-	for i := 0; i < n; i++ {
-		if i*8/n == p {
-			e.in("PREFETCHT0 %d(SI)", kvAhead*tile+64*i)
-		}
-	}
+	prefetchShare(e, 16*bb, kvAhead, p, 8)
 }
 
 // kvRow is the address of byte off of row j of the tile at SI.

@@ -362,10 +362,18 @@ const qpanelAhead = 8
 // and ~21 for the rows kernel, while plain reads ran ~20 GB/s); past the
 // matrix's end it is wasted, never a fault.
 func qpanelPrefetch(e *emitter, tile, j int) {
-	n := 2 * tile / 64
+	prefetchShare(e, 2*tile, qpanelAhead, j, 16)
+}
+
+// prefetchShare emits part (of parts) of the prefetches (PREFETCHT0, one
+// per 64-byte line) of the span of span bytes ahead spans on from SI: a
+// kernel that reads its weights as one forward stream, span bytes a loop,
+// calls it once per part so that the lines are spread over the loop.
+func prefetchShare(e *emitter, span, ahead, part, parts int) {
+	n := (span + 63) / 64
 	for i := 0; i < n; i++ {
-		if i*16/n == j {
-			e.in("PREFETCHT0 %d(SI)", qpanelAhead*2*tile+64*i)
+		if i*parts/n == part {
+			e.in("PREFETCHT0 %d(SI)", ahead*span+64*i)
 		}
 	}
 }
