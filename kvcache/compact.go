@@ -22,7 +22,7 @@ func (s *Paged) Keep(layer, head int, keep []int) error {
 	p := s.pool
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := s.keep(s.tab(layer, head), keep); err != nil {
+	if err := s.keep(s.tab(layer, head), keep, p.layout.window(layer) == 0); err != nil {
 		return fmt.Errorf("kvcache: layer %d head %d: %w", layer, head, err)
 	}
 	return nil
@@ -57,15 +57,16 @@ func (s *Paged) RemoveRange(from, to int) error {
 		for j := min(to, n); j < n; j++ {
 			keep = append(keep, j)
 		}
-		if err := s.keep(t, keep); err != nil {
+		if err := s.keep(t, keep, p.layout.window(i/p.layout.KVHeads) == 0); err != nil {
 			return fmt.Errorf("kvcache: table %d: %w", i, err)
 		}
 	}
 	return nil
 }
 
-// keep implements Keep; the caller holds p.mu.
-func (s *Paged) keep(t *table, keep []int) error {
+// keep implements Keep; ragged: the table may be left ragged (ragged.go;
+// not a window-bounded layer's). The caller holds p.mu.
+func (s *Paged) keep(t *table, keep []int, ragged bool) error {
 	p := s.pool
 	B, d := p.B, p.layout.HeadDim
 	total := t.len()
@@ -80,12 +81,23 @@ func (s *Paged) keep(t *table, keep []int) error {
 	if len(keep) == total {
 		return nil // everything kept
 	}
+	if t.res == nil {
+		ok, err := s.keepRagged(t, keep, ragged)
+		if err != nil {
+			return err
+		}
+		if ok {
+			t.dirty = true
+			s.pristine = false
+			return nil
+		}
+	}
 	// Leading whole blocks that stay as they are.
 	same := 0
 	for same < len(keep) && keep[same] == same {
 		same++
 	}
-	first := min(same, t.n) / B
+	first := t.leading(B, same)
 	// Slots of the blocks from `first` on that survive, and residual ones.
 	fromBlocks := make([]int, 0, len(keep)-first*B)
 	var fromRes []int
@@ -109,10 +121,12 @@ func (s *Paged) keep(t *table, keep []int) error {
 	return nil
 }
 
-// compactInPlace moves the kept slots of blocks first.. down over the
-// dropped ones, in order, inside the table's own blocks (a slot only ever
-// moves to an earlier place, so nothing is overwritten before it is read),
-// then releases the blocks left empty. Blocks shared with other sequences
+// compactInPlace moves the kept slots of blocks first.. (table slots,
+// ascending) down over the dropped ones, in order, inside the table's own
+// blocks (a slot only ever moves to an earlier place, so nothing is
+// overwritten before it is read; of a ragged table too, whose slot s sits
+// at or after place s), then releases the blocks left empty: every block
+// but the last is full after it. Blocks shared with other sequences
 // or the prefix cache are copied first (own); no other block is allocated,
 // so a full pool can still be pruned. The caller holds p.mu.
 func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
@@ -124,6 +138,7 @@ func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
 			return fmt.Errorf("%w: copying a shared block before compaction", err)
 		}
 	}
+	t.physical(fromBlocks, B)
 	kc := codec.Base(t.kc)
 	for k := 0; k < len(fromBlocks); {
 		slot, dk := fromBlocks[k], first*B+k
@@ -143,7 +158,7 @@ func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
 		}
 		if !moveRun(kc, p.kbuf(dst), di, p.kbuf(src), si, run, B, d, src == dst) ||
 			!moveRun(p.vc, p.vbuf(dst), di, p.vbuf(src), si, run, B, d, src == dst) {
-			return fmt.Errorf("codec %s/%s cannot move slots", p.kc.Name(), p.vc.Name())
+			return errNoMove(p)
 		}
 		copy(p.posbuf(dst)[di:di+run], p.posbuf(src)[si:si+run])
 		k += run
@@ -153,7 +168,13 @@ func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
 	}
 	t.blocks = t.blocks[:first+used]
 	t.n = first*B + len(fromBlocks)
+	t.cnt = nil
 	return nil
+}
+
+// errNoMove is the error of a codec pair that cannot move slots.
+func errNoMove(p *Pool) error {
+	return fmt.Errorf("codec %s/%s cannot move slots", p.kc.Name(), p.vc.Name())
 }
 
 // moveRun moves slots si … si+run−1 of block src into di … of block dst
@@ -207,6 +228,7 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 	}
 	d := p.layout.HeadDim
 	key := make([]float32, d)
+	c := cursor{t: t, B: p.B}
 	for _, i := range slots {
 		if i < 0 || i >= t.len() {
 			return fmt.Errorf("kvcache: slot %d out of range [0,%d)", i, t.len())
@@ -218,15 +240,15 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 		if !p.kc.PerToken() {
 			return fmt.Errorf("kvcache: %s keys are sealed in groups and cannot be rewritten", p.kc.Name())
 		}
-		bi := i / p.B
+		bi, in := c.at(i)
 		if err := s.own(t, bi); err != nil {
 			return err
 		}
 		b := t.blocks[bi]
-		t.kc.Get(p.kbuf(b), p.B, d, i%p.B, key)
-		pos := &p.posbuf(b)[i%p.B]
+		t.kc.Get(p.kbuf(b), p.B, d, in, key)
+		pos := &p.posbuf(b)[in]
 		*pos = fn(*pos, key)
-		t.kc.Put(p.kbuf(b), p.B, d, i%p.B, key)
+		t.kc.Put(p.kbuf(b), p.B, d, in, key)
 	}
 	t.dirty = true
 	s.pristine = false
@@ -235,7 +257,7 @@ func (s *Paged) RewriteKeys(layer, head int, slots []int, fn func(pos int32, key
 		// held slot, would sit below the lowest position held now.
 		low := t.freedTo
 		for j, b := range t.blocks {
-			for _, x := range p.posbuf(b)[:min(p.B, t.n-j*p.B)] {
+			for _, x := range p.posbuf(b)[:t.held(j, p.B)] {
 				low = min(low, x)
 			}
 		}
@@ -269,7 +291,7 @@ func (s *Paged) own(t *table, j int) error {
 		p.dropEntry(p.meta[b].entry)
 		return nil
 	}
-	p.copyBlock(nb, b, min(p.B, t.n-j*p.B))
+	p.copyBlock(nb, b, t.held(j, p.B))
 	p.decref(b)
 	t.blocks[j] = nb
 	p.stats.CopyOnWrite++

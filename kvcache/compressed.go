@@ -74,6 +74,11 @@ func (s *Paged) RegisterCompressed(tokens []int, extra uint64, meta any) (bool, 
 	if e := p.index[h]; e != nil {
 		return false, nil // this prompt is cached already (or a colliding hash keeps its place)
 	}
+	for i := range s.tables {
+		if err := s.regular(&s.tables[i]); err != nil { // a ragged table is cached compacted
+			return false, err
+		}
+	}
 	c := &compressed{n: make([]int, len(s.tables)), nb: make([]int, len(s.tables)), meta: meta}
 	e := &prefixEntry{hash: h, tokens: toks, extra: extra, comp: c}
 	for i := range s.tables {

@@ -43,3 +43,7 @@ func ResidualOf(s *Paged, layer, head int) (int, bool) {
 	}
 	return r.n, true
 }
+
+// RaggedOf is the tokens in each block of (layer, head) when a prune left
+// the table ragged, nil when every block but the last is full.
+func RaggedOf(s *Paged, layer, head int) []int32 { return s.tab(layer, head).cnt }

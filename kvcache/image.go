@@ -74,9 +74,12 @@ func (s *Paged) Image() (*Image, error) {
 	for i := range s.tables {
 		t := &s.tables[i]
 		ti := &img.Tables[i]
+		if err := s.regular(t); err != nil { // an image's blocks are full but the last
+			return nil, err
+		}
 		ti.N, ti.Drop, ti.FreedTo = t.n, t.drop, t.freedTo
 		for j, b := range t.blocks {
-			ti.Blocks = append(ti.Blocks, p.blockImage(b, min(p.B, t.n-j*p.B)))
+			ti.Blocks = append(ti.Blocks, p.blockImage(b, t.held(j, p.B)))
 		}
 		if r := t.res; r != nil {
 			ti.Res = &ResidualImage{K: slices.Clone(r.k), V: slices.Clone(r.v), Pos: slices.Clone(r.pos), N: r.n}

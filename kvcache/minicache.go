@@ -264,6 +264,11 @@ func (s *Paged) samePair(upper int, ta, tb *table) error {
 	if ta.mini != nil && ta.mini.pair != upper || tb.mini != nil && tb.mini.pair != upper-1 {
 		return errors.New("a layer is already merged with another layer")
 	}
+	for _, t := range []*table{ta, tb} {
+		if err := s.regular(t); err != nil { // candidates are addressed by block arithmetic
+			return err
+		}
+	}
 	if ta.n != tb.n || ta.res.len() != tb.res.len() {
 		return fmt.Errorf("the layers hold %d+%d and %d+%d tokens in blocks and residual", ta.n, ta.res.len(), tb.n, tb.res.len())
 	}

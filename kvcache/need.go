@@ -48,8 +48,9 @@ func (t *table) need(p *Pool, n int) int {
 	if p.residual > 0 {
 		return p.sealBlocks(t.res.len(), n)
 	}
-	shared := t.n%p.B != 0 && p.meta[t.blocks[len(t.blocks)-1]].ref > 1
-	return p.appendBlocks(t.n, shared, n)
+	tail := t.tail(p.B)
+	shared := tail != 0 && p.meta[t.blocks[len(t.blocks)-1]].ref > 1
+	return p.appendBlocks(tail, shared, n)
 }
 
 // Need is the bytes of the arena that appending n more tokens to every

@@ -3,15 +3,18 @@ package kvcache
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kvlm/kvlm/kvcache/codec"
 )
 
-// table is one (layer, KV head)'s tokens: full blocks, then a partly filled
-// last block, then (KIVI only) a full-precision residual.
+// table is one (layer, KV head)'s tokens: full blocks (or, ragged, blocks
+// each partly filled), then a partly filled last block, then (KIVI only) a
+// full-precision residual.
 type table struct {
 	blocks []int32   // physical blocks, in token order
-	n      int       // tokens held in blocks; block j holds min(B, n-j·B)
+	n      int       // tokens held in blocks; block j holds min(B, n-j·B), or cnt[j]
+	cnt    []int32   // [len(blocks)] tokens in each block when a prune left the table ragged (ragged.go); nil: every block but the last is full
 	res    *residual // KIVI: the newest tokens in f16, not yet sealed (residual.go); nil without KIVI
 	// resWindow is the layer's window W when the table is never sealed
 	// (Footprint.Unsealed: KIVI with W ≤ Residual), 0 otherwise: its
@@ -158,13 +161,16 @@ func (s *Paged) Append(layer int, pos []int32, k, v []float32) error {
 // allocating a block or copying a shared one first. The caller holds p.mu.
 func (s *Paged) writable(t *table) (int32, int, error) {
 	p := s.pool
-	slot := t.n % p.B
+	slot := t.tail(p.B)
 	if slot == 0 {
 		b, err := p.alloc()
 		if err != nil {
 			return -1, 0, err
 		}
 		t.blocks = append(t.blocks, b)
+		if t.cnt != nil {
+			t.cnt = append(t.cnt, 0)
+		}
 		return b, 0, nil
 	}
 	last := t.blocks[len(t.blocks)-1]
@@ -193,6 +199,9 @@ func (s *Paged) appendBlock(t *table, pos int32, k, v []float32) error {
 	p.vc.Put(p.vbuf(b), p.B, d, slot, v)
 	p.posbuf(b)[slot] = pos
 	t.n++
+	if t.cnt != nil {
+		t.cnt[len(t.cnt)-1]++
+	}
 	return nil
 }
 
@@ -222,7 +231,7 @@ func (s *Paged) Segments(layer, head int) []Segment {
 	p := s.pool
 	t.segs = t.mini.segments(p, t.kc, t.segs[:0])
 	for j, b := range t.blocks {
-		n := min(p.B, t.n-j*p.B)
+		n := t.held(j, p.B)
 		t.segs = append(t.segs, Segment{K: p.kbuf(b), V: p.vbuf(b), KC: t.kc, VC: p.vc, Cap: p.B, N: n, Pos: p.posbuf(b)[:n]})
 	}
 	t.segs = t.res.segments(t.segs)
@@ -270,11 +279,22 @@ func (s *Paged) Truncate(n int) error {
 			continue
 		}
 		keep := (n + p.B - 1) / p.B
+		if t.cnt != nil { // ragged: the blocks holding the first n
+			keep = 0
+			for acc := 0; acc < n; keep++ {
+				acc += int(t.cnt[keep])
+				if acc > n {
+					t.cnt[keep] -= int32(acc - n)
+				}
+			}
+			t.cnt = t.cnt[:keep]
+		}
 		for j := len(t.blocks) - 1; j >= keep; j-- {
 			p.decref(t.blocks[j])
 		}
 		t.blocks = t.blocks[:keep]
 		t.n = n
+		t.settle(p.B)
 	}
 	if full := n / p.B; s.registered > full {
 		s.registered = full
@@ -295,7 +315,7 @@ func (s *Paged) Fork() *Paged {
 		t := &s.tables[i]
 		ft := &f.tables[i]
 		ft.blocks = append([]int32(nil), t.blocks...)
-		ft.n = t.n
+		ft.n, ft.cnt = t.n, slices.Clone(t.cnt)
 		ft.dirty = true
 		ft.kc = t.kc
 		ft.drop, ft.freedTo, ft.resWindow = t.drop, t.freedTo, t.resWindow
@@ -323,7 +343,7 @@ func (s *Paged) Free() {
 			p.decref(t.blocks[j])
 		}
 		t.mini.free(p)
-		t.blocks, t.n, t.res, t.segs, t.mini = nil, 0, nil, nil, nil
+		t.blocks, t.n, t.cnt, t.res, t.segs, t.mini = nil, 0, nil, nil, nil, nil
 	}
 	s.freed = true
 }
