@@ -39,6 +39,26 @@ func WilsonSamples(half, z float64) int {
 	return n
 }
 
+// RecallLook is the first look of a sweep with a margin: a cell may stop
+// after RecallLook samples, twice that, four times, …, and at N.
+const RecallLook = 40
+
+// recallStop says whether a cell of a sweep with margin (cfg.Margin; 0:
+// never) stops after n samples, correct of them right, of at most max: at
+// max, or at a look (RecallLook·2^k) where the Wilson 95% interval is
+// within ±margin. Looking at a few fixed points only, not after every
+// sample, keeps the stopping rule from chasing the noise.
+func recallStop(correct, n, max int, margin float64) bool {
+	if n >= max {
+		return true
+	}
+	if margin <= 0 || n < RecallLook || n%RecallLook != 0 || (n/RecallLook)&(n/RecallLook-1) != 0 {
+		return false
+	}
+	lo, hi := Wilson(correct, n, Z95)
+	return (hi-lo)/2 <= margin
+}
+
 // Score compares a generated answer with s's: all parts right (exact
 // match of each scored span), and the number right.
 func Score(s RecallSample, got []int) (all bool, right int) {
@@ -145,11 +165,14 @@ func RecallAnswer(m *model.Model, s RecallSample, pc policy.Config, kv model.KVO
 
 // RecallConfig chooses what a recall sweep measures.
 type RecallConfig struct {
-	Model     string     `json:"model"`
-	Tasks     []string   `json:"tasks"`
-	Contexts  []int      `json:"contexts"` // nil: RecallContexts(model)
-	Depths    []float64  `json:"depths"`   // niah_single's
-	N         int        `json:"samples_per_cell"`
+	Model    string    `json:"model"`
+	Tasks    []string  `json:"tasks"`
+	Contexts []int     `json:"contexts"`         // nil: RecallContexts(model)
+	Depths   []float64 `json:"depths"`           // niah_single's
+	N        int       `json:"samples_per_cell"` // the most with Margin
+	// Margin > 0 stops a cell at the first look (RecallLooks) where its
+	// Wilson 95% interval is within ±Margin; 0 runs N samples in every cell.
+	Margin    float64    `json:"margin,omitempty"`
 	Methods   []string   `json:"methods"` // "full" is the uncompressed cache; nil: full and every registered method
 	Ratios    []float64  `json:"ratios"`
 	Codecs    []string   `json:"codecs"`
@@ -396,6 +419,9 @@ func RecallSweep(m *model.Model, name string, v *RecallVocab, cfg RecallConfig) 
 					cell.PartsOK += right
 					cell.PartsConfused += Confused(s, got)
 					kvb += float64(b)
+					if recallStop(cell.Correct, cell.N, len(g.samples), cfg.Margin) {
+						break
+					}
 				}
 				cell.Acc = float64(cell.Correct) / float64(cell.N)
 				cell.Lo, cell.Hi = Wilson(cell.Correct, cell.N, Z95)

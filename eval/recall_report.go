@@ -231,7 +231,18 @@ func WriteRecallSection(r *RecallResults, figs []Figure, info ReportInfo) string
 	}
 	p("Models: %s. Contexts: %s tokens (prompt + answer). Tasks (docs/RECALL.md): %s; niah_single at depths %s. ",
 		strings.Join(models, ", "), ints(cfg.Contexts), strings.Join(cfg.Tasks, ", "), floats(cfg.Depths))
-	p("%d samples per cell (evaluation seeds 0..%d): a 95%% Wilson interval of ±5 points or better needs %d. ", cfg.N, cfg.N-1, WilsonSamples(0.05, Z95))
+	if cfg.Margin > 0 {
+		lo, hi := cfg.N, 0
+		for _, c := range r.Cells {
+			if c.Error == "" {
+				lo, hi = min(lo, c.N), max(hi, c.N)
+			}
+		}
+		p("Samples per cell: each cell stopped at the first of %d, %d, %d, … or %d samples (evaluation seeds from 0) where its 95%% Wilson interval was within ±%g points; %d to %d here. (Stopping on the interval at a few fixed looks: the intervals are nominal.) ",
+			RecallLook, 2*RecallLook, 4*RecallLook, cfg.N, 100*cfg.Margin, lo, hi)
+	} else {
+		p("%d samples per cell (evaluation seeds 0..%d): a 95%% Wilson interval of ±5 points or better needs %d. ", cfg.N, cfg.N-1, WilsonSamples(0.05, Z95))
+	}
 	p("A sample is correct when greedy decoding produces every part of its answer exactly (multi-value, multi-query, cwe: all parts). ")
 	p("Protocols: %s. Schedules: %s (prefill: compressed once after the prompt; decode: also at every later step). Codecs: %s.\n\n",
 		strings.Join(cfg.Protocols, ", "), strings.Join(cfg.Schedules, ", "), strings.Join(cfg.Codecs, ", "))

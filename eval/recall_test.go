@@ -65,6 +65,38 @@ func TestWilson(t *testing.T) {
 	}
 }
 
+// TestRecallStop checks the margin's stopping rule: only at the looks
+// (40, 80, 160, …) and only when the interval is within the margin; always
+// at the most samples; never without a margin.
+func TestRecallStop(t *testing.T) {
+	for _, c := range []struct {
+		correct, n, max int
+		margin          float64
+		want            bool
+	}{
+		{40, 40, 381, 0.05, true},    // 100%: [91.2, 100], ±4.4
+		{0, 40, 381, 0.05, true},     // 0%: ±4.4
+		{39, 40, 381, 0.05, false},   // 97.5%: [87.1, 99.6], ±6.3
+		{78, 80, 381, 0.05, true},    // 97.5%: [91.3, 99.3], ±4.0
+		{20, 40, 381, 0.05, false},   // 50%: ±14.6
+		{41, 41, 381, 0.05, false},   // not a look
+		{60, 60, 381, 0.05, false},   // not a look
+		{39, 39, 381, 0.05, false},   // before the first look
+		{160, 160, 381, 0.05, true},  // a later look
+		{160, 320, 381, 0.05, false}, // 50% at 320: ±5.4
+		{190, 381, 381, 0.05, true},  // the most samples
+		{40, 40, 381, 0, false},      // no margin
+		{7, 7, 7, 0, true},           // no margin: the most samples
+	} {
+		t.Run(fmt.Sprintf("%d-of-%d-max%d-margin%g", c.correct, c.n, c.max, c.margin), func(t *testing.T) {
+			if got := recallStop(c.correct, c.n, c.max, c.margin); got != c.want {
+				lo, hi := Wilson(c.correct, c.n, Z95)
+				t.Errorf("stop %v, want %v (interval [%.3f, %.3f])", got, c.want, lo, hi)
+			}
+		})
+	}
+}
+
 // TestRecallTasks checks each task's samples: they fit the context, are a
 // function of the seed, hide the answer in the context before the
 // question, and stay in the held-out text.

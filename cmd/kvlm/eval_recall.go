@@ -36,10 +36,11 @@ type recallMatrix struct {
 	tasks, codecs, schedules, protocols []string
 	ratios, depths                      []float64
 	contexts                            []int
+	margin                              float64 // points
 }
 
 // recallMatrixFlags are recallMatrix's flags (refused by --suite compress).
-var recallMatrixFlags = []string{"tasks", "ratios", "codecs", "schedules", "protocols", "recall-contexts", "depths"}
+var recallMatrixFlags = []string{"tasks", "ratios", "codecs", "schedules", "protocols", "recall-contexts", "depths", "margin"}
 
 func (m *recallMatrix) flags(f *pflag.FlagSet) {
 	f.StringSliceVar(&m.tasks, "tasks", nil, "recall: the tasks (default all: "+strings.Join(eval.RecallTasks, ", ")+")")
@@ -49,6 +50,7 @@ func (m *recallMatrix) flags(f *pflag.FlagSet) {
 	f.StringSliceVar(&m.protocols, "protocols", nil, "recall: "+eval.ProtoAware+" and/or "+eval.ProtoAgnostic+" (default both)")
 	f.IntSliceVar(&m.contexts, "recall-contexts", nil, "recall: the context lengths (default 512,1024,2048 as the model fits; --quick 256)")
 	f.Float64SliceVar(&m.depths, "depths", nil, "recall: niah_single's needle depths, each in [0, 1] (default 0,0.1,…,1; --quick 0,0.5,1)")
+	f.Float64Var(&m.margin, "margin", 0, "recall: stop each cell at the first of 40, 80, 160, … or --samples samples where its 95% interval is within ± this many points (0: --samples in every cell)")
 }
 
 // apply checks m and sets the parts of cfg it names.
@@ -66,6 +68,10 @@ func (m recallMatrix) apply(cfg *eval.RecallConfig) error {
 		return out, nil
 	}
 	var err error
+	if m.margin < 0 || m.margin >= 50 {
+		return fmt.Errorf("--margin %g: want points in [0, 50)", m.margin)
+	}
+	cfg.Margin = m.margin / 100
 	if m.tasks != nil {
 		if cfg.Tasks, err = oneOf("tasks", m.tasks, eval.RecallTasks); err != nil {
 			return err

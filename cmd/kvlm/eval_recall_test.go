@@ -179,6 +179,65 @@ func TestEvalRecallMatrix(t *testing.T) {
 	}
 }
 
+// TestEvalRecallMargin: with --margin each cell stops at the first look
+// (40, 80, …) where its interval is within the margin, or at --samples;
+// the report says so.
+func TestEvalRecallMargin(t *testing.T) {
+	bin := shared.Path(t, "models/stories260K/stories260K.bin")
+	tok := shared.Path(t, "models/stories260K/tok512.bin")
+	dir := t.TempDir()
+	report := filepath.Join(dir, "R.md")
+	_, errOut, code := kvlm(t, "eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--report", report, "--samples", "90", "--margin", "5",
+		"--methods", "streaming", "--tasks", "niah_multikey", "--ratios", "0.25", "--codecs", "f16", "--schedules", "prefill",
+		"--protocols", "query-aware", "--recall-contexts", "256")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "recall.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r eval.RecallResults
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Cells) != 2 || r.Config.Margin != 0.05 || r.Config.N != 90 {
+		t.Fatalf("%d cells, margin %g, samples %d", len(r.Cells), r.Config.Margin, r.Config.N)
+	}
+	stopped := 0
+	for _, c := range r.Cells {
+		lo, hi := eval.Wilson(c.Correct, c.N, eval.Z95)
+		within := (hi-lo)/2 <= 0.05
+		if c.N < 90 {
+			stopped++
+		}
+		switch {
+		case c.Error != "":
+			t.Errorf("%+v", c)
+		case c.N == 40 || c.N == 80:
+			if !within {
+				t.Errorf("%s stopped at %d samples with [%.3f, %.3f]", c.Method, c.N, lo, hi)
+			}
+		case c.N != 90:
+			t.Errorf("%s ran %d samples: not a look, not --samples", c.Method, c.N)
+		}
+		// The model scores near 0 here: ±5 points holds at the first look.
+		if c.Correct == 0 && c.N != 40 {
+			t.Errorf("%s: 0 of %d right, yet it did not stop at 40", c.Method, c.N)
+		}
+	}
+	if stopped == 0 {
+		t.Error("no cell stopped before --samples: the margin was not exercised")
+	}
+	md, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(md), "within ±5 points") {
+		t.Error("the report does not state the stopping rule")
+	}
+}
+
 // TestEvalRecallFlags checks that flags the recall suite does not read are
 // refused, not ignored, and that recall-data refuses bad input.
 func TestEvalRecallFlags(t *testing.T) {
@@ -198,6 +257,8 @@ func TestEvalRecallFlags(t *testing.T) {
 		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--samples", "0"}, "--samples must be positive"},
 		{[]string{"eval", "-m", bin, "--out", dir, "--ratios", "0.5"}, "--ratios belongs to --suite recall"},
 		{[]string{"eval", "-m", bin, "--out", dir, "--recall-contexts", "256"}, "--recall-contexts belongs to --suite recall"},
+		{[]string{"eval", "-m", bin, "--out", dir, "--margin", "5"}, "--margin belongs to --suite recall"},
+		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--margin", "-1"}, "--margin -1: want points in [0, 50)"},
 		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--tasks", "vt,nope"}, `--tasks: unknown "nope"`},
 		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--codecs", "q3"}, `--codecs: unknown "q3"`},
 		{[]string{"eval", "--suite", "recall", "-m", bin, "--tokenizer", tok, "--out", dir, "--schedules", "own"}, `--schedules: unknown "own"`},
