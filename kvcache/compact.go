@@ -28,6 +28,47 @@ func (s *Paged) Keep(layer, head int, keep []int) error {
 	return nil
 }
 
+// Drop removes the given slots (ascending indexes) of the table of (layer,
+// head): Keep of all the others, the same result. A table that may be
+// left ragged (ragged.go) loses them inside their blocks, in time
+// independent of its length (a decode step's prune: one slot of a
+// thousand); any other is compacted as Keep compacts it.
+func (s *Paged) Drop(layer, head int, gone []int) error {
+	p := s.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := s.tab(layer, head)
+	total := t.len()
+	for i, g := range gone {
+		if g < 0 || g >= total || (i > 0 && g <= gone[i-1]) {
+			return fmt.Errorf("kvcache: layer %d head %d: dropped slots must be ascending indexes below %d", layer, head, total)
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	ragged := p.layout.window(layer) == 0
+	ok, err := s.dropRagged(t, gone, ragged)
+	if err == nil && !ok {
+		keep := make([]int, 0, total-len(gone))
+		for i, k := 0, 0; i < total; i++ {
+			if k < len(gone) && gone[k] == i {
+				k++
+				continue
+			}
+			keep = append(keep, i)
+		}
+		err = s.keep(t, keep, ragged)
+	} else if ok {
+		t.dirty = true
+		s.pristine = false
+	}
+	if err != nil {
+		return fmt.Errorf("kvcache: layer %d head %d: %w", layer, head, err)
+	}
+	return nil
+}
+
 // RemoveRange drops tokens [from, to) of every table, keeping the others in
 // order with their original positions. Indexes count from the sequence's
 // start: a window-bounded table's freed tokens count (table.drop).

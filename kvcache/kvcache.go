@@ -112,7 +112,8 @@ type Scheduled interface {
 
 // Compacted is a sequence as a compression policy sees it: the slots of
 // each (layer, KV head), their positions and stored keys, and the one
-// prune (Keep) and the one rewrite (RewriteKeys) every method goes through.
+// prune (Keep, or Drop for a few slots) and the one rewrite (RewriteKeys)
+// every method goes through.
 type Compacted interface {
 	Reader
 	Layout() Layout
@@ -122,6 +123,10 @@ type Compacted interface {
 	Slots(layer, head int) int
 	Positions(layer, head int) []int32
 	Keep(layer, head int, keep []int) error
+	// Drop is Keep of every slot but gone (ascending indexes): a prune of
+	// a few slots, in time independent of the table's length where the
+	// table can be left ragged.
+	Drop(layer, head int, gone []int) error
 	RewriteKeys(layer, head int, slots []int, fn func(pos int32, key []float32) int32) error
 	// HoldSeal keeps a KIVI cache's new tokens in full precision (a prompt
 	// is compressed before it is quantized).

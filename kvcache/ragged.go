@@ -99,90 +99,134 @@ func (t *table) physical(slots []int, B int) {
 	}
 }
 
-// keepRagged drops the slots of the blocks not in keep (ascending table
-// slots, all below t.n) by compacting each block that loses some inside
-// itself, releases the blocks left empty and merges a block into the one
-// before it where both fit in one. It reports false, changing nothing, when
-// the table may not be ragged (ragged false: a window-bounded layer's; a
-// KIVI or merged table), keeps fewer than raggedMin blocks' tokens, or
-// would be left with far more than maxBlocks; it compacts the table whole
-// when the blocks left exceed maxBlocks. The caller holds p.mu.
+// keepRagged is dropRagged of the slots of the blocks not in keep
+// (ascending table slots, all below t.n).
 func (s *Paged) keepRagged(t *table, keep []int, ragged bool) (bool, error) {
-	p := s.pool
-	if !ragged || p.residual > 0 || t.res != nil || t.mini != nil || t.drop != 0 {
+	B := s.pool.B
+	if !s.mayRag(t, ragged) || (len(keep)+B-1)/B < raggedMin {
 		return false, nil
 	}
-	B, d := p.B, p.layout.HeadDim
-	if (len(keep)+B-1)/B < raggedMin {
-		return false, nil
-	}
-	// Tokens each block keeps.
-	kept := make([]int32, len(t.blocks))
-	c := cursor{t: t, B: B}
-	for _, k := range keep {
-		j, _ := c.at(k)
-		kept[j]++
-	}
-	left := 0
-	for _, n := range kept {
-		if n > 0 {
-			left++
+	gone := make([]int, 0, t.n-len(keep))
+	k := 0
+	for i := range t.n {
+		if k < len(keep) && keep[k] == i {
+			k++
+		} else {
+			gone = append(gone, i)
 		}
 	}
-	if left > 2*maxBlocks(len(keep), B) {
+	return s.dropRagged(t, gone, ragged)
+}
+
+// mayRag says whether table t may be left ragged (ragged false: a
+// window-bounded layer's; a KIVI or merged table may not).
+func (s *Paged) mayRag(t *table, ragged bool) bool {
+	return ragged && s.pool.residual == 0 && t.res == nil && t.mini == nil && t.drop == 0
+}
+
+// dropRagged drops the given slots (ascending, below t.n) by compacting
+// each block that loses some inside itself, releases the blocks left
+// empty and merges a block into the one before it where both fit in one:
+// time in the dropped slots and the table's blocks, not its tokens. It
+// reports false, changing nothing, when the table may not be ragged
+// (mayRag), keeps fewer than raggedMin blocks' tokens, or would be left
+// with far more than maxBlocks; it compacts the table whole when the
+// blocks left exceed maxBlocks. The caller holds p.mu.
+func (s *Paged) dropRagged(t *table, gone []int, ragged bool) (bool, error) {
+	p := s.pool
+	B, d := p.B, p.layout.HeadDim
+	n := t.n - len(gone)
+	if !s.mayRag(t, ragged) || (n+B-1)/B < raggedMin {
+		return false, nil
+	}
+	// Each dropped slot's block and place in it; the blocks left.
+	js, is := make([]int, len(gone)), make([]int, len(gone))
+	c := cursor{t: t, B: B}
+	for k, g := range gone {
+		js[k], is[k] = c.at(g)
+	}
+	// group calls f with each block that loses slots and the range of gone
+	// that it loses.
+	group := func(f func(j, k, e int) error) error {
+		for k := 0; k < len(gone); {
+			e := k + 1
+			for e < len(gone) && js[e] == js[k] {
+				e++
+			}
+			if err := f(js[k], k, e); err != nil {
+				return err
+			}
+			k = e
+		}
+		return nil
+	}
+	emptied := 0
+	group(func(j, k, e int) error {
+		if e-k == t.held(j, B) {
+			emptied++
+		}
+		return nil
+	})
+	if len(t.blocks)-emptied > 2*maxBlocks(n, B) {
 		return false, nil // merges cannot bring it near the bound: compact whole
 	}
 	// Blocks that change are made the table's own first, so a pool too
 	// full to copy a shared one fails before anything moved.
-	for j := range t.blocks {
-		if n := int(kept[j]); n > 0 && n < t.held(j, B) {
-			if err := s.own(t, j); err != nil {
-				return false, err
-			}
+	if err := group(func(j, k, e int) error {
+		if e-k < t.held(j, B) {
+			return s.own(t, j)
+		}
+		return nil
+	}); err != nil {
+		return false, err
+	}
+	if t.cnt == nil {
+		t.cnt = make([]int32, len(t.blocks))
+		for j := range t.cnt {
+			t.cnt[j] = int32(min(B, t.n-j*B))
 		}
 	}
 	kc := codec.Base(t.kc)
-	c = cursor{t: t, B: B}
-	ki := 0
-	for j, b := range t.blocks {
-		n := int(kept[j])
-		if n == t.held(j, B) || n == 0 {
-			ki += n
-			continue
+	if err := group(func(j, k, e int) error {
+		have := int(t.cnt[j])
+		t.cnt[j] -= int32(e - k)
+		if e-k == have {
+			return nil
 		}
-		for di := 0; di < n; {
-			_, si := c.at(keep[ki])
-			run := 1
-			for di+run < n && keep[ki+run] == keep[ki]+run {
-				run++
+		b := t.blocks[j]
+		w := is[k]
+		for q := k; q < e; q++ { // the slots after each dropped one, down to w
+			from, to := is[q]+1, have
+			if q+1 < e {
+				to = is[q+1]
 			}
-			if si != di {
-				if !moveRun(kc, p.kbuf(b), di, p.kbuf(b), si, run, B, d, true) ||
-					!moveRun(p.vc, p.vbuf(b), di, p.vbuf(b), si, run, B, d, true) {
-					return false, errNoMove(p)
+			if run := to - from; run > 0 {
+				if !moveRun(kc, p.kbuf(b), w, p.kbuf(b), from, run, B, d, true) ||
+					!moveRun(p.vc, p.vbuf(b), w, p.vbuf(b), from, run, B, d, true) {
+					return errNoMove(p)
 				}
 				pos := p.posbuf(b)
-				copy(pos[di:di+run], pos[si:si+run])
+				copy(pos[w:w+run], pos[from:to])
+				w += run
 			}
-			di += run
-			ki += run
 		}
+		return nil
+	}); err != nil {
+		return false, err
 	}
-	// The counts, then the empty blocks released.
-	if t.cnt == nil {
-		t.cnt = make([]int32, len(t.blocks))
-	}
-	w := 0
-	for j, b := range t.blocks {
-		if kept[j] == 0 {
-			p.decref(b)
-			continue
+	if emptied > 0 {
+		w := 0
+		for j, b := range t.blocks {
+			if t.cnt[j] == 0 {
+				p.decref(b)
+				continue
+			}
+			t.blocks[w], t.cnt[w] = b, t.cnt[j]
+			w++
 		}
-		t.blocks[w], t.cnt[w] = b, kept[j]
-		w++
+		t.blocks, t.cnt = t.blocks[:w], t.cnt[:w]
 	}
-	t.blocks, t.cnt = t.blocks[:w], t.cnt[:w]
-	t.n = len(keep)
+	t.n = n
 	s.mergeBlocks(t)
 	t.settle(B)
 	if len(t.blocks) > maxBlocks(t.n, B) {

@@ -38,7 +38,12 @@ func (m *raggedModel) check(t *testing.T, s *Paged, what string) {
 		tb := &s.tables[i]
 		got := s.Positions(i/s.pool.layout.KVHeads, i%s.pool.layout.KVHeads)
 		if !slices.Equal(got, m.pos[i]) {
-			t.Fatalf("%s: table %d holds %v, want %v", what, i, got, m.pos[i])
+			j := 0
+			for j < min(len(got), len(m.pos[i])) && got[j] == m.pos[i][j] {
+				j++
+			}
+			t.Fatalf("%s: table %d holds %d tokens, want %d; from slot %d: %v, want %v", what, i, len(got), len(m.pos[i]), j,
+				got[j:min(j+8, len(got))], m.pos[i][j:min(j+8, len(m.pos[i]))])
 		}
 		for _, q := range got {
 			if !slices.Equal(snap[i][q], m.rows[i][q]) {
@@ -146,8 +151,20 @@ func raggedSteps(t *testing.T, p *Pool, rng *rand.Rand) {
 				}
 			}
 			keep := drop(n, gone)
-			if err := s.Keep(i/L.KVHeads, i%L.KVHeads, keep); err != nil {
-				t.Fatalf("%s: keep: %v", what, err)
+			if rng.IntN(2) == 0 {
+				if err := s.Keep(i/L.KVHeads, i%L.KVHeads, keep); err != nil {
+					t.Fatalf("%s: keep: %v", what, err)
+				}
+			} else { // the same prune named by its dropped slots
+				var g []int
+				for j := range n {
+					if gone[j] {
+						g = append(g, j)
+					}
+				}
+				if err := s.Drop(i/L.KVHeads, i%L.KVHeads, g); err != nil {
+					t.Fatalf("%s: drop: %v", what, err)
+				}
 			}
 			m.pos[i] = gatherPos(m.pos[i], keep)
 			// At most one block, or one in 32, more than full blocks.

@@ -41,13 +41,14 @@ func TestKeep(t *testing.T) {
 	}
 }
 
-// TestKeepFewDrops: Keep's passes for a few dropped slots (dropLowest)
-// keep what its stable sort (keepBest) keeps, on random candidate slots
-// and scores with ties, NaNs, −Inf and missing entries, for 1 to
-// fewDrops+2 slots dropped.
+// TestKeepFewDrops: what Dropped finds for a few dropped slots (passes
+// over the candidates) is what Keep's stable sort (keepBest) drops, on
+// random tables, budgets, sinks and windows and scores with ties, NaNs,
+// −Inf and missing entries, for 1 to fewDrops+2 slots dropped; Keep is its
+// complement, and past fewDrops Dropped declines.
 func TestKeepFewDrops(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	for trial := range 400 {
+	for trial := range 600 {
 		n := 2 + rng.IntN(60)
 		score := make([]float32, n-rng.IntN(3)) // slots past len(score) score 0
 		for i := range score {
@@ -60,16 +61,38 @@ func TestKeepFewDrops(t *testing.T) {
 				score[i] = float32(rng.IntN(5)) // ties
 			}
 		}
-		// The candidates between the sinks and the window, as Keep takes them.
+		drop := min(n-1, 1+rng.IntN(fewDrops+2))
+		budget := n - drop
+		sinks, window := rng.IntN(3), rng.IntN(4)
+		// What the sort keeps of the candidates between the clamped sinks
+		// and window.
+		s, w := min(sinks, budget), min(window, budget-min(sinks, budget))
 		var mid []int
-		for i := rng.IntN(3); i < n-rng.IntN(4); i++ {
+		for i := s; i < n-w; i++ {
 			mid = append(mid, i)
 		}
-		drop := min(len(mid), 1+rng.IntN(fewDrops+2))
-		got := dropLowest(slices.Clone(mid), drop, score)
-		want := keepBest(slices.Clone(mid), len(mid)-drop, score)
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("trial %d: of %v with scores %v, dropping %d keeps %v, the sort keeps %v", trial, mid, score, drop, got, want)
+		kept := keepBest(slices.Clone(mid), budget-s-w, score)
+		var want []int
+		for _, i := range mid {
+			if !slices.Contains(kept, i) {
+				want = append(want, i)
+			}
+		}
+		gone, ok := Dropped(n, budget, sinks, window, score)
+		if drop > fewDrops {
+			if ok {
+				t.Fatalf("trial %d: Dropped took %d slots, more than %d", trial, drop, fewDrops)
+			}
+			continue
+		}
+		if !ok || fmt.Sprint(gone) != fmt.Sprint(want) {
+			t.Fatalf("trial %d: n %d budget %d sinks %d window %d scores %v: Dropped %v (%v), the sort drops %v", trial, n, budget, sinks, window, score, gone, ok, want)
+		}
+		keep := Keep(n, budget, sinks, window, score)
+		for i := range n {
+			if slices.Contains(keep, i) == slices.Contains(gone, i) {
+				t.Fatalf("trial %d: Keep %v is not the complement of Dropped %v", trial, keep, gone)
+			}
 		}
 	}
 }

@@ -25,8 +25,8 @@ func Keep(n, budget, sinks, window int, score []float32) []int {
 		mid = append(mid, i)
 	}
 	rest := budget - sinks - window
-	if drop := len(mid) - rest; drop > 0 && drop <= fewDrops {
-		mid = dropLowest(mid, drop, score)
+	if gone, ok := Dropped(n, budget, sinks, window, score); ok {
+		mid = slices.DeleteFunc(mid, func(i int) bool { _, found := slices.BinarySearch(gone, i); return found })
 	} else if rest < len(mid) {
 		mid = keepBest(mid, rest, score)
 	}
@@ -61,25 +61,40 @@ func keepBest(mid []int, rest int, score []float32) []int {
 }
 
 // fewDrops is the most slots Keep removes by passes over the candidates
-// (dropLowest, O(drop·n)) rather than by sorting them (O(n log n)): a
-// decode step's prune, one token over the budget, removes one.
+// (Dropped, O(drop·n)) rather than by sorting them (O(n log n)): a decode
+// step's prune, one token over the budget, removes one.
 const fewDrops = 8
 
-// dropLowest removes from mid (slot indexes, ascending) the drop slots
-// keepBest's sort would put last: the lowest key, and of equal keys the
-// latest slot, one pass each. What is left is the set the sort keeps, in
-// ascending order.
-func dropLowest(mid []int, drop int, score []float32) []int {
-	for range drop {
-		worst := 0
-		for j := 1; j < len(mid); j++ {
-			if key(score, mid[j]) <= key(score, mid[worst]) {
-				worst = j
-			}
-		}
-		mid = slices.Delete(mid, worst, worst+1)
+// Dropped is what Keep(n, budget, sinks, window, score) drops when that is
+// at most fewDrops slots: the slot indexes, ascending, found without
+// building the kept list (a decode step's prune drops one of a thousand,
+// and the cache drops it in O(1) blocks: kvcache.Paged.Drop). Each pass
+// drops the candidate keepBest's sort would put last: the lowest key, and
+// of equal keys the latest slot. ok is false when Keep drops more (the
+// caller prunes by Keep); none, with ok, when n ≤ budget.
+func Dropped(n, budget, sinks, window int, score []float32) (gone []int, ok bool) {
+	drop := n - budget
+	if drop <= 0 {
+		return nil, true
 	}
-	return mid
+	if drop > fewDrops {
+		return nil, false
+	}
+	sinks = min(sinks, budget)
+	window = min(window, budget-sinks)
+	gone = make([]int, 0, drop)
+	for range drop {
+		worst := -1
+		for j := sinks; j < n-window; j++ {
+			if worst >= 0 && key(score, j) > key(score, worst) || slices.Contains(gone, j) {
+				continue
+			}
+			worst = j
+		}
+		gone = append(gone, worst)
+	}
+	slices.Sort(gone)
+	return gone, true
 }
 
 // key orders scores; NaN sorts last.

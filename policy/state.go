@@ -429,6 +429,22 @@ func (st *State) prune(sc Scorer, incoming int) error {
 			if budgets != nil {
 				bh = budgets[h]
 			}
+			if gone, ok := Dropped(n, bh, sinks, window, s); ok {
+				// A few slots (a decode step's prune): dropped as such, in
+				// time independent of the table's length.
+				if len(gone) == 0 {
+					continue
+				}
+				if err := st.cache.Drop(l, h, gone); err != nil {
+					return err
+				}
+				st.orig[t] = dropAt(st.orig[t], gone)
+				st.scores[t] = dropAt(st.scores[t], gone)
+				for len(st.scores[t]) < n-len(gone) { // as gatherF: slots not scored yet score 0
+					st.scores[t] = append(st.scores[t], 0)
+				}
+				continue
+			}
 			keep := Keep(n, bh, sinks, window, s)
 			if len(keep) == n {
 				continue
@@ -561,6 +577,21 @@ func gather32(x []int32, keep []int) []int32 {
 		}
 	}
 	return out
+}
+
+// dropAt removes x[i] for i in gone (ascending) from x, in place, the
+// rest in order; indexes past len(x) are ignored.
+func dropAt[T int32 | float32](x []T, gone []int) []T {
+	w, from := 0, 0
+	for _, i := range gone {
+		if i >= len(x) {
+			break
+		}
+		w += copy(x[w:], x[from:i])
+		from = i + 1
+	}
+	w += copy(x[w:], x[from:])
+	return x[:w]
 }
 
 // gatherF is gather32 for scores, 0 for the kept slots past len(x) (slots
