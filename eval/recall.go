@@ -18,8 +18,12 @@ func Wilson(k, n int, z float64) (lo, hi float64) {
 	if n <= 0 {
 		return 0, 1
 	}
-	N := float64(n)
-	p := float64(k) / N
+	return wilsonP(float64(k)/float64(n), float64(n), z)
+}
+
+// wilsonP is the Wilson score interval of a rate p measured on N trials
+// (N > 0; not necessarily whole: an effective sample size).
+func wilsonP(p, N, z float64) (lo, hi float64) {
 	d := 1 + z*z/N
 	c := (p + z*z/(2*N)) / d
 	h := z / d * math.Sqrt(p*(1-p)/N+z*z/(4*N*N))

@@ -28,9 +28,21 @@ type RecallAgg struct {
 	Error                                          string
 }
 
-// AggregateRecall pools the cells over contexts and depths.
+// AggregateRecall pools the cells over contexts and depths. The accuracy
+// is the mean of the cells' (each context and depth weighs the same, however
+// many samples its cell ran: with --margin a cell near ½ runs more), its
+// interval Wilson's at that mean on the effective sample size of the
+// stratified mean, p̄(1−p̄) / Σ pᵢ(1−pᵢ)/(nᵢ·C²) over C cells, at most the
+// samples run. With every cell of n samples that is the pooled count's
+// Wilson interval (the stratified variance is never above the pooled
+// one).
 func AggregateRecall(cells []RecallCell) []RecallAgg {
 	var out []RecallAgg
+	type strata struct {
+		sum, vr float64 // Σ pᵢ, Σ pᵢ(1−pᵢ)/nᵢ
+		c       int
+	}
+	var st []strata
 	idx := map[string]int{}
 	for _, c := range cells {
 		k := fmt.Sprint(c.Model, c.Method, c.Ratio, c.Codec, c.Schedule, c.Protocol, c.Task)
@@ -40,6 +52,7 @@ func AggregateRecall(cells []RecallCell) []RecallAgg {
 			idx[k] = i
 			out = append(out, RecallAgg{Model: c.Model, Method: c.Method, Codec: c.Codec, Schedule: c.Schedule,
 				Protocol: c.Protocol, Task: c.Task, Ratio: c.Ratio, Chance: c.Chance})
+			st = append(st, strata{})
 		}
 		a := &out[i]
 		if c.Error != "" {
@@ -52,13 +65,25 @@ func AggregateRecall(cells []RecallCell) []RecallAgg {
 		a.Parts += c.Parts
 		a.PartsOK += c.PartsOK
 		a.Confused += c.PartsConfused
+		if c.N > 0 {
+			p := float64(c.Correct) / float64(c.N)
+			st[i].sum += p
+			st[i].vr += p * (1 - p) / float64(c.N)
+			st[i].c++
+		}
 	}
 	for i := range out {
-		a := &out[i]
-		if a.N > 0 {
-			a.Acc = float64(a.Correct) / float64(a.N)
-			a.Lo, a.Hi = Wilson(a.Correct, a.N, Z95)
+		a, s := &out[i], st[i]
+		if a.N == 0 {
+			continue
 		}
+		C := float64(s.c)
+		a.Acc = s.sum / C
+		n := float64(a.N)
+		if v := s.vr / (C * C); v > 0 {
+			n = min(n, a.Acc*(1-a.Acc)/v)
+		}
+		a.Lo, a.Hi = wilsonP(a.Acc, n, Z95)
 	}
 	return out
 }

@@ -642,3 +642,55 @@ func TestRecallConfusionTable(t *testing.T) {
 		}
 	}
 }
+
+// TestAggregateRecall: a task's accuracy over its (context, depth) cells
+// weighs each cell the same, so a cell that ran more samples (--margin
+// stops the clear ones early) does not pull the mean its way; with every
+// cell of n samples it is the pooled count and its Wilson interval.
+func TestAggregateRecall(t *testing.T) {
+	cell := func(depth float64, correct, n int) RecallCell {
+		return RecallCell{Model: "m", Method: "window", Ratio: 0.25, Codec: "f16", Schedule: SchedPrefill, Protocol: ProtoAware,
+			Task: TaskNeedle, Context: 512, Depth: depth, N: n, Correct: correct}
+	}
+	t.Run("equal samples: the pooled count", func(t *testing.T) {
+		cells := []RecallCell{cell(0, 0, 40), cell(0.5, 27, 40), cell(1, 40, 40), cell(0.7, 13, 40)}
+		a := AggregateRecall(cells)[0]
+		lo, hi := Wilson(80, 160, Z95)
+		if a.N != 160 || a.Correct != 80 || math.Abs(a.Acc-0.5) > 1e-12 || math.Abs(a.Lo-lo) > 1e-12 || math.Abs(a.Hi-hi) > 1e-12 {
+			t.Errorf("%+v, want 80 of 160 in [%g, %g]", a, lo, hi)
+		}
+	})
+	t.Run("unequal samples: each cell weighs the same", func(t *testing.T) {
+		// Eight cells at 0 stopped at 40, one at 2/3 ran 381, two at 1 stopped at 40.
+		var cells []RecallCell
+		for d := range 8 {
+			cells = append(cells, cell(float64(d)/10, 0, 40))
+		}
+		cells = append(cells, cell(0.8, 254, 381), cell(0.9, 40, 40), cell(1, 40, 40))
+		a := AggregateRecall(cells)[0]
+		want := (254.0/381 + 2) / 11
+		if math.Abs(a.Acc-want) > 1e-12 {
+			t.Errorf("accuracy %g, want the cells' mean %g (the pooled count gives %g)", a.Acc, want, float64(a.Correct)/float64(a.N))
+		}
+		// Its interval: Wilson's at the mean on at most the samples run.
+		lo, hi := Wilson(int(math.Round(want*float64(a.N))), a.N, Z95)
+		if a.Lo > want || a.Hi < want || a.Lo < lo-0.002 || a.Hi > hi+0.002 {
+			t.Errorf("interval [%g, %g] for %g, the samples' own [%g, %g]", a.Lo, a.Hi, want, lo, hi)
+		}
+	})
+	t.Run("a stratified variance sets the sample size", func(t *testing.T) {
+		// Two cells near ½ with few samples and many: the effective size
+		// is below the samples run, the interval wider than theirs.
+		cells := []RecallCell{cell(0, 20, 40), cell(1, 190, 381)}
+		a := AggregateRecall(cells)[0]
+		p := (0.5 + 190.0/381) / 2
+		v := (0.25/40 + (190.0/381)*(191.0/381)/381) / 4
+		lo, hi := wilsonP(p, p*(1-p)/v, Z95)
+		if math.Abs(a.Lo-lo) > 1e-12 || math.Abs(a.Hi-hi) > 1e-12 {
+			t.Errorf("interval [%g, %g], want [%g, %g]", a.Lo, a.Hi, lo, hi)
+		}
+		if plo, phi := Wilson(a.Correct, a.N, Z95); a.Hi-a.Lo <= phi-plo {
+			t.Errorf("interval [%g, %g] no wider than the pooled one [%g, %g]", a.Lo, a.Hi, plo, phi)
+		}
+	})
+}
