@@ -1,11 +1,11 @@
 package kvcache_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
 
-	"github.com/kvlm/kvlm/attention"
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/policy"
@@ -109,56 +109,13 @@ func TestAttentionOverMergedTables(t *testing.T) {
 				if mergedSlots < H*400 { // KIVI: 448 sealed tokens, the residual stays
 					t.Fatalf("layer %d: only %d merged slots", layer, mergedSlots)
 				}
-				for _, c := range []struct {
-					qpos     []int32
-					splitMin int
-					online   bool
-					mass     bool
-				}{
-					{[]int32{T - 1}, -1, false, false},
-					{[]int32{T - 1}, 1, false, false},
-					{[]int32{300}, 1, false, false},
-					{pos[T-24:], 0, false, true},
-					{pos[T-24:], 0, true, false},
-				} {
-					n := len(c.qpos)
-					q := make([]float32, n*H*G*d)
-					for i := range q {
-						q[i] = float32(rng.NormFloat64())
-					}
-					out := make([]float32, len(q))
-					b := attention.Batch{Heads: H, G: G, HeadDim: d, Norm: float32(math.Sqrt(d)), Q: q, Out: out, Pos: c.qpos,
-						Segs: func(h int) []kvcache.Segment { return s.Segments(layer, h) }, SplitMin: c.splitMin, SplitChunk: 128, Online: c.online}
-					if c.mass {
-						b.Mass = &attention.MassRequest{Agg: attention.AggMean, Out: [][]float32{make([]float32, T), make([]float32, T)}}
-					}
-					var sc attention.Scratch
-					b.Run(&sc)
-					for h := 0; h < H; h++ {
-						wantMass := make([]float64, T)
-						for ti, qp := range c.qpos {
-							for j := 0; j < G; j++ {
-								off := (ti*H*G + h*G + j) * d
-								want, prob := naive(q[off:off+d], keys[h], vals[h], spos[h], qp, math.Sqrt(d))
-								for x := range want {
-									if math.Abs(want[x]-float64(out[off+x])) > 1e-4 {
-										t.Fatalf("layer %d %+v head %d query %d: out %v, naive %v", layer, c, h, ti, out[off+x], want[x])
-									}
-								}
-								for i, pr := range prob {
-									wantMass[i] += pr / G
-								}
-							}
-						}
-						if c.mass {
-							for i, m := range wantMass {
-								if math.Abs(m-float64(b.Mass.Out[h][i])) > 1e-5 {
-									t.Fatalf("layer %d head %d slot %d: mass %v, naive %v", layer, h, i, b.Mass.Out[h][i], m)
-								}
-							}
-						}
-					}
-				}
+				checkAttention(t, rng, H, G, d, T, func(h int) []kvcache.Segment { return s.Segments(layer, h) }, keys, vals, spos, []attnCase{
+					{qpos: []int32{T - 1}, splitMin: -1},
+					{qpos: []int32{T - 1}, splitMin: 1},
+					{qpos: []int32{300}, splitMin: 1},
+					{qpos: pos[T-24:], mass: true},
+					{qpos: pos[T-24:], online: true},
+				}, fmt.Sprintf("layer %d", layer))
 			}
 		})
 	}

@@ -1,11 +1,9 @@
 package kvcache_test
 
 import (
-	"math"
 	"math/rand/v2"
 	"testing"
 
-	"github.com/kvlm/kvlm/attention"
 	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/kvcache/codec"
 )
@@ -92,54 +90,12 @@ func TestAttentionOverRaggedTables(t *testing.T) {
 					}
 				}
 			}
-			for _, c := range []struct {
-				qpos     []int32
-				splitMin int
-				mass     bool
-			}{
-				{[]int32{T - 1}, -1, false},
-				{[]int32{T - 1}, 1, true},
-				{[]int32{400}, 1, false},
-				{pos[T-24:], 0, true},
-			} {
-				n := len(c.qpos)
-				q := make([]float32, n*H*G*d)
-				for i := range q {
-					q[i] = float32(rng.NormFloat64())
-				}
-				out := make([]float32, len(q))
-				b := attention.Batch{Heads: H, G: G, HeadDim: d, Norm: float32(math.Sqrt(d)), Q: q, Out: out, Pos: c.qpos,
-					Segs: func(h int) []kvcache.Segment { return s.Segments(0, h) }, SplitMin: c.splitMin, SplitChunk: 128}
-				if c.mass {
-					b.Mass = &attention.MassRequest{Agg: attention.AggMean, Out: [][]float32{make([]float32, T), make([]float32, T)}}
-				}
-				var sc attention.Scratch
-				b.Run(&sc)
-				for h := 0; h < H; h++ {
-					wantMass := make([]float64, len(keys[h]))
-					for ti, qp := range c.qpos {
-						for j := 0; j < G; j++ {
-							off := (ti*H*G + h*G + j) * d
-							want, prob := naive(q[off:off+d], keys[h], vals[h], spos[h], qp, math.Sqrt(d))
-							for x := range want {
-								if math.Abs(want[x]-float64(out[off+x])) > 1e-4 {
-									t.Fatalf("%+v head %d query %d: out %v, naive %v", c, h, ti, out[off+x], want[x])
-								}
-							}
-							for i, pr := range prob {
-								wantMass[i] += pr / G
-							}
-						}
-					}
-					if c.mass {
-						for i, m := range wantMass {
-							if math.Abs(m-float64(b.Mass.Out[h][i])) > 1e-5 {
-								t.Fatalf("head %d slot %d: mass %v, naive %v", h, i, b.Mass.Out[h][i], m)
-							}
-						}
-					}
-				}
-			}
+			checkAttention(t, rng, H, G, d, T, func(h int) []kvcache.Segment { return s.Segments(0, h) }, keys, vals, spos, []attnCase{
+				{qpos: []int32{T - 1}, splitMin: -1},
+				{qpos: []int32{T - 1}, splitMin: 1, mass: true},
+				{qpos: []int32{400}, splitMin: 1},
+				{qpos: pos[T-24:], mass: true},
+			}, "ragged")
 		})
 	}
 }

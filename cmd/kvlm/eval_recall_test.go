@@ -152,14 +152,7 @@ func TestEvalRecallMatrix(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "recall.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r eval.RecallResults
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
+	r := readRecall(t, dir)
 	var got []string
 	for _, c := range r.Cells {
 		if c.Error != "" || c.N != 2 {
@@ -193,14 +186,7 @@ func TestEvalRecallMargin(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "recall.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r eval.RecallResults
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
+	r := readRecall(t, dir)
 	if len(r.Cells) != 2 || r.Config.Margin != 0.05 || r.Config.N != 90 {
 		t.Fatalf("%d cells, margin %g, samples %d", len(r.Cells), r.Config.Margin, r.Config.N)
 	}
@@ -236,6 +222,20 @@ func TestEvalRecallMargin(t *testing.T) {
 	if !strings.Contains(string(md), "within ±5 points") {
 		t.Error("the report does not state the stopping rule")
 	}
+}
+
+// readRecall reads the recall.json a run wrote to dir.
+func readRecall(t *testing.T, dir string) eval.RecallResults {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "recall.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r eval.RecallResults
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // TestEvalRecallFlags checks that flags the recall suite does not read are
