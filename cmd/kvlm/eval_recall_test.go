@@ -35,14 +35,7 @@ func TestEvalRecallQuick(t *testing.T) {
 	if !strings.HasPrefix(out, "wrote ") {
 		t.Errorf("stdout %q", out)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "recall.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r eval.RecallResults
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
+	r := readRecall(t, dir)
 	seen := map[string]bool{}
 	for _, c := range r.Cells {
 		if c.Error != "" {
