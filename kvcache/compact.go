@@ -49,6 +49,10 @@ func (s *Paged) Drop(layer, head int, gone []int) error {
 	}
 	ragged := p.layout.window(layer) == 0
 	ok, err := s.dropRagged(t, gone, ragged)
+	if ok { // changed, even when compacting it whole after failed
+		t.dirty = true
+		s.pristine = false
+	}
 	if err == nil && !ok {
 		keep := make([]int, 0, total-len(gone))
 		for i, k := 0, 0; i < total; i++ {
@@ -59,9 +63,6 @@ func (s *Paged) Drop(layer, head int, gone []int) error {
 			keep = append(keep, i)
 		}
 		err = s.keep(t, keep, ragged)
-	} else if ok {
-		t.dirty = true
-		s.pristine = false
 	}
 	if err != nil {
 		return fmt.Errorf("kvcache: layer %d head %d: %w", layer, head, err)
@@ -124,13 +125,12 @@ func (s *Paged) keep(t *table, keep []int, ragged bool) error {
 	}
 	if t.res == nil {
 		ok, err := s.keepRagged(t, keep, ragged)
-		if err != nil {
-			return err
-		}
-		if ok {
+		if ok { // changed, even when compacting it whole after failed
 			t.dirty = true
 			s.pristine = false
-			return nil
+		}
+		if ok || err != nil {
+			return err
 		}
 	}
 	// Leading whole blocks that stay as they are.

@@ -120,7 +120,7 @@ func (s *Paged) MatchCompressed(tokens []int, extra uint64) (meta any, ok bool) 
 		nb := e.comp.nb[i]
 		t.blocks = append(t.blocks[:0], e.blocks[at:at+nb]...)
 		at += nb
-		t.n = e.comp.n[i]
+		t.n, t.cnt = e.comp.n[i], nil // cached compacted (RegisterCompressed)
 		t.dirty = true
 		for _, b := range t.blocks {
 			p.incref(b)
