@@ -27,7 +27,7 @@ type PoolConfig struct {
 	// takes its memory from it chunk by chunk as it grows (Arena).
 	Arena    *Arena
 	MemBytes int64 // or: a budget of the pool's own, in bytes (blocks of every (layer, head) together)
-	Tokens   int   // or: room for this many tokens in every (layer, head)
+	Tokens   int   // or: room for this many tokens in every (layer, head), pruned ones ragged (ragged.go) included
 	// KIVI residual: tokens kept in full precision at the end of each
 	// table before they are sealed (only used when K or V is KIVI);
 	// 0 means codec.DefaultResidual.
@@ -312,7 +312,11 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	case cfg.MemBytes > 0:
 		blocks = cfg.MemBytes / int64(p.blockBytes)
 	case cfg.Tokens > 0:
-		blocks = int64((cfg.Tokens+B-1)/B) * int64(heads)
+		per := (cfg.Tokens + B - 1) / B
+		if f.Residual == 0 {
+			per += raggedSlack(cfg.Tokens, B) // however a policy prunes them (ragged.go)
+		}
+		blocks = int64(per) * int64(heads)
 	default:
 		return nil, errors.New("kvcache: the pool needs a memory budget (bytes or tokens)")
 	}

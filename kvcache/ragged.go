@@ -43,6 +43,20 @@ func maxBlocks(n, B int) int {
 	return full + max(1, full/32)
 }
 
+// raggedSlack is the blocks beyond ⌈n/B⌉ that a table of at most n tokens
+// may hold, pruned and appended to: maxBlocks' slack after the prune, and
+// one block more for the tokens appended next (a ragged table's last block
+// may be full when a dense one's has room); 0 where n does not fill
+// raggedMin blocks (such tables are always compacted whole). A pool sized
+// in tokens has room for it (NewPool).
+func raggedSlack(n, B int) int {
+	full := (n + B - 1) / B
+	if full < raggedMin {
+		return 0
+	}
+	return maxBlocks(n, B) - full + 1
+}
+
 // held is the tokens block j of t holds.
 func (t *table) held(j, B int) int {
 	if t.cnt != nil {

@@ -318,7 +318,7 @@ func TestRaggedStreaming(t *testing.T) {
 	L := Layout{Layers: 1, KVHeads: 1, HeadDim: 8}
 	kc, _ := codec.Parse("f32", codec.Keys)
 	vc, _ := codec.Parse("f32", codec.Values)
-	p, err := NewPool(PoolConfig{Layout: L, BlockTokens: B, K: kc, V: vc, Tokens: 2 * budget})
+	p, err := NewPool(PoolConfig{Layout: L, BlockTokens: B, K: kc, V: vc, Tokens: budget + 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,4 +356,53 @@ func TestRaggedStreaming(t *testing.T) {
 // drop1 is 0..n−1 less i.
 func drop1(n, i int) []int {
 	return append(seqRange(0, i), seqRange(i+1, n)...)
+}
+
+// TestRaggedPoolTokens: a pool sized in tokens holds a sequence that never
+// exceeds them however a policy prunes it: decode steps that prune each
+// table to one below the size at scattered slots (H2O's pattern) or after
+// 4 sinks (StreamingLLM's), then append a token, never run out of blocks,
+// though ragged tables hold more blocks than dense ones would.
+func TestRaggedPoolTokens(t *testing.T) {
+	const T, B = (raggedMin + 4) * 16, 16
+	L := Layout{Layers: 2, KVHeads: 2, HeadDim: 8}
+	for _, scattered := range []bool{true, false} {
+		t.Run(fmt.Sprintf("scattered=%v", scattered), func(t *testing.T) {
+			p, err := NewPool(PoolConfig{Layout: L, BlockTokens: B, K: codec.F16Keys, V: codec.F16, Tokens: T})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := p.NewSequence()
+			defer s.Free()
+			if err := appendTokens(t, s, 0, T); err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(5, 6))
+			most := 0
+			for step := range 600 {
+				for l := range L.Layers {
+					for h := range L.KVHeads {
+						n := s.Slots(l, h)
+						g := 4
+						if scattered {
+							g = rng.IntN(n)
+						}
+						if err := s.Drop(l, h, []int{g}); err != nil {
+							t.Fatalf("step %d: %v", step, err)
+						}
+						most = max(most, len(s.tab(l, h).blocks))
+					}
+				}
+				if err := s.Reserve(1); err != nil {
+					t.Fatalf("step %d: %v (tables of %d tokens in up to %d blocks)", step, err, T-1, most)
+				}
+				if err := appendTokens(t, s, T+step, 1); err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+			}
+			if most <= T/B {
+				t.Fatalf("at most %d blocks a table: never ragged past dense", most)
+			}
+		})
+	}
 }
