@@ -39,10 +39,8 @@ func (s *Paged) Drop(layer, head int, gone []int) error {
 	defer p.mu.Unlock()
 	t := s.tab(layer, head)
 	total := t.len()
-	for i, g := range gone {
-		if g < 0 || g >= total || (i > 0 && g <= gone[i-1]) {
-			return fmt.Errorf("kvcache: layer %d head %d: dropped slots must be ascending indexes below %d", layer, head, total)
-		}
+	if !ascendingBelow(gone, total) {
+		return fmt.Errorf("kvcache: layer %d head %d: dropped slots must be ascending indexes below %d", layer, head, total)
 	}
 	if len(gone) == 0 {
 		return nil
@@ -54,15 +52,7 @@ func (s *Paged) Drop(layer, head int, gone []int) error {
 		s.pristine = false
 	}
 	if err == nil && !ok {
-		keep := make([]int, 0, total-len(gone))
-		for i, k := 0, 0; i < total; i++ {
-			if k < len(gone) && gone[k] == i {
-				k++
-				continue
-			}
-			keep = append(keep, i)
-		}
-		err = s.keep(t, keep, ragged)
+		err = s.keep(t, others(total, gone), ragged)
 	}
 	if err != nil {
 		return fmt.Errorf("kvcache: layer %d head %d: %w", layer, head, err)
@@ -115,10 +105,8 @@ func (s *Paged) keep(t *table, keep []int, ragged bool) error {
 	if t.mini != nil && len(keep) != total {
 		return errMerged
 	}
-	for i, k := range keep {
-		if k < 0 || k >= total || (i > 0 && k <= keep[i-1]) {
-			return fmt.Errorf("kept slots must be ascending indexes below %d", total)
-		}
+	if !ascendingBelow(keep, total) {
+		return fmt.Errorf("kept slots must be ascending indexes below %d", total)
 	}
 	if len(keep) == total {
 		return nil // everything kept
@@ -211,6 +199,33 @@ func (s *Paged) compactInPlace(t *table, first int, fromBlocks []int) error {
 	t.n = first*B + len(fromBlocks)
 	t.cnt = nil
 	return nil
+}
+
+// ascendingBelow says whether slots are strictly ascending indexes in
+// [0, n).
+func ascendingBelow(slots []int, n int) bool {
+	for i, k := range slots {
+		if k < 0 || k >= n || (i > 0 && k <= slots[i-1]) {
+			return false
+		}
+	}
+	return true
+}
+
+// others is the indexes of [0, n) not in slots (ascending, below n), in
+// ascending order: the kept slots of a prune named by its dropped ones,
+// and the other way round.
+func others(n int, slots []int) []int {
+	out := make([]int, 0, n-len(slots))
+	k := 0
+	for i := range n {
+		if k < len(slots) && slots[k] == i {
+			k++
+			continue
+		}
+		out = append(out, i)
+	}
+	return out
 }
 
 // errNoMove is the error of a codec pair that cannot move slots.

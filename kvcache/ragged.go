@@ -120,16 +120,7 @@ func (s *Paged) keepRagged(t *table, keep []int, ragged bool) (bool, error) {
 	if !s.mayRag(t, ragged) || (len(keep)+B-1)/B < raggedMin {
 		return false, nil
 	}
-	gone := make([]int, 0, t.n-len(keep))
-	k := 0
-	for i := range t.n {
-		if k < len(keep) && keep[k] == i {
-			k++
-		} else {
-			gone = append(gone, i)
-		}
-	}
-	return s.dropRagged(t, gone, ragged)
+	return s.dropRagged(t, others(t.n, keep), ragged)
 }
 
 // mayRag says whether table t may be left ragged (ragged false: a
@@ -264,12 +255,9 @@ func (s *Paged) mergeBlocks(t *table) {
 			continue
 		}
 		dst, src := t.blocks[j-1], t.blocks[j]
-		ok := true
-		for i := 0; i < n && ok; i++ { // slots of dst past a are free: a failed copy leaves nothing behind
-			ok = codec.CopySlot(kc, p.kbuf(dst), B, a+i, p.kbuf(src), B, i, d) &&
-				codec.CopySlot(p.vc, p.vbuf(dst), B, a+i, p.vbuf(src), B, i, d)
-		}
-		if !ok {
+		// Slots of dst past a are free: a failed copy leaves nothing behind.
+		if !moveRun(kc, p.kbuf(dst), a, p.kbuf(src), 0, n, B, d, false) ||
+			!moveRun(p.vc, p.vbuf(dst), a, p.vbuf(src), 0, n, B, d, false) {
 			j++
 			continue
 		}
