@@ -6,7 +6,7 @@
 # THREADS the torch threads of each run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS="${STEPS:-50}"
+STEPS="${STEPS:-1000}"
 THREADS="${THREADS:-2}"
 archs=("$@")
 [ ${#archs[@]} -gt 0 ] || archs=(mha gqa mqa cla2 cla3 cla2-mqa yoco lckv local-global)
