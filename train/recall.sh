@@ -20,8 +20,9 @@
 # fourth (from phase 3's model, into $OUT/phase4), PHASE=5 the fifth
 # (from phase 4's, into $OUT/phase5), PHASE=6 the sixth (from phase 5's,
 # into $OUT/phase6), PHASE=7 the seventh (from phase 6's, into
-# $OUT/phase7); RESUME=1
-# continues a stopped one.
+# $OUT/phase7), PHASE=9 the ninth (context 1,024, from phase 7's, into
+# $OUT/phase9; phase 8 was a run not kept); RESUME=1 continues a stopped
+# one.
 set -e
 cd "$(dirname "$0")/.."
 OUT=${OUT:-train/recall}
@@ -77,6 +78,18 @@ if [ "${PHASE:-}" = 7 ]; then
         --dense vt2:0.1,mix --dense-share 0.6 --dense-mix key,are,multi,multi,vt2,vt,vt \
         --recall-task-weight niah_single=0.2,niah_multikey=0.5,niah_multivalue=2,niah_multiquery=0.5,vt=3,cwe=0.3 \
         --recall-eval-every 100 --ckpt-every 50 --init "$OUT/phase6/model.gguf" --out "$OUT/phase7" ${RESUME:+--resume} "$@"
+    exit 0
+fi
+if [ "${PHASE:-}" = 9 ]; then
+    # phase 9 (docs/ZOO.md): phase 7's model taught a context of 1,024:
+    # 300 steps of 8,192 tokens, the first 20% in 512-token rows, then
+    # 1,024; 30% dense rows of the suite's kinds of fact (phase 7's mix),
+    # the rest as --recall 0.8 with the trained tasks weighted evenly
+    /usr/bin/python3 train/train.py $COMMON --ctx 1024 --batch 8 --lr 1e-3 --steps 300 --seed 1345 \
+        --recall 0.8 --recall-weight 2 --recall-curriculum 512:0.2,1024 \
+        --dense mix --dense-share 0.3 --dense-mix key,are,multi,multi,vt2,vt,vt \
+        --recall-task-weight niah_single=1,niah_multikey=1,niah_multivalue=1.5,niah_multiquery=1,vt=1,cwe=0.3 \
+        --recall-eval-every 100 --ckpt-every 25 --init "$OUT/phase7/model.gguf" --out "$OUT/phase9" ${RESUME:+--resume} "$@"
     exit 0
 fi
 if [ "${PHASE:-}" = 4 ]; then
