@@ -100,8 +100,26 @@ func newPlot(title, xl, yl string) *plot.Plot {
 	p.Y.Label.TextStyle.Font.Size = vg.Points(11)
 	p.X.Tick.Label.Font.Size = vg.Points(10)
 	p.Y.Tick.Label.Font.Size = vg.Points(10)
+	p.X.Tick.Marker, p.Y.Tick.Marker = ExactTicks{}, ExactTicks{}
 	p.Add(plotter.NewGrid())
 	return p
+}
+
+// ExactTicks is gonum's default ticker with each label written with the
+// digits its value needs. DefaultTicks writes every label to the precision
+// of its step's magnitude, so ticks at 2.15, 2.2 and 2.25 read "2.1",
+// "2.2", "2.2" (the zoo's Pareto plot, until this ticker).
+type ExactTicks struct{}
+
+// Ticks implements plot.Ticker.
+func (ExactTicks) Ticks(min, max float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(min, max)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = strconv.FormatFloat(ts[i].Value, 'g', 10, 64)
+		}
+	}
+	return ts
 }
 
 // legendBox draws a legend of entries in c, top left.

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/kvlm/kvlm/eval"
 	"github.com/spf13/cobra"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -422,7 +423,7 @@ func plotSweep(path string, t *table) error {
 			}
 		}
 	}
-	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	p.X.Tick.Marker, p.Y.Tick.Marker = plot.ConstantTicks(ticks), eval.ExactTicks{}
 	p.Add(plotter.NewGrid())
 	p.Y.Min = 0
 	p.Legend.Top, p.Legend.Left = false, false
