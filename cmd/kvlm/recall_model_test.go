@@ -53,8 +53,8 @@ type recallRecord struct {
 func TestRecallModel(t *testing.T) {
 	dirs := []string{recallModelDir()}
 	if os.Getenv("KVLM_RECALL") == "" {
-		// docs/ZOO.md, "Phase 4" to "Phase 7"
-		for _, p := range []string{"phase4", "phase5", "phase6", "phase7"} {
+		// docs/ZOO.md, "Phase 4" to "Phase 10"
+		for _, p := range []string{"phase4", "phase5", "phase6", "phase7", "phase9", "phase10"} {
 			dirs = append(dirs, filepath.Join(dirs[0], p))
 		}
 	}
