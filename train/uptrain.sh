@@ -11,10 +11,8 @@ bin="${KVLM_BIN:-train/.cache/kvlm}"
 [ -x "$bin" ] || { mkdir -p train/.cache && go build -o "$bin" ./cmd/kvlm; }
 export KVLM_BIN="$bin"
 conv=train/.cache/mha-kv2.gguf
-STEPS="${STEPS:-1000}"
+. train/zoo_recipe.sh
 up=$(( (STEPS * 5 + 99) / 100 ))
 "$bin" convert kv-heads train/zoo/mha/model.gguf --kv-heads 2 -o "$conv"
-nice -n 10 /usr/bin/python3 train/train.py --arch gqa --init "$conv" --out train/zoo/mha-to-gqa \
-	--dim 64 --layers 6 --heads 4 --hidden 192 --ctx 256 --window 64 --passes 7 --grad-passes 2 \
-	--batch 16 --steps "$up" --lr 3e-3 --seed 1337 --threads "${THREADS:-2}" \
-	--eval-windows 16 --ckpt-every 10 --log-every 5
+nice -n 10 /usr/bin/python3 train/train.py --arch gqa --init "$conv" --out train/zoo/mha-to-gqa "${ZOO_RECIPE[@]}" \
+	--steps "$up" --threads "${THREADS:-2}" --log-every 5
