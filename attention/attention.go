@@ -323,6 +323,9 @@ type tile struct {
 	kpan []float32 // [hd][16] a key panel
 	dec  []float32 // [16][hd] decoded slots
 	mag  [tensor.AttnLanes]float32
+	// sm holds a panel's 16 scales, then its 16 minimums, when its keys or
+	// values are read as levels (Codec.LevelPanel, Codec.LevelRows)
+	sm [2 * tensor.AttnLanes]float32
 }
 
 var tiles = sync.Pool{New: func() any { return new(tile) }}
@@ -493,6 +496,18 @@ func (b *Batch) last(q int32) int32 {
 	return q
 }
 
+// keyLevels returns panel p's keys as levels in place, their scales and
+// minimums in w.sm, when its slots are one full group of a block whose key
+// codec stores quantized keys in panels (Codec.LevelPanel): scored by
+// tensor.AttnScoresQ without a decoded panel.
+func (w *tile) keyLevels(p *panel, hd int) ([]byte, int, []float32, bool) {
+	if !p.single {
+		return nil, 0, nil, false
+	}
+	s := &w.segs[p.seg]
+	return s.KC.LevelPanel(s.K, s.Cap, hd, p.i0, &w.sm)
+}
+
 // keys returns panel p's keys as a [hd][16] score panel and the type of its
 // values: in place when the key codec stores float panels
 // (Codec.KeyPanel), decoded into w.kpan when it stores quantized ones
@@ -572,8 +587,12 @@ func (w *tile) scores(b *Batch, pi int) bool {
 		}
 		return false
 	}
-	kp, kt := w.keys(p, b.HeadDim)
-	tensor.AttnScoresOf(col, ld, kp, kt, w.qp, w.rows, b.HeadDim)
+	if lv, bits, shift, ok := w.keyLevels(p, b.HeadDim); ok {
+		tensor.AttnScoresQ(col, ld, lv, bits, &w.sm, shift, w.qp, w.rows, b.HeadDim, w.kpan)
+	} else {
+		kp, kt := w.keys(p, b.HeadDim)
+		tensor.AttnScoresOf(col, ld, kp, kt, w.qp, w.rows, b.HeadDim)
+	}
 	if p.kmag {
 		w.scaleByMag(p, col, ld, func(s *kvcache.Segment) []float32 { return s.KMag })
 	}
@@ -630,7 +649,8 @@ func (w *tile) weighted(b *Batch, pi int) {
 	}
 	var v []byte
 	var vt tensor.DType
-	var ldv int
+	var ldv, bits int
+	levels := false
 	for t0 := 0; t0 < w.nq; {
 		if w.vis[t0*np+pi] == visNone {
 			t0++
@@ -640,10 +660,18 @@ func (w *tile) weighted(b *Batch, pi int) {
 		for t1 < w.nq && w.vis[t1*np+pi] != visNone {
 			t1++
 		}
+		if v == nil && p.single { // levels in place (Codec.LevelRows)
+			s := &w.segs[p.seg]
+			v, bits, ldv, levels = s.VC.LevelRows(s.V, s.Cap, hd, p.i0, p.n, &w.sm)
+		}
 		if v == nil {
 			v, vt, ldv = w.values(p, hd)
 		}
-		tensor.AttnPV(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, vt, ldv, p.n, (t1-t0)*G, hd)
+		if levels {
+			tensor.AttnPVQ(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, bits, ldv, &w.sm, p.n, (t1-t0)*G, hd, w.dec)
+		} else {
+			tensor.AttnPV(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, vt, ldv, p.n, (t1-t0)*G, hd)
+		}
 		t0 = t1
 	}
 }

@@ -104,15 +104,16 @@ func BenchmarkPrefill(b *testing.B) {
 
 // BenchmarkDecodeGQA measures one decode step of one layer's attention in
 // TinyLlama's shape (4 KV heads × 8 query heads, head dim 64, blocks of
-// 16) against caches of 512 and 2048 tokens: what decode at long context
-// adds per layer. Metric: KV bytes read per step.
+// 16) against caches of 512, 2048 and 16384 tokens: what decode at long
+// context adds per layer, for each storage codec. Metric: KV bytes read per
+// step.
 func BenchmarkDecodeGQA(b *testing.B) {
 	const heads, G, hd = 4, 8, 64
 	rng := rand.New(rand.NewPCG(3, 3))
-	for _, cn := range []string{"f32", "f16", "q8"} {
+	for _, cn := range []string{"f32", "f16", "q8", "q4", "kivi2"} {
 		kc, _ := codec.Parse(cn, codec.Keys)
 		vc, _ := codec.Parse(cn, codec.Values)
-		for _, ctx := range []int{512, 2048} {
+		for _, ctx := range []int{512, 2048, 16384} {
 			f := build(b, rng, heads, G, hd, ctx, 16, kc, vc)
 			q := make([]float32, heads*G*hd)
 			for i := range q {

@@ -158,3 +158,60 @@ func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift 
 		scalePanelGo(dst, u, sm, shift, d, bits)
 	}
 }
+
+type (
+	qkQFunc func(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+	pvQFunc func(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+)
+
+// The fused kernels over quantized keys and values (attnq.go), AVX-512
+// only: qkQ[bits 8, 4][shift] indexed by rows (1..14), pvQ[bits 8, 4] by
+// rows (1..6).
+var (
+	qkQ = [2][2][]qkQFunc{
+		{{nil, qkQ8Zm1, qkQ8Zm2, qkQ8Zm3, qkQ8Zm4, qkQ8Zm5, qkQ8Zm6, qkQ8Zm7, qkQ8Zm8, qkQ8Zm9, qkQ8Zm10, qkQ8Zm11, qkQ8Zm12, qkQ8Zm13, qkQ8Zm14},
+			{nil, qkQ8Zm1S, qkQ8Zm2S, qkQ8Zm3S, qkQ8Zm4S, qkQ8Zm5S, qkQ8Zm6S, qkQ8Zm7S, qkQ8Zm8S, qkQ8Zm9S, qkQ8Zm10S, qkQ8Zm11S, qkQ8Zm12S, qkQ8Zm13S, qkQ8Zm14S}},
+		{{nil, qkQ4Zm1, qkQ4Zm2, qkQ4Zm3, qkQ4Zm4, qkQ4Zm5, qkQ4Zm6, qkQ4Zm7, qkQ4Zm8, qkQ4Zm9, qkQ4Zm10, qkQ4Zm11, qkQ4Zm12, qkQ4Zm13, qkQ4Zm14},
+			{nil, qkQ4Zm1S, qkQ4Zm2S, qkQ4Zm3S, qkQ4Zm4S, qkQ4Zm5S, qkQ4Zm6S, qkQ4Zm7S, qkQ4Zm8S, qkQ4Zm9S, qkQ4Zm10S, qkQ4Zm11S, qkQ4Zm12S, qkQ4Zm13S, qkQ4Zm14S}},
+	}
+	pvQ = [2][]pvQFunc{
+		{nil, pvQ8Zm1, pvQ8Zm2, pvQ8Zm3, pvQ8Zm4, pvQ8Zm5, pvQ8Zm6},
+		{nil, pvQ4Zm1, pvQ4Zm2, pvQ4Zm3, pvQ4Zm4, pvQ4Zm5, pvQ4Zm6},
+	}
+)
+
+func qkQKern(bits int, shift bool) []qkQFunc {
+	if level != levelAVX512 || (bits != 8 && bits != 4) {
+		return nil
+	}
+	s := 0
+	if shift {
+		s = 1
+	}
+	return qkQ[bits8Index(bits)][s]
+}
+
+func pvQKern(bits int) []pvQFunc {
+	if level != levelAVX512 || (bits != 8 && bits != 4) {
+		return nil
+	}
+	return pvQ[bits8Index(bits)]
+}
+
+// halfPairsLanes runs halfPairsZ (a direct call: sm stays where the
+// caller has it) and reports whether it did.
+func halfPairsLanes(sm *[2 * AttnLanes]float32, meta *byte) bool {
+	if level != levelAVX512 {
+		return false
+	}
+	halfPairsZ(meta, &sm[0])
+	return true
+}
+
+// bits8Index is the index of bits (8 or 4) in qkQ and pvQ.
+func bits8Index(bits int) int {
+	if bits == 8 {
+		return 0
+	}
+	return 1
+}

@@ -29,3 +29,14 @@ func scaleLevelsLanes(dst []float32, u []byte, bits int, s, m *float32, per int)
 func scalePanelLanes(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []float32, d, bits int) {
 	scalePanelGo(dst, u, sm, shift, d, bits)
 }
+
+type (
+	qkQFunc func(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+	pvQFunc func(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+)
+
+func qkQKern(bits int, shift bool) []qkQFunc { return nil }
+
+func pvQKern(bits int) []pvQFunc { return nil }
+
+func halfPairsLanes(sm *[2 * AttnLanes]float32, meta *byte) bool { return false }

@@ -696,6 +696,213 @@ func scalePanel4Y(dst *float32, u *byte, sm *float32, mu *float32, d int)
 func scalePanel4YShift(dst *float32, u *byte, sm *float32, mu *float32, d int)
 
 //go:noescape
+func halfPairsZ(meta *byte, sm *float32)
+
+//go:noescape
+func qkQ8Zm1(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm2(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm3(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm4(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm5(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm6(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm7(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm8(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm9(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm10(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm11(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm12(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm13(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm14(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm1S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm2S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm3S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm4S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm5S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm6S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm7S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm8S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm9S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm10S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm11S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm12S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm13S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ8Zm14S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func pvQ8Zm1(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ8Zm2(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ8Zm3(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ8Zm4(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ8Zm5(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ8Zm6(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func qkQ4Zm1(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm2(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm3(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm4(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm5(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm6(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm7(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm8(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm9(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm10(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm11(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm12(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm13(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm14(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm1S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm2S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm3S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm4S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm5S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm6S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm7S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm8S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm9S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm10S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm11S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm12S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm13S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func qkQ4Zm14S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
+
+//go:noescape
+func pvQ4Zm1(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ4Zm2(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ4Zm3(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ4Zm4(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ4Zm5(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ4Zm6(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
 func actQ32Z(x *float32, dst *byte, nb, stride int, negCorr int32) uint32
 
 //go:noescape

@@ -104,14 +104,14 @@ const rowsAtOnce = tensor.AttnLanes * maxStackDim
 func (c *tokenQuant) getRowsLanes(src []byte, n, d, i0, cnt, g int, out []float32) {
 	const L = tensor.AttnLanes
 	rb, ng := c.rowBytes(d), c.groups(d)
-	var sb, mb [rowsAtOnce / L]float32
+	var sb, mb, gs, gm [rowsAtOnce / L]float32
 	rows := cnt * d / L
 	sc, mn := sb[:rows], mb[:rows]
-	metas := src[n*rb+4*i0*ng : n*rb+4*(i0+cnt)*ng]
+	unmetas(src[n*rb+4*i0*ng:n*rb+4*(i0+cnt)*ng], gs[:cnt*ng], gm[:cnt*ng])
 	r, k := 0, 0
 	for range cnt {
 		for c0 := 0; c0 < d; c0 += g {
-			s, m := unmeta(binary.LittleEndian.Uint32(metas[4*k:]))
+			s, m := gs[k], gm[k]
 			k++
 			for range min(g, d-c0) / L {
 				sc[r], mn[r] = s, m
@@ -139,4 +139,29 @@ func (c *kiviKeys) getRows(src []byte, n, d, i0, cnt int, out []float32) {
 			o[ch] = sc[ch]*float32(unpack(src, c.bits, e+ch*L)) + mn[ch]
 		}
 	}
+}
+
+// LevelRows: q8 and q4 rows (one group a slot) in place, the slots'
+// metadata decoded (Codec.LevelRows); KIVI values, with groups of
+// channels, have no such rows.
+func (c *tokenQuant) LevelRows(src []byte, n, d, i0, cnt int, sm *[2 * tensor.AttnLanes]float32) ([]byte, int, int, bool) {
+	if c.group != 0 || (c.bits != 8 && c.bits != 4) || d*c.bits%8 != 0 || cnt < 1 || cnt > tensor.AttnLanes {
+		return nil, 0, 0, false
+	}
+	rb := c.rowBytes(d)
+	m := n*rb + 4*i0
+	if i0+tensor.AttnLanes <= n {
+		tensor.HalfPairs(sm, src[m:m+4*tensor.AttnLanes])
+	} else { // the block ends before 16 slots' metadata
+		var meta [4 * tensor.AttnLanes]byte
+		copy(meta[:], src[m:m+4*cnt])
+		tensor.HalfPairs(sm, meta[:])
+	}
+	return src[i0*rb : (i0+cnt)*rb], c.bits, rb, true
+}
+
+// LevelRows: none, the shift is not in the levels (shifted rows decode
+// through GetRows).
+func (c *shiftedQuant) LevelRows(src []byte, n, d, i0, cnt int, sm *[2 * tensor.AttnLanes]float32) ([]byte, int, int, bool) {
+	return nil, 0, 0, false
 }

@@ -40,6 +40,17 @@ func TestCapabilities(t *testing.T) {
 	for i := range x {
 		x[i] = float32(r.NormFloat64()) + mu[i%d]
 	}
+	levels := map[string]bool{} // the codecs that gave levels in place, and how
+	defer func() {
+		for _, w := range []string{"q8/keys LevelPanel", "q4/keys LevelPanel", "q8/keys/shifted LevelPanel", "q4/keys/shifted LevelPanel", "q8/values LevelRows", "q4/values LevelRows"} {
+			if !levels[w] {
+				t.Errorf("%s: not claimed (attention reads those levels in place)", w)
+			}
+		}
+		if len(levels) != 6 {
+			t.Errorf("levels in place from %v, want the six above", levels)
+		}
+	}()
 	for _, cc := range capsCodecs(t, mu) {
 		t.Run(strings.ReplaceAll(cc.name, "/", "_"), func(t *testing.T) {
 			c := cc.c
@@ -85,6 +96,40 @@ func TestCapabilities(t *testing.T) {
 						for j := range tensor.AttnLanes {
 							same("DecodeKeyPanel", i0+j, k, panel[k*tensor.AttnLanes+j])
 						}
+					}
+				}
+			}
+			var sm [2 * tensor.AttnLanes]float32
+			for _, i0 := range []int{0, 16, 32, 8} {
+				full := i0%16 == 0 && i0+16 <= n
+				lv, bits, shift, ok := c.LevelPanel(b, n, d, i0, &sm)
+				if ok && !full {
+					t.Fatalf("LevelPanel at slot %d: not a full group", i0)
+				}
+				if ok {
+					levels[cc.name+" LevelPanel"] = true
+					for k := range d {
+						for j := range tensor.AttnLanes {
+							v := float32(sm[j]*float32(panelLevel(lv, bits, k, j))) + sm[tensor.AttnLanes+j]
+							if shift != nil {
+								v += shift[k]
+							}
+							same("LevelPanel", i0+j, k, v)
+						}
+					}
+				}
+			}
+			for _, r := range [][2]int{{0, 16}, {16, 16}, {13, 7}, {32, 8}, {39, 1}} {
+				i0, cnt := r[0], r[1]
+				lv, bits, ld, ok := c.LevelRows(b, n, d, i0, cnt, &sm)
+				if !ok {
+					continue
+				}
+				levels[cc.name+" LevelRows"] = true
+				for i := range cnt {
+					for k := range d {
+						v := float32(sm[i]*float32(rowLevel(lv[i*ld:], bits, k))) + sm[tensor.AttnLanes+i]
+						same("LevelRows", i0+i, k, v)
 					}
 				}
 			}
@@ -152,6 +197,13 @@ func TestCapabilitiesDefaults(t *testing.T) {
 	if _, _, ok := KeyPanel(c, b, n, d, 0); ok {
 		t.Error("KeyPanel")
 	}
+	var sm [2 * tensor.AttnLanes]float32
+	if _, _, _, ok := c.LevelPanel(b, n, d, 0, &sm); ok {
+		t.Error("LevelPanel")
+	}
+	if _, _, _, ok := c.LevelRows(b, n, d, 0, n, &sm); ok {
+		t.Error("LevelRows")
+	}
 	if DecodeKeyPanel(c, b, n, d, 0, make([]float32, n*d)) || CopySlot(c, b, n, 0, b, n, 1, d) {
 		t.Error("DecodeKeyPanel or CopySlot")
 	}
@@ -195,4 +247,22 @@ func (s slotOnly) Dot(src []byte, n, d, i int, q []float32) float32 {
 }
 func (s slotOnly) Axpy(src []byte, n, d, i int, a float32, out []float32) {
 	s.f.Axpy(src, n, d, i, a, out)
+}
+
+// panelLevel is level c of lane j of a [d][16] panel of bits 8 or 4 (lane
+// 2i in the low nibble of byte i of the row).
+func panelLevel(u []byte, bits, c, j int) byte {
+	if bits == 8 {
+		return u[16*c+j]
+	}
+	return u[8*c+j/2] >> (4 * (j % 2)) & 15
+}
+
+// rowLevel is level c of a row of bits 8 or 4 (the even level in the low
+// nibble).
+func rowLevel(u []byte, bits, c int) byte {
+	if bits == 8 {
+		return u[c]
+	}
+	return u[c/2] >> (4 * (c % 2)) & 15
 }

@@ -135,6 +135,21 @@ type Capabilities interface {
 	// score panel out, each value exactly as Get decodes it, when the codec
 	// stores quantized keys in panels and those slots are one full group.
 	DecodeKeyPanel(src []byte, n, d, i0 int, out []float32) bool
+	// LevelPanel returns, in place, the levels of slots i0 … i0+15 as a
+	// [d][16] panel of levels of bits bits (tensor.AttnScoresQ's layout),
+	// with the 16 slots' scales in sm[0:16] and minimums in sm[16:32], and
+	// the shift added per channel (nil: none), when the codec stores
+	// per-token quantized keys in panels (q8, q4) and those slots are one
+	// full group: value c of slot i0+j is sm[j]·u + sm[16+j] (+ shift[c]),
+	// exactly as Get decodes it.
+	LevelPanel(src []byte, n, d, i0 int, sm *[2 * tensor.AttnLanes]float32) (levels []byte, bits int, shift []float32, ok bool)
+	// LevelRows returns, in place, the levels of slots i0 … i0+cnt−1
+	// (cnt ≤ 16) as rows of d levels of bits bits, ld bytes apart
+	// (tensor.AttnPVQ's layout), with slot i0+i's scale in sm[i] and
+	// minimum in sm[16+i], when the codec quantizes each slot with one
+	// scale and minimum in rows (q8, q4 values): value c of slot i0+i is
+	// sm[i]·u + sm[16+i], exactly as Get decodes it.
+	LevelRows(src []byte, n, d, i0, cnt int, sm *[2 * tensor.AttnLanes]float32) (levels []byte, bits, ld int, ok bool)
 	// GetRows decodes slots i0 … i0+cnt−1 into out [cnt][d], each exactly as
 	// Get decodes it, with the per-codec work done once per call; false
 	// when the codec has no such path (the caller then calls Get).
@@ -178,10 +193,16 @@ type Capabilities interface {
 // has.
 type defaults struct{}
 
-func (defaults) Plain() (tensor.DType, bool)                                     { return 0, false }
-func (defaults) KeyPanel(src []byte, n, d, i0 int) ([]byte, tensor.DType, bool)  { return nil, 0, false }
-func (defaults) DecodeKeyPanel(src []byte, n, d, i0 int, out []float32) bool     { return false }
-func (defaults) GetRows(src []byte, n, d, i0, cnt int, out []float32) bool       { return false }
+func (defaults) Plain() (tensor.DType, bool)                                    { return 0, false }
+func (defaults) KeyPanel(src []byte, n, d, i0 int) ([]byte, tensor.DType, bool) { return nil, 0, false }
+func (defaults) DecodeKeyPanel(src []byte, n, d, i0 int, out []float32) bool    { return false }
+func (defaults) GetRows(src []byte, n, d, i0, cnt int, out []float32) bool      { return false }
+func (defaults) LevelPanel(src []byte, n, d, i0 int, sm *[2 * tensor.AttnLanes]float32) ([]byte, int, []float32, bool) {
+	return nil, 0, nil, false
+}
+func (defaults) LevelRows(src []byte, n, d, i0, cnt int, sm *[2 * tensor.AttnLanes]float32) ([]byte, int, int, bool) {
+	return nil, 0, 0, false
+}
 func (defaults) DotBlock(src []byte, n, d int, q, out []float32) bool            { return false }
 func (defaults) CopySlot(dst []byte, dn, di int, src []byte, sn, si, d int) bool { return false }
 func (defaults) MoveSlots(b []byte, n, d, dst, src, cnt int) bool                { return false }

@@ -1,6 +1,7 @@
 package codec
 
 import (
+	"encoding/binary"
 	"math"
 
 	"github.com/kvlm/kvlm/tensor"
@@ -101,6 +102,25 @@ func meta(scale, min uint16) uint32 { return uint32(scale) | uint32(min)<<16 }
 
 func unmeta(m uint32) (scale, min float32) {
 	return halfTab[uint16(m)], halfTab[uint16(m>>16)]
+}
+
+// unmetas decodes the len(sc) pairs of metas into sc and mn as unmeta
+// does, 16 at a time with tensor.HalfPairs (the table lookups of unmeta
+// miss the cache at long contexts).
+func unmetas(metas []byte, sc, mn []float32) {
+	const L = tensor.AttnLanes
+	n := len(sc)
+	mn = mn[:n]
+	var sm [2 * L]float32
+	k := 0
+	for ; k+L <= n; k += L {
+		tensor.HalfPairs(&sm, metas[4*k:4*(k+L)])
+		copy(sc[k:k+L], sm[:L])
+		copy(mn[k:k+L], sm[L:])
+	}
+	for ; k < n; k++ {
+		sc[k], mn[k] = unmeta(binary.LittleEndian.Uint32(metas[4*k:]))
+	}
 }
 
 // quantizer maps x to the level round((x−min)/scale) in [0, top]; NaN and

@@ -49,10 +49,7 @@ func (c *kiviKeys) metas(b []byte, n, d int) []byte {
 // scales decodes a block's per-channel scales and minimums into sc and mn
 // (d ≤ maxStackDim).
 func (c *kiviKeys) scales(b []byte, n, d int, sc, mn *[maxStackDim]float32) {
-	metas := c.metas(b, n, d)
-	for ch := range d {
-		sc[ch], mn[ch] = unmeta(binary.LittleEndian.Uint32(metas[4*ch:]))
-	}
+	unmetas(c.metas(b, n, d), sc[:d], mn[:d])
 }
 
 func (c *kiviKeys) Put(dst []byte, n, d, i int, x []float32) {

@@ -433,3 +433,20 @@ func (c *kiviKeys) DecodeKeyPanel(src []byte, n, d, i0 int, out []float32) bool 
 	tensor.ScaleLevelRows(out, src[lo:hi], c.bits, sc[:d], mn[:d])
 	return true
 }
+
+// LevelPanel: a full group's levels in place and its slots' metadata
+// decoded (Codec.LevelPanel).
+func (c quantPanels) LevelPanel(src []byte, n, d, i0 int, sm *[2 * tensor.AttnLanes]float32) ([]byte, int, []float32, bool) {
+	if !fullGroup(n, d, i0) || d*c.tq.bits%8 != 0 {
+		return nil, 0, nil, false
+	}
+	bits := c.tq.bits
+	m := n*c.tq.rowBytes(d) + 4*i0
+	tensor.HalfPairs(sm, src[m:m+4*tensor.AttnLanes])
+	return src[i0*d*bits/8 : (i0+tensor.AttnLanes)*d*bits/8], bits, nil, true
+}
+
+func (c *shiftedPanels) LevelPanel(src []byte, n, d, i0 int, sm *[2 * tensor.AttnLanes]float32) ([]byte, int, []float32, bool) {
+	lv, bits, _, ok := c.quantPanels.LevelPanel(src, n, d, i0, sm)
+	return lv, bits, c.shift[:d], ok
+}

@@ -76,6 +76,7 @@ func main() {
 	genSwiGLU(e)
 	genAttnExp(e)
 	genAttn(e)
+	genAttnQ(e)
 	genActQuant(e)
 	genPrefetch(e)
 	genQuantKernels(e)

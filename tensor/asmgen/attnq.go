@@ -1,0 +1,227 @@
+//go:build ignore
+
+package main
+
+import "fmt"
+
+// Attention over quantized keys and values, decoded in registers (package
+// tensor's attnq.go has their plain Go twins): the scores of a panel of q8
+// or q4 keys and the weighted sum of q8 or q4 value rows, each level
+// decoded as s·u + m (a product then a sum, each rounded: scalePanel's and
+// scaleBytes's arithmetic) right before it is used, instead of a panel or
+// a row decoded to float32 in memory and read back. AVX-512 only; the AVX2
+// level runs the twins, which decode with the AVX2 kernels first.
+
+func genAttnQ(e *emitter) {
+	genHalfPairs(e)
+	for _, bits := range []int{8, 4} {
+		for _, shift := range []bool{false, true} {
+			for m := 1; m <= 14; m++ {
+				genQKQZ(e, bits, m, shift)
+			}
+		}
+		for m := 1; m <= 6; m++ {
+			genPVQZ(e, bits, m)
+		}
+	}
+}
+
+// halfPairsZ(meta *byte, sm *float32): the 16 {f16 scale, f16 minimum}
+// pairs at meta (64 bytes, a pair a little-endian uint32, the scale in its
+// low half) as float32, the scales to sm[0:16] and the minimums to
+// sm[16:32]; VCVTPH2PS converts every finite and infinite half exactly.
+func genHalfPairs(e *emitter) {
+	e.text("halfPairsZ", "(meta *byte, sm *float32)", 16)
+	e.in("MOVQ meta+0(FP), SI")
+	e.in("MOVQ sm+8(FP), DI")
+	e.in("VMOVDQU32 (SI), Z0")
+	e.in("VPMOVDW Z0, Y1")
+	e.in("VCVTPH2PS Y1, Z2")
+	e.in("VMOVUPS Z2, (DI)")
+	e.in("VPSRLD $16, Z0, Z0")
+	e.in("VPMOVDW Z0, Y1")
+	e.in("VCVTPH2PS Y1, Z2")
+	e.in("VMOVUPS Z2, 64(DI)")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// qkQName is the score kernel over a panel of levels: qkQ8Zm<M>,
+// qkQ4Zm<M>, with S for the variant that adds a shift per channel.
+func qkQName(bits, m int, shift bool) string {
+	s := ""
+	if shift {
+		s = "S"
+	}
+	return fmt.Sprintf("qkQ%dZm%d%s", bits, m, s)
+}
+
+const qkQSig = "(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)"
+
+// qkQ<bits>Zm<M>[S](p *byte, xp *float32, k int, c *float32, ldc int,
+// sm *float32, mu *float32): qkZm<M> over the panel of k rows of 16 levels
+// at p (8 bits: 16 bytes a row; 4 bits: 8 bytes, lane 2i in the low nibble
+// of byte i, 2i+1 in the high one), lane j of row c decoded as
+// u·sm[j] + sm[16+j] (+ mu[c] in the S variant) exactly as scalePanelZ
+// decodes it. Registers: accumulators Z0..Z<M−1>, products Z<M>..Z25, the
+// key row Z31, the scales Z30, the minimums Z29, the nibble mask X28 and
+// the nibbles X26, X27.
+func genQKQZ(e *emitter, bits, m int, shift bool) {
+	e.text(qkQName(bits, m, shift), qkQSig, 56)
+	e.in("MOVQ p+0(FP), SI")
+	e.in("MOVQ xp+8(FP), DI")
+	e.in("MOVQ k+16(FP), CX")
+	e.in("MOVQ c+24(FP), DX")
+	e.in("MOVQ ldc+32(FP), BX")
+	e.in("MOVQ sm+40(FP), AX")
+	e.in("MOVQ mu+48(FP), R8")
+	for t := 0; t < m; t++ {
+		e.in("VXORPS Z%d, Z%d, Z%d", t, t, t)
+	}
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	e.in("VMOVUPS (AX), Z30")
+	e.in("VMOVUPS 64(AX), Z29")
+	if bits == 4 {
+		e.in("VPBROADCASTD qmask0F<>(SB), X28")
+	}
+	e.label("loop")
+	if bits == 8 {
+		e.in("VPMOVZXBD (SI), Z31")
+	} else {
+		e.in("VMOVQ (SI), X27")
+		e.in("VPSRLW $4, X27, X26")
+		e.in("VPANDD X28, X27, X27")
+		e.in("VPANDD X28, X26, X26")
+		e.in("VPUNPCKLBW X26, X27, X27")
+		e.in("VPMOVZXBD X27, Z31")
+	}
+	e.in("VCVTDQ2PS Z31, Z31")
+	e.in("VMULPS Z30, Z31, Z31")
+	e.in("VADDPS Z29, Z31, Z31")
+	if shift {
+		e.in("VADDPS.BCST (R8), Z31, Z31")
+		e.in("ADDQ $4, R8")
+	}
+	ntmp := 26 - m
+	for t := 0; t < m; t++ {
+		tmp := m + t%ntmp
+		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
+		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
+	}
+	e.in("ADDQ $%d, SI", 2*bits)
+	e.in("ADDQ $%d, DI", 4*m)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	for t := 0; t < m; t++ {
+		e.in("VMOVUPS Z%d, (DX)", t)
+		if t < m-1 {
+			e.in("ADDQ BX, DX")
+		}
+	}
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+const pvQSig = "(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)"
+
+// pvQ<bits>Zm<M>(p *float32, ldp int, v *byte, ldv int, n int, o *float32,
+// ldo int, cols int, sm *float32): pvF32Zm<M> over n rows of levels (row i
+// at v + i·ldv: 8 bits a byte a column; 4 bits two columns a byte, the
+// even one in the low nibble), value c of row i decoded as
+// u·sm[i] + sm[16+i] exactly as scaleBytesZ decodes it (n ≤ 16). The
+// same registers as pvF32Zm<M>; the nibbles in X29, X30 before the
+// products use them.
+func genPVQZ(e *emitter, bits, m int) {
+	e.text(fmt.Sprintf("pvQ%dZm%d", bits, m), pvQSig, 72)
+	e.in("MOVQ ldp+8(FP), BX")
+	e.in("MOVQ v+16(FP), R13")
+	e.in("MOVQ ldv+24(FP), R9")
+	e.in("MOVQ n+32(FP), AX")
+	e.in("MOVQ o+40(FP), DX")
+	e.in("MOVQ ldo+48(FP), R10")
+	e.in("MOVQ cols+56(FP), R11")
+	for _, w := range []int{4, 1} {
+		lbl := fmt.Sprintf("c%d", w)
+		e.label(lbl)
+		e.in("CMPQ R11, $%d", 16*w)
+		if w == 4 {
+			e.in("JLT c1")
+		} else {
+			e.in("JLT done")
+		}
+		acc := func(r, j int) int { return r*w + j }
+		e.in("MOVQ DX, R12")
+		for r := 0; r < m; r++ {
+			for j := 0; j < w; j++ {
+				e.in("VMOVUPS %d(R12), Z%d", 64*j, acc(r, j))
+			}
+			if r < m-1 {
+				e.in("ADDQ R10, R12")
+			}
+		}
+		e.in("MOVQ p+0(FP), SI")
+		if m > 3 {
+			e.in("LEAQ (SI)(BX*2), R8")
+			e.in("ADDQ BX, R8")
+		}
+		e.in("MOVQ sm+64(FP), R14")
+		e.in("MOVQ R13, DI")
+		e.in("MOVQ AX, CX")
+		e.in("TESTQ CX, CX")
+		e.in("JZ s%d", w)
+		e.label(fmt.Sprintf("l%d", w))
+		for j := 0; j < w; j++ {
+			z := fmt.Sprintf("Z%d", 24+j)
+			if bits == 8 {
+				e.in("VPMOVZXBD %d(DI), %s", 16*j, z)
+			} else {
+				e.in("VMOVQ %d(DI), X29", 8*j)
+				e.in("VPSRLW $4, X29, X30")
+				e.in("VPANDD.BCST qmask0F<>(SB), X29, X29")
+				e.in("VPANDD.BCST qmask0F<>(SB), X30, X30")
+				e.in("VPUNPCKLBW X30, X29, X29")
+				e.in("VPMOVZXBD X29, %s", z)
+			}
+			e.in("VCVTDQ2PS %s, %s", z, z)
+			e.in("VMULPS.BCST (R14), %s, %s", z, z)
+			e.in("VADDPS.BCST 64(R14), %s, %s", z, z)
+		}
+		ti := 0
+		for r := 0; r < m; r++ {
+			e.in("VBROADCASTSS %s, Z28", pvRow(r))
+			for j := 0; j < w; j++ {
+				tr := 29 + ti%3
+				ti++
+				e.in("VMULPS Z%d, Z28, Z%d", 24+j, tr)
+				e.in("VADDPS Z%d, Z%d, Z%d", tr, acc(r, j), acc(r, j))
+			}
+		}
+		e.in("ADDQ $4, SI")
+		if m > 3 {
+			e.in("ADDQ $4, R8")
+		}
+		e.in("ADDQ $4, R14")
+		e.in("ADDQ R9, DI")
+		e.in("DECQ CX")
+		e.in("JNZ l%d", w)
+		e.label(fmt.Sprintf("s%d", w))
+		e.in("MOVQ DX, R12")
+		for r := 0; r < m; r++ {
+			for j := 0; j < w; j++ {
+				e.in("VMOVUPS Z%d, %d(R12)", acc(r, j), 64*j)
+			}
+			if r < m-1 {
+				e.in("ADDQ R10, R12")
+			}
+		}
+		e.in("ADDQ $%d, DX", 64*w)
+		e.in("ADDQ $%d, R13", 2*bits*w)
+		e.in("SUBQ $%d, R11", 16*w)
+		e.in("JMP %s", lbl)
+	}
+	e.label("done")
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
