@@ -323,9 +323,13 @@ type tile struct {
 	kpan []float32 // [hd][16] a key panel
 	dec  []float32 // [16][hd] decoded slots
 	mag  [tensor.AttnLanes]float32
-	// sm holds a panel's 16 scales, then its 16 minimums, when its keys or
-	// values are read as levels (Codec.LevelPanel, Codec.LevelRows)
-	sm [2 * tensor.AttnLanes]float32
+	// A panel's scales and minimums when its keys or values are read as
+	// levels in place: ksm the keys' 16 scales, then 16 minimums
+	// (Codec.LevelPanel); ksc, kmn the keys' per-channel ones
+	// (Codec.ChannelPanel); vsm the values' (Codec.LevelRows)
+	ksm      [2 * tensor.AttnLanes]float32
+	ksc, kmn []float32 // [hd]
+	vsm      []float32 // [⌈hd/16⌉][2][16]
 }
 
 var tiles = sync.Pool{New: func() any { return new(tile) }}
@@ -357,6 +361,8 @@ func (w *tile) setup(b *Batch, it *item) {
 	w.l = grow(w.l, w.rows)
 	w.kpan = grow(w.kpan, hd*tensor.AttnLanes)
 	w.dec = grow(w.dec, tensor.AttnLanes*hd)
+	w.ksc, w.kmn = grow(w.ksc, hd), grow(w.kmn, hd)
+	w.vsm = grow(w.vsm, 2*tensor.AttnLanes*((hd+tensor.AttnLanes-1)/tensor.AttnLanes))
 	w.vis = grow(w.vis, w.nq*np)
 	w.r0, w.r1 = grow(w.r0, w.nq), grow(w.r1, w.nq)
 	stride := b.Heads * G * hd
@@ -496,16 +502,25 @@ func (b *Batch) last(q int32) int32 {
 	return q
 }
 
-// keyLevels returns panel p's keys as levels in place, their scales and
-// minimums in w.sm, when its slots are one full group of a block whose key
-// codec stores quantized keys in panels (Codec.LevelPanel): scored by
-// tensor.AttnScoresQ without a decoded panel.
-func (w *tile) keyLevels(p *panel, hd int) ([]byte, int, []float32, bool) {
-	if !p.single {
-		return nil, 0, nil, false
+// scorePanel fills panel p's columns col (rows ld apart) with the raw
+// scores of w.qp against its keys: read as levels in place when its slots
+// are one full group of a block whose key codec stores quantized keys in
+// panels (Codec.LevelPanel: q8, q4; Codec.ChannelPanel: KIVI), else as a
+// float panel (keys).
+func (w *tile) scorePanel(p *panel, col []float32, ld, hd int) {
+	if p.single {
+		s := &w.segs[p.seg]
+		if lv, bits, shift, ok := s.KC.LevelPanel(s.K, s.Cap, hd, p.i0, &w.ksm); ok {
+			tensor.AttnScoresQ(col, ld, lv, bits, &w.ksm, shift, w.qp, w.rows, hd, w.kpan)
+			return
+		}
+		if lv, bits, ok := s.KC.ChannelPanel(s.K, s.Cap, hd, p.i0, w.ksc, w.kmn); ok {
+			tensor.AttnScoresQC(col, ld, lv, bits, w.ksc, w.kmn, w.qp, w.rows, hd, w.kpan)
+			return
+		}
 	}
-	s := &w.segs[p.seg]
-	return s.KC.LevelPanel(s.K, s.Cap, hd, p.i0, &w.sm)
+	kp, kt := w.keys(p, hd)
+	tensor.AttnScoresOf(col, ld, kp, kt, w.qp, w.rows, hd)
 }
 
 // keys returns panel p's keys as a [hd][16] score panel and the type of its
@@ -587,12 +602,7 @@ func (w *tile) scores(b *Batch, pi int) bool {
 		}
 		return false
 	}
-	if lv, bits, shift, ok := w.keyLevels(p, b.HeadDim); ok {
-		tensor.AttnScoresQ(col, ld, lv, bits, &w.sm, shift, w.qp, w.rows, b.HeadDim, w.kpan)
-	} else {
-		kp, kt := w.keys(p, b.HeadDim)
-		tensor.AttnScoresOf(col, ld, kp, kt, w.qp, w.rows, b.HeadDim)
-	}
+	w.scorePanel(p, col, ld, b.HeadDim)
 	if p.kmag {
 		w.scaleByMag(p, col, ld, func(s *kvcache.Segment) []float32 { return s.KMag })
 	}
@@ -662,13 +672,13 @@ func (w *tile) weighted(b *Batch, pi int) {
 		}
 		if v == nil && p.single { // levels in place (Codec.LevelRows)
 			s := &w.segs[p.seg]
-			v, bits, ldv, levels = s.VC.LevelRows(s.V, s.Cap, hd, p.i0, p.n, &w.sm)
+			v, bits, ldv, levels = s.VC.LevelRows(s.V, s.Cap, hd, p.i0, p.n, w.vsm)
 		}
 		if v == nil {
 			v, vt, ldv = w.values(p, hd)
 		}
 		if levels {
-			tensor.AttnPVQ(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, bits, ldv, &w.sm, p.n, (t1-t0)*G, hd, w.dec)
+			tensor.AttnPVQ(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, bits, ldv, w.vsm, p.n, (t1-t0)*G, hd, w.dec)
 		} else {
 			tensor.AttnPV(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, vt, ldv, p.n, (t1-t0)*G, hd)
 		}

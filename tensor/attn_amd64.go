@@ -165,8 +165,8 @@ type (
 )
 
 // The fused kernels over quantized keys and values (attnq.go), AVX-512
-// only: qkQ[bits 8, 4][shift] indexed by rows (1..14), pvQ[bits 8, 4] by
-// rows (1..6).
+// only: qkQ[bits 8, 4][shift] and qkC[bits 4, 2] indexed by rows (1..14),
+// pvQ[bits 8, 4, 2] by rows (1..6).
 var (
 	qkQ = [2][2][]qkQFunc{
 		{{nil, qkQ8Zm1, qkQ8Zm2, qkQ8Zm3, qkQ8Zm4, qkQ8Zm5, qkQ8Zm6, qkQ8Zm7, qkQ8Zm8, qkQ8Zm9, qkQ8Zm10, qkQ8Zm11, qkQ8Zm12, qkQ8Zm13, qkQ8Zm14},
@@ -174,9 +174,14 @@ var (
 		{{nil, qkQ4Zm1, qkQ4Zm2, qkQ4Zm3, qkQ4Zm4, qkQ4Zm5, qkQ4Zm6, qkQ4Zm7, qkQ4Zm8, qkQ4Zm9, qkQ4Zm10, qkQ4Zm11, qkQ4Zm12, qkQ4Zm13, qkQ4Zm14},
 			{nil, qkQ4Zm1S, qkQ4Zm2S, qkQ4Zm3S, qkQ4Zm4S, qkQ4Zm5S, qkQ4Zm6S, qkQ4Zm7S, qkQ4Zm8S, qkQ4Zm9S, qkQ4Zm10S, qkQ4Zm11S, qkQ4Zm12S, qkQ4Zm13S, qkQ4Zm14S}},
 	}
-	pvQ = [2][]pvQFunc{
+	pvQ = [3][]pvQFunc{
 		{nil, pvQ8Zm1, pvQ8Zm2, pvQ8Zm3, pvQ8Zm4, pvQ8Zm5, pvQ8Zm6},
 		{nil, pvQ4Zm1, pvQ4Zm2, pvQ4Zm3, pvQ4Zm4, pvQ4Zm5, pvQ4Zm6},
+		{nil, pvQ2Zm1, pvQ2Zm2, pvQ2Zm3, pvQ2Zm4, pvQ2Zm5, pvQ2Zm6},
+	}
+	qkC = [2][]qkQFunc{
+		{nil, qkC4Zm1, qkC4Zm2, qkC4Zm3, qkC4Zm4, qkC4Zm5, qkC4Zm6, qkC4Zm7, qkC4Zm8, qkC4Zm9, qkC4Zm10, qkC4Zm11, qkC4Zm12, qkC4Zm13, qkC4Zm14},
+		{nil, qkC2Zm1, qkC2Zm2, qkC2Zm3, qkC2Zm4, qkC2Zm5, qkC2Zm6, qkC2Zm7, qkC2Zm8, qkC2Zm9, qkC2Zm10, qkC2Zm11, qkC2Zm12, qkC2Zm13, qkC2Zm14},
 	}
 )
 
@@ -188,14 +193,39 @@ func qkQKern(bits int, shift bool) []qkQFunc {
 	if shift {
 		s = 1
 	}
-	return qkQ[bits8Index(bits)][s]
+	b := 0
+	if bits == 4 {
+		b = 1
+	}
+	return qkQ[b][s]
 }
 
 func pvQKern(bits int) []pvQFunc {
-	if level != levelAVX512 || (bits != 8 && bits != 4) {
+	if level != levelAVX512 {
 		return nil
 	}
-	return pvQ[bits8Index(bits)]
+	switch bits {
+	case 8:
+		return pvQ[0]
+	case 4:
+		return pvQ[1]
+	case 2:
+		return pvQ[2]
+	}
+	return nil
+}
+
+func qkCKern(bits int) []qkQFunc {
+	if level != levelAVX512 {
+		return nil
+	}
+	switch bits {
+	case 4:
+		return qkC[0]
+	case 2:
+		return qkC[1]
+	}
+	return nil
 }
 
 // halfPairsLanes runs halfPairsZ (a direct call: sm stays where the
@@ -206,12 +236,4 @@ func halfPairsLanes(sm *[2 * AttnLanes]float32, meta *byte) bool {
 	}
 	halfPairsZ(meta, &sm[0])
 	return true
-}
-
-// bits8Index is the index of bits (8 or 4) in qkQ and pvQ.
-func bits8Index(bits int) int {
-	if bits == 8 {
-		return 0
-	}
-	return 1
 }

@@ -39,4 +39,6 @@ func qkQKern(bits int, shift bool) []qkQFunc { return nil }
 
 func pvQKern(bits int) []pvQFunc { return nil }
 
+func qkCKern(bits int) []qkQFunc { return nil }
+
 func halfPairsLanes(sm *[2 * AttnLanes]float32, meta *byte) bool { return false }

@@ -783,24 +783,6 @@ func qkQ8Zm13S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu
 func qkQ8Zm14S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
 
 //go:noescape
-func pvQ8Zm1(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
-
-//go:noescape
-func pvQ8Zm2(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
-
-//go:noescape
-func pvQ8Zm3(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
-
-//go:noescape
-func pvQ8Zm4(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
-
-//go:noescape
-func pvQ8Zm5(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
-
-//go:noescape
-func pvQ8Zm6(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
-
-//go:noescape
 func qkQ4Zm1(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
 
 //go:noescape
@@ -885,6 +867,108 @@ func qkQ4Zm13S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu
 func qkQ4Zm14S(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
 
 //go:noescape
+func qkC4Zm1(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm2(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm3(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm4(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm5(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm6(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm7(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm8(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm9(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm10(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm11(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm12(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm13(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC4Zm14(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm1(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm2(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm3(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm4(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm5(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm6(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm7(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm8(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm9(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm10(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm11(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm12(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm13(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func qkC2Zm14(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)
+
+//go:noescape
+func pvQ8Zm1(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ8Zm2(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ8Zm3(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ8Zm4(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ8Zm5(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ8Zm6(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
 func pvQ4Zm1(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
 
 //go:noescape
@@ -901,6 +985,24 @@ func pvQ4Zm5(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, 
 
 //go:noescape
 func pvQ4Zm6(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ2Zm1(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ2Zm2(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ2Zm3(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ2Zm4(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ2Zm5(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
+
+//go:noescape
+func pvQ2Zm6(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
 
 //go:noescape
 func actQ32Z(x *float32, dst *byte, nb, stride int, negCorr int32) uint32

@@ -141,27 +141,39 @@ func (c *kiviKeys) getRows(src []byte, n, d, i0, cnt int, out []float32) {
 	}
 }
 
-// LevelRows: q8 and q4 rows (one group a slot) in place, the slots'
-// metadata decoded (Codec.LevelRows); KIVI values, with groups of
-// channels, have no such rows.
-func (c *tokenQuant) LevelRows(src []byte, n, d, i0, cnt int, sm *[2 * tensor.AttnLanes]float32) ([]byte, int, int, bool) {
-	if c.group != 0 || (c.bits != 8 && c.bits != 4) || d*c.bits%8 != 0 || cnt < 1 || cnt > tensor.AttnLanes {
+// LevelRows: q8 and q4 rows (one group a slot) and KIVI values (groups
+// of 16·k channels) in place, the slots' metadata decoded and spread over
+// their 16-channel runs (Codec.LevelRows).
+func (c *tokenQuant) LevelRows(src []byte, n, d, i0, cnt int, sm []float32) ([]byte, int, int, bool) {
+	const L = tensor.AttnLanes
+	g := c.GroupChannels(d)
+	ng := c.groups(d)
+	if (c.bits != 8 && c.bits != 4 && c.bits != 2) || d*c.bits%8 != 0 || cnt < 1 || cnt > L ||
+		(ng > 1 && g%L != 0) || len(sm) < 2*L*((d+L-1)/L) {
 		return nil, 0, 0, false
 	}
 	rb := c.rowBytes(d)
-	m := n*rb + 4*i0
-	if i0+tensor.AttnLanes <= n {
-		tensor.HalfPairs(sm, src[m:m+4*tensor.AttnLanes])
-	} else { // the block ends before 16 slots' metadata
-		var meta [4 * tensor.AttnLanes]byte
-		copy(meta[:], src[m:m+4*cnt])
-		tensor.HalfPairs(sm, meta[:])
+	m := n*rb + 4*i0*ng
+	var buf [2 * L]float32
+	for grp := range ng { // the 16 slots' pairs of group grp: i·ng + grp
+		if ng == 1 && cnt == L {
+			tensor.HalfPairs(&buf, src[m:m+4*L])
+		} else {
+			var mb [4 * L]byte
+			for i := range cnt {
+				binary.LittleEndian.PutUint32(mb[4*i:], binary.LittleEndian.Uint32(src[m+4*(i*ng+grp):]))
+			}
+			tensor.HalfPairs(&buf, mb[:])
+		}
+		for k := grp * g / L; k*L < min((grp+1)*g, d); k++ { // its runs of 16 channels
+			copy(sm[2*L*k:2*L*(k+1)], buf[:])
+		}
 	}
 	return src[i0*rb : (i0+cnt)*rb], c.bits, rb, true
 }
 
 // LevelRows: none, the shift is not in the levels (shifted rows decode
 // through GetRows).
-func (c *shiftedQuant) LevelRows(src []byte, n, d, i0, cnt int, sm *[2 * tensor.AttnLanes]float32) ([]byte, int, int, bool) {
+func (c *shiftedQuant) LevelRows(src []byte, n, d, i0, cnt int, sm []float32) ([]byte, int, int, bool) {
 	return nil, 0, 0, false
 }

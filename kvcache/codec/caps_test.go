@@ -25,8 +25,9 @@ func capsCodecs(t *testing.T, mu []float32) []named {
 // TestCapabilities holds every capability a codec claims to its slot
 // reads, so that a new codec is checked by being registered in Parse: the
 // rows of a Plain codec, the panels of KeyPanel and DecodeKeyPanel, the
-// rows of GetRows and the slots of CopySlot hold what Get decodes, bit for
-// bit; Shiftable, Shift and Unshifted agree with Shifted; a codec groups
+// levels and scales of LevelPanel, ChannelPanel and LevelRows (claimed by
+// the q8, q4 and KIVI codecs), the rows of GetRows and the slots of
+// CopySlot hold what Get decodes, bit for bit; Shiftable, Shift and Unshifted agree with Shifted; a codec groups
 // tokens (GroupTokens) exactly when it is Grouped and not PerToken, and then
 // keeps a residual to seal its groups from.
 func TestCapabilities(t *testing.T) {
@@ -42,13 +43,15 @@ func TestCapabilities(t *testing.T) {
 	}
 	levels := map[string]bool{} // the codecs that gave levels in place, and how
 	defer func() {
-		for _, w := range []string{"q8/keys LevelPanel", "q4/keys LevelPanel", "q8/keys/shifted LevelPanel", "q4/keys/shifted LevelPanel", "q8/values LevelRows", "q4/values LevelRows"} {
+		want := []string{"q8/keys LevelPanel", "q4/keys LevelPanel", "q8/keys/shifted LevelPanel", "q4/keys/shifted LevelPanel",
+			"kivi2/keys ChannelPanel", "kivi4/keys ChannelPanel", "q8/values LevelRows", "q4/values LevelRows", "kivi2/values LevelRows", "kivi4/values LevelRows"}
+		for _, w := range want {
 			if !levels[w] {
 				t.Errorf("%s: not claimed (attention reads those levels in place)", w)
 			}
 		}
-		if len(levels) != 6 {
-			t.Errorf("levels in place from %v, want the six above", levels)
+		if len(levels) != len(want) {
+			t.Errorf("levels in place from %v, want %v", levels, want)
 		}
 	}()
 	for _, cc := range capsCodecs(t, mu) {
@@ -119,16 +122,35 @@ func TestCapabilities(t *testing.T) {
 					}
 				}
 			}
+			sc, mn := make([]float32, d), make([]float32, d)
+			for _, i0 := range []int{0, 16, 32, 8} {
+				full := i0%16 == 0 && i0+16 <= n
+				lv, bits, ok := c.ChannelPanel(b, n, d, i0, sc, mn)
+				if ok && !full {
+					t.Fatalf("ChannelPanel at slot %d: not a full group", i0)
+				}
+				if ok {
+					levels[cc.name+" ChannelPanel"] = true
+					for k := range d {
+						for j := range tensor.AttnLanes {
+							v := float32(sc[k]*float32(panelLevel(lv, bits, k, j))) + mn[k]
+							same("ChannelPanel", i0+j, k, v)
+						}
+					}
+				}
+			}
+			vsm := make([]float32, 2*tensor.AttnLanes*((d+15)/16))
 			for _, r := range [][2]int{{0, 16}, {16, 16}, {13, 7}, {32, 8}, {39, 1}} {
 				i0, cnt := r[0], r[1]
-				lv, bits, ld, ok := c.LevelRows(b, n, d, i0, cnt, &sm)
+				lv, bits, ld, ok := c.LevelRows(b, n, d, i0, cnt, vsm)
 				if !ok {
 					continue
 				}
 				levels[cc.name+" LevelRows"] = true
 				for i := range cnt {
 					for k := range d {
-						v := float32(sm[i]*float32(rowLevel(lv[i*ld:], bits, k))) + sm[tensor.AttnLanes+i]
+						ch := 2 * tensor.AttnLanes * (k / 16)
+						v := float32(vsm[ch+i]*float32(rowLevel(lv[i*ld:], bits, k))) + vsm[ch+tensor.AttnLanes+i]
 						same("LevelRows", i0+i, k, v)
 					}
 				}
@@ -201,8 +223,11 @@ func TestCapabilitiesDefaults(t *testing.T) {
 	if _, _, _, ok := c.LevelPanel(b, n, d, 0, &sm); ok {
 		t.Error("LevelPanel")
 	}
-	if _, _, _, ok := c.LevelRows(b, n, d, 0, n, &sm); ok {
+	if _, _, _, ok := c.LevelRows(b, n, d, 0, n, make([]float32, 32)); ok {
 		t.Error("LevelRows")
+	}
+	if _, _, ok := c.ChannelPanel(b, n, d, 0, make([]float32, d), make([]float32, d)); ok {
+		t.Error("ChannelPanel")
 	}
 	if DecodeKeyPanel(c, b, n, d, 0, make([]float32, n*d)) || CopySlot(c, b, n, 0, b, n, 1, d) {
 		t.Error("DecodeKeyPanel or CopySlot")
@@ -249,20 +274,15 @@ func (s slotOnly) Axpy(src []byte, n, d, i int, a float32, out []float32) {
 	s.f.Axpy(src, n, d, i, a, out)
 }
 
-// panelLevel is level c of lane j of a [d][16] panel of bits 8 or 4 (lane
-// 2i in the low nibble of byte i of the row).
+// panelLevel is level c of lane j of a [d][16] panel of bits 8, 4 or 2
+// (the row's levels packed low bits first).
 func panelLevel(u []byte, bits, c, j int) byte {
-	if bits == 8 {
-		return u[16*c+j]
-	}
-	return u[8*c+j/2] >> (4 * (j % 2)) & 15
+	e := (16*c + j) * bits
+	return u[e/8] >> (e % 8) & (1<<bits - 1)
 }
 
-// rowLevel is level c of a row of bits 8 or 4 (the even level in the low
-// nibble).
+// rowLevel is level c of a row of bits 8, 4 or 2 (low bits first).
 func rowLevel(u []byte, bits, c int) byte {
-	if bits == 8 {
-		return u[c]
-	}
-	return u[c/2] >> (4 * (c % 2)) & 15
+	e := c * bits
+	return u[e/8] >> (e % 8) & (1<<bits - 1)
 }

@@ -143,13 +143,21 @@ type Capabilities interface {
 	// full group: value c of slot i0+j is sm[j]·u + sm[16+j] (+ shift[c]),
 	// exactly as Get decodes it.
 	LevelPanel(src []byte, n, d, i0 int, sm *[2 * tensor.AttnLanes]float32) (levels []byte, bits int, shift []float32, ok bool)
+	// ChannelPanel returns, in place, the levels of slots i0 … i0+15 as a
+	// [d][16] panel of levels of bits bits (tensor.AttnScoresQC's layout),
+	// with channel c's scale in sc[c] and minimum in mn[c] (len ≥ d), when
+	// the codec quantizes keys per channel in panels (KIVI) and those slots
+	// are one full group: value c of slot i0+j is sc[c]·u + mn[c], exactly
+	// as Get decodes it.
+	ChannelPanel(src []byte, n, d, i0 int, sc, mn []float32) (levels []byte, bits int, ok bool)
 	// LevelRows returns, in place, the levels of slots i0 … i0+cnt−1
 	// (cnt ≤ 16) as rows of d levels of bits bits, ld bytes apart
-	// (tensor.AttnPVQ's layout), with slot i0+i's scale in sm[i] and
-	// minimum in sm[16+i], when the codec quantizes each slot with one
-	// scale and minimum in rows (q8, q4 values): value c of slot i0+i is
-	// sm[i]·u + sm[16+i], exactly as Get decodes it.
-	LevelRows(src []byte, n, d, i0, cnt int, sm *[2 * tensor.AttnLanes]float32) (levels []byte, bits, ld int, ok bool)
+	// (tensor.AttnPVQ's layout), with a scale and minimum per slot and 16
+	// channels in sm (len ≥ 32·⌈d/16⌉): value c of slot i0+i is
+	// sm[32k+i]·u + sm[32k+16+i], k = c/16, exactly as Get decodes it;
+	// when the codec quantizes values per token in rows (q8, q4, KIVI
+	// values) with every 16 channels inside one group.
+	LevelRows(src []byte, n, d, i0, cnt int, sm []float32) (levels []byte, bits, ld int, ok bool)
 	// GetRows decodes slots i0 … i0+cnt−1 into out [cnt][d], each exactly as
 	// Get decodes it, with the per-codec work done once per call; false
 	// when the codec has no such path (the caller then calls Get).
@@ -200,7 +208,10 @@ func (defaults) GetRows(src []byte, n, d, i0, cnt int, out []float32) bool      
 func (defaults) LevelPanel(src []byte, n, d, i0 int, sm *[2 * tensor.AttnLanes]float32) ([]byte, int, []float32, bool) {
 	return nil, 0, nil, false
 }
-func (defaults) LevelRows(src []byte, n, d, i0, cnt int, sm *[2 * tensor.AttnLanes]float32) ([]byte, int, int, bool) {
+func (defaults) ChannelPanel(src []byte, n, d, i0 int, sc, mn []float32) ([]byte, int, bool) {
+	return nil, 0, false
+}
+func (defaults) LevelRows(src []byte, n, d, i0, cnt int, sm []float32) ([]byte, int, int, bool) {
 	return nil, 0, 0, false
 }
 func (defaults) DotBlock(src []byte, n, d int, q, out []float32) bool            { return false }

@@ -450,3 +450,13 @@ func (c *shiftedPanels) LevelPanel(src []byte, n, d, i0 int, sm *[2 * tensor.Att
 	lv, bits, _, ok := c.quantPanels.LevelPanel(src, n, d, i0, sm)
 	return lv, bits, c.shift[:d], ok
 }
+
+// ChannelPanel: a full group's levels in place and the block's
+// per-channel metadata decoded (Codec.ChannelPanel).
+func (c *kiviKeys) ChannelPanel(src []byte, n, d, i0 int, sc, mn []float32) ([]byte, int, bool) {
+	if !fullGroup(n, d, i0) || d > maxStackDim || len(sc) < d || len(mn) < d {
+		return nil, 0, false
+	}
+	unmetas(c.metas(src, n, d), sc[:d], mn[:d])
+	return src[i0*d*c.bits/8 : (i0+tensor.AttnLanes)*d*c.bits/8], c.bits, true
+}

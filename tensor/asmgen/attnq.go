@@ -6,13 +6,23 @@ import "fmt"
 
 // Attention over quantized keys and values, decoded in registers (package
 // tensor's attnq.go has their plain Go twins): the scores of a panel of q8
-// or q4 keys and the weighted sum of q8 or q4 value rows, each level
-// decoded as s·u + m (a product then a sum, each rounded: scalePanel's and
-// scaleBytes's arithmetic) right before it is used, instead of a panel or
-// a row decoded to float32 in memory and read back. AVX-512 only; the AVX2
-// level runs the twins, which decode with the AVX2 kernels first.
+// or q4 keys (a scale and minimum per slot) or of KIVI's 4- or 2-bit keys
+// (a scale and minimum per channel), and the weighted sum of 8-, 4- or
+// 2-bit value rows, each level decoded as s·u + m (a product then a sum,
+// each rounded: scalePanel's, scaleLevels's and scaleBytes's arithmetic)
+// right before it is used, instead of a panel or rows decoded to float32
+// in memory and read back. AVX-512 only; the AVX2 level runs the twins,
+// which decode with the AVX2 kernels first.
 
 func genAttnQ(e *emitter) {
+	var sh2, sh4, perm4 [64]byte // dwords: 2j; 4·(j mod 8); j/8
+	for j := range 16 {
+		sh2[4*j], sh4[4*j], perm4[4*j] = byte(2*j), byte(4*(j%8)), byte(j/8)
+	}
+	e.dataBytes("lvshift2", sh2[:])
+	e.dataBytes("lvshift4", sh4[:])
+	e.dataBytes("lvperm4", perm4[:])
+	e.dataBytes("lvdw", []byte{3, 0, 0, 0, 15, 0, 0, 0}) // the dwords 3 and 15
 	genHalfPairs(e)
 	for _, bits := range []int{8, 4} {
 		for _, shift := range []bool{false, true} {
@@ -20,10 +30,101 @@ func genAttnQ(e *emitter) {
 				genQKQZ(e, bits, m, shift)
 			}
 		}
+	}
+	for _, bits := range []int{4, 2} {
+		for m := 1; m <= 14; m++ {
+			genQKCZ(e, bits, m)
+		}
+	}
+	for _, bits := range []int{8, 4, 2} {
 		for m := 1; m <= 6; m++ {
 			genPVQZ(e, bits, m)
 		}
 	}
+}
+
+// spreadZ makes the 16 levels of 4 bits at off(base) (packed low nibble
+// first) 16 bytes in order in X<r[0]>, with X<r[1]> overwritten; mask is
+// the nibble mask's operand (a register holding 0x0F in every byte, or a
+// memory operand to broadcast).
+func spreadZ(e *emitter, base string, off int, r []int, mask string) {
+	e.in("VMOVQ %d(%s), X%d", off, base, r[0])
+	e.in("VPSRLW $4, X%d, X%d", r[0], r[1])
+	e.in("VPANDD%s, X%d, X%d", mask, r[0], r[0])
+	e.in("VPANDD%s, X%d, X%d", mask, r[1], r[1])
+	e.in("VPUNPCKLBW X%d, X%d, X%d", r[1], r[0], r[0])
+}
+
+// levelsDW puts the 16 levels of bits 2 or 4 at off(base) (packed low bits
+// first) in the 16 dword lanes of Z<dst>: 2 bits, the 4 bytes broadcast
+// to every lane and lane j shifted right by 2j; 4 bits, the 8 bytes in
+// X<tmp>, lane j taking dword j/8 (VPERMD, the indices lvperm4 in
+// Z<perm>) shifted right by 4·(j mod 8); then masked to the level.
+func levelsDW(e *emitter, bits int, base string, off, dst, tmp, perm int) {
+	if bits == 2 {
+		e.in("VPBROADCASTD %d(%s), Z%d", off, base, dst)
+		e.in("VPSRLVD lvshift2<>(SB), Z%d, Z%d", dst, dst)
+		e.in("VPANDD.BCST lvdw<>+0(SB), Z%d, Z%d", dst, dst)
+		return
+	}
+	e.in("VMOVQ %d(%s), X%d", off, base, tmp)
+	e.in("VPERMD Z%d, Z%d, Z%d", tmp, perm, dst)
+	e.in("VPSRLVD lvshift4<>(SB), Z%d, Z%d", dst, dst)
+	e.in("VPANDD.BCST lvdw<>+4(SB), Z%d, Z%d", dst, dst)
+}
+
+const qkCSig = "(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, mn *float32)"
+
+// qkC<bits>Zm<M>(p *byte, xp *float32, k int, c *float32, ldc int,
+// sc *float32, mn *float32): qkZm<M> over the panel of k rows of 16 levels
+// of bits 4 or 2 at p (row c: 2·bits bytes, lane j at bits j·bits … low
+// bits first), row c decoded as u·sc[c] + mn[c] exactly as
+// scaleLevels<bits>ZR decodes it — KIVI's keys, a scale and minimum per
+// channel. Registers: accumulators Z0..Z<M−1>, products Z<M>..Z25, the
+// key row Z31, the level mask X28, the levels X26, X27, X29, X30.
+func genQKCZ(e *emitter, bits, m int) {
+	e.text(fmt.Sprintf("qkC%dZm%d", bits, m), qkCSig, 56)
+	e.in("MOVQ p+0(FP), SI")
+	e.in("MOVQ xp+8(FP), DI")
+	e.in("MOVQ k+16(FP), CX")
+	e.in("MOVQ c+24(FP), DX")
+	e.in("MOVQ ldc+32(FP), BX")
+	e.in("MOVQ sc+40(FP), AX")
+	e.in("MOVQ mn+48(FP), R8")
+	for t := 0; t < m; t++ {
+		e.in("VXORPS Z%d, Z%d, Z%d", t, t, t)
+	}
+	e.in("TESTQ CX, CX")
+	e.in("JZ done")
+	if bits == 4 {
+		e.in("VMOVDQU32 lvperm4<>(SB), Z28")
+	}
+	e.label("loop")
+	levelsDW(e, bits, "SI", 0, 31, 27, 28)
+	e.in("VCVTDQ2PS Z31, Z31")
+	e.in("VMULPS.BCST (AX), Z31, Z31")
+	e.in("VADDPS.BCST (R8), Z31, Z31")
+	e.in("ADDQ $4, AX")
+	e.in("ADDQ $4, R8")
+	ntmp := 26 - m
+	for t := 0; t < m; t++ {
+		tmp := m + t%ntmp
+		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
+		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
+	}
+	e.in("ADDQ $%d, SI", 2*bits)
+	e.in("ADDQ $%d, DI", 4*m)
+	e.in("DECQ CX")
+	e.in("JNZ loop")
+	e.label("done")
+	for t := 0; t < m; t++ {
+		e.in("VMOVUPS Z%d, (DX)", t)
+		if t < m-1 {
+			e.in("ADDQ BX, DX")
+		}
+	}
+	e.in("VZEROUPPER")
+	e.in("RET")
 }
 
 // halfPairsZ(meta *byte, sm *float32): the 16 {f16 scale, f16 minimum}
@@ -83,18 +184,13 @@ func genQKQZ(e *emitter, bits, m int, shift bool) {
 	e.in("VMOVUPS (AX), Z30")
 	e.in("VMOVUPS 64(AX), Z29")
 	if bits == 4 {
-		e.in("VPBROADCASTD qmask0F<>(SB), X28")
+		e.in("VMOVDQU32 lvperm4<>(SB), Z28")
 	}
 	e.label("loop")
 	if bits == 8 {
 		e.in("VPMOVZXBD (SI), Z31")
 	} else {
-		e.in("VMOVQ (SI), X27")
-		e.in("VPSRLW $4, X27, X26")
-		e.in("VPANDD X28, X27, X27")
-		e.in("VPANDD X28, X26, X26")
-		e.in("VPUNPCKLBW X26, X27, X27")
-		e.in("VPMOVZXBD X27, Z31")
+		levelsDW(e, 4, "SI", 0, 31, 27, 28)
 	}
 	e.in("VCVTDQ2PS Z31, Z31")
 	e.in("VMULPS Z30, Z31, Z31")
@@ -127,12 +223,13 @@ func genQKQZ(e *emitter, bits, m int, shift bool) {
 const pvQSig = "(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)"
 
 // pvQ<bits>Zm<M>(p *float32, ldp int, v *byte, ldv int, n int, o *float32,
-// ldo int, cols int, sm *float32): pvF32Zm<M> over n rows of levels (row i
-// at v + i·ldv: 8 bits a byte a column; 4 bits two columns a byte, the
-// even one in the low nibble), value c of row i decoded as
-// u·sm[i] + sm[16+i] exactly as scaleBytesZ decodes it (n ≤ 16). The
-// same registers as pvF32Zm<M>; the nibbles in X29, X30 before the
-// products use them.
+// ldo int, cols int, sm *float32): pvF32Zm<M> over n ≤ 16 rows of levels
+// of bits 8, 4 or 2 (row i at v + i·ldv, packed low bits first), value c
+// of row i decoded as u·sm[32k + i] + sm[32k + 16 + i] with k = c/16 (a
+// scale and minimum per row and 16 columns) exactly as scaleBytesZ and
+// scaleLevels<bits>Z decode it. The same registers as pvF32Zm<M>; the
+// levels spread in Z28-Z29 before the products use them. sm+64(FP) is
+// moved on by 128 bytes a 16 columns done.
 func genPVQZ(e *emitter, bits, m int) {
 	e.text(fmt.Sprintf("pvQ%dZm%d", bits, m), pvQSig, 72)
 	e.in("MOVQ ldp+8(FP), BX")
@@ -174,19 +271,18 @@ func genPVQZ(e *emitter, bits, m int) {
 		e.label(fmt.Sprintf("l%d", w))
 		for j := 0; j < w; j++ {
 			z := fmt.Sprintf("Z%d", 24+j)
-			if bits == 8 {
+			switch bits {
+			case 8:
 				e.in("VPMOVZXBD %d(DI), %s", 16*j, z)
-			} else {
-				e.in("VMOVQ %d(DI), X29", 8*j)
-				e.in("VPSRLW $4, X29, X30")
-				e.in("VPANDD.BCST qmask0F<>(SB), X29, X29")
-				e.in("VPANDD.BCST qmask0F<>(SB), X30, X30")
-				e.in("VPUNPCKLBW X30, X29, X29")
-				e.in("VPMOVZXBD X29, %s", z)
+			case 2:
+				levelsDW(e, 2, "DI", 4*j, 24+j, 0, 0)
+			default:
+				spreadZ(e, "DI", 8*j, []int{28, 29}, ".BCST qmask0F<>(SB)")
+				e.in("VPMOVZXBD X28, %s", z)
 			}
 			e.in("VCVTDQ2PS %s, %s", z, z)
-			e.in("VMULPS.BCST (R14), %s, %s", z, z)
-			e.in("VADDPS.BCST 64(R14), %s, %s", z, z)
+			e.in("VMULPS.BCST %d(R14), %s, %s", 128*j, z, z)
+			e.in("VADDPS.BCST %d(R14), %s, %s", 128*j+64, z, z)
 		}
 		ti := 0
 		for r := 0; r < m; r++ {
@@ -218,6 +314,9 @@ func genPVQZ(e *emitter, bits, m int) {
 		}
 		e.in("ADDQ $%d, DX", 64*w)
 		e.in("ADDQ $%d, R13", 2*bits*w)
+		e.in("MOVQ sm+64(FP), R14")
+		e.in("ADDQ $%d, R14", 128*w)
+		e.in("MOVQ R14, sm+64(FP)")
 		e.in("SUBQ $%d, R11", 16*w)
 		e.in("JMP %s", lbl)
 	}
