@@ -194,3 +194,59 @@ func upTo(segs []kvcache.Segment, end int32) []kvcache.Segment {
 	}
 	return out
 }
+
+// BenchmarkDecodeStep measures the attention of a whole decode step of a
+// TinyLlama-shaped model (22 layers × 4 KV heads × 8 query heads, head dim
+// 64, blocks of 16) after 16,384 tokens, the layers one after another as a
+// forward pass runs them, so that the cache (358 MiB in f16) streams from
+// memory as in `kvlm bench`, where one layer's (BenchmarkDecodeGQA) may sit
+// in the L3. Metric: the KV bytes a step reads.
+func BenchmarkDecodeStep(b *testing.B) {
+	const layers, heads, G, hd, ctx, chunk = 22, 4, 8, 64, 16384, 512
+	rng := rand.New(rand.NewPCG(5, 5))
+	k, v := make([]float32, chunk*heads*hd), make([]float32, chunk*heads*hd)
+	for i := range k {
+		k[i], v[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+	}
+	q := make([]float32, heads*G*hd)
+	for i := range q {
+		q[i] = float32(rng.NormFloat64())
+	}
+	out := make([]float32, len(q))
+	pos := make([]int32, chunk)
+	for _, cn := range []string{"f16", "q8", "q4", "kivi2"} {
+		kc, _ := codec.Parse(cn, codec.Keys)
+		vc, _ := codec.Parse(cn, codec.Values)
+		pool, err := kvcache.NewPool(kvcache.PoolConfig{Layout: kvcache.Layout{Layers: layers, KVHeads: heads, HeadDim: hd},
+			BlockTokens: 16, K: kc, V: vc, Tokens: ctx})
+		if err != nil {
+			b.Fatal(err)
+		}
+		seq := pool.NewSequence()
+		for lo := 0; lo < ctx; lo += chunk {
+			for i := range pos {
+				pos[i] = int32(lo + i)
+			}
+			for l := range layers {
+				if err := seq.Append(l, pos, k, v); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.Run(fmt.Sprintf("%s/ctx=%d", cn, ctx), func(b *testing.B) {
+			bt := make([]Batch, layers)
+			for l := range bt {
+				bt[l] = Batch{Heads: heads, G: G, HeadDim: hd, Norm: float32(math.Sqrt(hd)), Q: q, Out: out,
+					Pos: []int32{ctx}, Segs: func(h int) []kvcache.Segment { return seq.Segments(l, h) }}
+			}
+			var sc Scratch
+			for b.Loop() {
+				for l := range bt {
+					bt[l].Run(&sc)
+				}
+			}
+			b.ReportMetric(float64(seq.Bytes()), "kv-bytes/step")
+		})
+		seq.Free()
+	}
+}
