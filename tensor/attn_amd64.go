@@ -228,12 +228,16 @@ func qkCKern(bits int) []qkQFunc {
 	return nil
 }
 
-// halfPairsLanes runs halfPairsZ (a direct call: sm stays where the
-// caller has it) and reports whether it did.
+// halfPairsLanes runs halfPairsZ or halfPairsY (direct calls: sm stays
+// where the caller has it) and reports whether it did.
 func halfPairsLanes(sm *[2 * AttnLanes]float32, meta *byte) bool {
-	if level != levelAVX512 {
+	switch level {
+	case levelAVX512:
+		halfPairsZ(meta, &sm[0])
+	case levelAVX2:
+		halfPairsY(meta, &sm[0])
+	default:
 		return false
 	}
-	halfPairsZ(meta, &sm[0])
 	return true
 }

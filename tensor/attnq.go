@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"encoding/binary"
+	"fmt"
 	"unsafe"
 )
 
@@ -41,6 +42,9 @@ func halfPairsGo(sm *[2 * AttnLanes]float32, meta []byte) {
 // for bit. tmp (≥ d·16 values) is scratch for the levels that have no
 // fused kernel.
 func AttnScoresQ(s []float32, lds int, levels []byte, bits int, sm *[2 * AttnLanes]float32, shift []float32, qp []float32, rows, d int, tmp []float32) {
+	if bits != 8 && bits != 4 {
+		panic(fmt.Sprintf("tensor: AttnScoresQ over levels of %d bits", bits))
+	}
 	if rows == 0 || d <= 0 {
 		return
 	}

@@ -699,6 +699,9 @@ func scalePanel4YShift(dst *float32, u *byte, sm *float32, mu *float32, d int)
 func halfPairsZ(meta *byte, sm *float32)
 
 //go:noescape
+func halfPairsY(meta *byte, sm *float32)
+
+//go:noescape
 func qkQ8Zm1(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
 
 //go:noescape

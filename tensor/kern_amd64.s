@@ -15440,6 +15440,29 @@ TEXT ·halfPairsZ(SB), NOSPLIT, $0-16
 	VZEROUPPER
 	RET
 
+// func halfPairsY(meta *byte, sm *float32)
+TEXT ·halfPairsY(SB), NOSPLIT, $0-16
+	MOVQ meta+0(FP), SI
+	MOVQ sm+8(FP), DI
+	VMOVDQU 0(SI), Y0
+	VPSHUFB halfpairs<>(SB), Y0, Y0
+	VPERMQ $0xd8, Y0, Y0
+	VCVTPH2PS X0, Y1
+	VEXTRACTI128 $1, Y0, X2
+	VCVTPH2PS X2, Y2
+	VMOVUPS Y1, 0(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVDQU 32(SI), Y0
+	VPSHUFB halfpairs<>(SB), Y0, Y0
+	VPERMQ $0xd8, Y0, Y0
+	VCVTPH2PS X0, Y1
+	VEXTRACTI128 $1, Y0, X2
+	VCVTPH2PS X2, Y2
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 96(DI)
+	VZEROUPPER
+	RET
+
 // func qkQ8Zm1(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, mu *float32)
 TEXT ·qkQ8Zm1(SB), NOSPLIT, $0-56
 	MOVQ p+0(FP), SI
@@ -84306,6 +84329,12 @@ GLOBL lvperm4<>(SB), RODATA|NOPTR, $64
 
 DATA lvdw<>+0(SB)/8, $0x0000000f00000003
 GLOBL lvdw<>(SB), RODATA|NOPTR, $8
+
+DATA halfpairs<>+0(SB)/8, $0x0d0c090805040100
+DATA halfpairs<>+8(SB)/8, $0x0f0e0b0a07060302
+DATA halfpairs<>+16(SB)/8, $0x0d0c090805040100
+DATA halfpairs<>+24(SB)/8, $0x0f0e0b0a07060302
+GLOBL halfpairs<>(SB), RODATA|NOPTR, $32
 
 DATA actAbs<>+0(SB)/8, $0x7fffffff7fffffff
 DATA actAbs<>+8(SB)/8, $0x7fffffff7fffffff

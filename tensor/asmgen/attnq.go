@@ -24,6 +24,7 @@ func genAttnQ(e *emitter) {
 	e.dataBytes("lvperm4", perm4[:])
 	e.dataBytes("lvdw", []byte{3, 0, 0, 0, 15, 0, 0, 0}) // the dwords 3 and 15
 	genHalfPairs(e)
+	genHalfPairsY(e)
 	for _, bits := range []int{8, 4} {
 		for _, shift := range []bool{false, true} {
 			for m := 1; m <= 14; m++ {
@@ -122,6 +123,36 @@ func genQKCZ(e *emitter, bits, m int) {
 		if t < m-1 {
 			e.in("ADDQ BX, DX")
 		}
+	}
+	e.in("VZEROUPPER")
+	e.in("RET")
+}
+
+// halfPairsY: halfPairsZ for AVX2 (F16C), 8 pairs at a time: each
+// 128-bit lane's 4 scales gathered into its low 8 bytes and 4 minimums
+// into its high 8 (VPSHUFB), the lanes' halves put in order (VPERMQ), and
+// each 8 converted.
+func genHalfPairsY(e *emitter) {
+	var shuf [32]byte
+	for l := range 2 {
+		for i := range 4 {
+			shuf[16*l+2*i], shuf[16*l+2*i+1] = byte(4*i), byte(4*i+1)       // scale i
+			shuf[16*l+8+2*i], shuf[16*l+8+2*i+1] = byte(4*i+2), byte(4*i+3) // minimum i
+		}
+	}
+	e.dataBytes("halfpairs", shuf[:])
+	e.text("halfPairsY", "(meta *byte, sm *float32)", 16)
+	e.in("MOVQ meta+0(FP), SI")
+	e.in("MOVQ sm+8(FP), DI")
+	for h := range 2 {
+		e.in("VMOVDQU %d(SI), Y0", 32*h)
+		e.in("VPSHUFB halfpairs<>(SB), Y0, Y0")
+		e.in("VPERMQ $0xd8, Y0, Y0")
+		e.in("VCVTPH2PS X0, Y1")
+		e.in("VEXTRACTI128 $1, Y0, X2")
+		e.in("VCVTPH2PS X2, Y2")
+		e.in("VMOVUPS Y1, %d(DI)", 32*h)
+		e.in("VMOVUPS Y2, %d(DI)", 64+32*h)
 	}
 	e.in("VZEROUPPER")
 	e.in("RET")
