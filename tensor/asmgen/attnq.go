@@ -84,19 +84,9 @@ const qkCSig = "(p *byte, xp *float32, k int, c *float32, ldc int, sc *float32, 
 // channel. Registers: accumulators Z0..Z<M−1>, products Z<M>..Z25, the
 // key row Z31, the level mask X28, the levels X26, X27, X29, X30.
 func genQKCZ(e *emitter, bits, m int) {
-	e.text(fmt.Sprintf("qkC%dZm%d", bits, m), qkCSig, 56)
-	e.in("MOVQ p+0(FP), SI")
-	e.in("MOVQ xp+8(FP), DI")
-	e.in("MOVQ k+16(FP), CX")
-	e.in("MOVQ c+24(FP), DX")
-	e.in("MOVQ ldc+32(FP), BX")
+	qkHeadZ(e, fmt.Sprintf("qkC%dZm%d", bits, m), qkCSig, 56, m)
 	e.in("MOVQ sc+40(FP), AX")
 	e.in("MOVQ mn+48(FP), R8")
-	for t := 0; t < m; t++ {
-		e.in("VXORPS Z%d, Z%d, Z%d", t, t, t)
-	}
-	e.in("TESTQ CX, CX")
-	e.in("JZ done")
 	if bits == 4 {
 		e.in("VMOVDQU32 lvperm4<>(SB), Z28")
 	}
@@ -107,25 +97,9 @@ func genQKCZ(e *emitter, bits, m int) {
 	e.in("VADDPS.BCST (R8), Z31, Z31")
 	e.in("ADDQ $4, AX")
 	e.in("ADDQ $4, R8")
-	ntmp := 26 - m
-	for t := 0; t < m; t++ {
-		tmp := m + t%ntmp
-		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
-		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
-	}
-	e.in("ADDQ $%d, SI", 2*bits)
-	e.in("ADDQ $%d, DI", 4*m)
-	e.in("DECQ CX")
-	e.in("JNZ loop")
-	e.label("done")
-	for t := 0; t < m; t++ {
-		e.in("VMOVUPS Z%d, (DX)", t)
-		if t < m-1 {
-			e.in("ADDQ BX, DX")
-		}
-	}
-	e.in("VZEROUPPER")
-	e.in("RET")
+	panelProductsZ(e, m, 26-m)
+	panelStepZ(e, m, 2*bits)
+	qkTailZ(e, m)
 }
 
 // halfPairsY: halfPairsZ for AVX2 (F16C), 8 pairs at a time: each
@@ -199,19 +173,9 @@ const qkQSig = "(p *byte, xp *float32, k int, c *float32, ldc int, sm *float32, 
 // key row Z31, the scales Z30, the minimums Z29, the nibble mask X28 and
 // the nibbles X26, X27.
 func genQKQZ(e *emitter, bits, m int, shift bool) {
-	e.text(qkQName(bits, m, shift), qkQSig, 56)
-	e.in("MOVQ p+0(FP), SI")
-	e.in("MOVQ xp+8(FP), DI")
-	e.in("MOVQ k+16(FP), CX")
-	e.in("MOVQ c+24(FP), DX")
-	e.in("MOVQ ldc+32(FP), BX")
+	qkHeadZ(e, qkQName(bits, m, shift), qkQSig, 56, m)
 	e.in("MOVQ sm+40(FP), AX")
 	e.in("MOVQ mu+48(FP), R8")
-	for t := 0; t < m; t++ {
-		e.in("VXORPS Z%d, Z%d, Z%d", t, t, t)
-	}
-	e.in("TESTQ CX, CX")
-	e.in("JZ done")
 	e.in("VMOVUPS (AX), Z30")
 	e.in("VMOVUPS 64(AX), Z29")
 	if bits == 4 {
@@ -230,25 +194,9 @@ func genQKQZ(e *emitter, bits, m int, shift bool) {
 		e.in("VADDPS.BCST (R8), Z31, Z31")
 		e.in("ADDQ $4, R8")
 	}
-	ntmp := 26 - m
-	for t := 0; t < m; t++ {
-		tmp := m + t%ntmp
-		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
-		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
-	}
-	e.in("ADDQ $%d, SI", 2*bits)
-	e.in("ADDQ $%d, DI", 4*m)
-	e.in("DECQ CX")
-	e.in("JNZ loop")
-	e.label("done")
-	for t := 0; t < m; t++ {
-		e.in("VMOVUPS Z%d, (DX)", t)
-		if t < m-1 {
-			e.in("ADDQ BX, DX")
-		}
-	}
-	e.in("VZEROUPPER")
-	e.in("RET")
+	panelProductsZ(e, m, 26-m)
+	panelStepZ(e, m, 2*bits)
+	qkTailZ(e, m)
 }
 
 const pvQSig = "(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)"
@@ -262,46 +210,9 @@ const pvQSig = "(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo i
 // levels spread in Z28-Z29 before the products use them. sm+64(FP) is
 // moved on by 128 bytes a 16 columns done.
 func genPVQZ(e *emitter, bits, m int) {
-	e.text(fmt.Sprintf("pvQ%dZm%d", bits, m), pvQSig, 72)
-	e.in("MOVQ ldp+8(FP), BX")
-	e.in("MOVQ v+16(FP), R13")
-	e.in("MOVQ ldv+24(FP), R9")
-	e.in("MOVQ n+32(FP), AX")
-	e.in("MOVQ o+40(FP), DX")
-	e.in("MOVQ ldo+48(FP), R10")
-	e.in("MOVQ cols+56(FP), R11")
-	for _, w := range []int{4, 1} {
-		lbl := fmt.Sprintf("c%d", w)
-		e.label(lbl)
-		e.in("CMPQ R11, $%d", 16*w)
-		if w == 4 {
-			e.in("JLT c1")
-		} else {
-			e.in("JLT done")
-		}
-		acc := func(r, j int) int { return r*w + j }
-		e.in("MOVQ DX, R12")
-		for r := 0; r < m; r++ {
-			for j := 0; j < w; j++ {
-				e.in("VMOVUPS %d(R12), Z%d", 64*j, acc(r, j))
-			}
-			if r < m-1 {
-				e.in("ADDQ R10, R12")
-			}
-		}
-		e.in("MOVQ p+0(FP), SI")
-		if m > 3 {
-			e.in("LEAQ (SI)(BX*2), R8")
-			e.in("ADDQ BX, R8")
-		}
-		e.in("MOVQ sm+64(FP), R14")
-		e.in("MOVQ R13, DI")
-		e.in("MOVQ AX, CX")
-		e.in("TESTQ CX, CX")
-		e.in("JZ s%d", w)
-		e.label(fmt.Sprintf("l%d", w))
-		for j := 0; j < w; j++ {
-			z := fmt.Sprintf("Z%d", 24+j)
+	genPVZWith(e, m, pvHooks{name: fmt.Sprintf("pvQ%dZm%d", bits, m), sig: pvQSig, args: 72, colBytes: 2 * bits,
+		start: func() { e.in("MOVQ sm+64(FP), R14") },
+		load: func(j int, z string) {
 			switch bits {
 			case 8:
 				e.in("VPMOVZXBD %d(DI), %s", 16*j, z)
@@ -314,44 +225,11 @@ func genPVQZ(e *emitter, bits, m int) {
 			e.in("VCVTDQ2PS %s, %s", z, z)
 			e.in("VMULPS.BCST %d(R14), %s, %s", 128*j, z, z)
 			e.in("VADDPS.BCST %d(R14), %s, %s", 128*j+64, z, z)
-		}
-		ti := 0
-		for r := 0; r < m; r++ {
-			e.in("VBROADCASTSS %s, Z28", pvRow(r))
-			for j := 0; j < w; j++ {
-				tr := 29 + ti%3
-				ti++
-				e.in("VMULPS Z%d, Z28, Z%d", 24+j, tr)
-				e.in("VADDPS Z%d, Z%d, Z%d", tr, acc(r, j), acc(r, j))
-			}
-		}
-		e.in("ADDQ $4, SI")
-		if m > 3 {
-			e.in("ADDQ $4, R8")
-		}
-		e.in("ADDQ $4, R14")
-		e.in("ADDQ R9, DI")
-		e.in("DECQ CX")
-		e.in("JNZ l%d", w)
-		e.label(fmt.Sprintf("s%d", w))
-		e.in("MOVQ DX, R12")
-		for r := 0; r < m; r++ {
-			for j := 0; j < w; j++ {
-				e.in("VMOVUPS Z%d, %d(R12)", acc(r, j), 64*j)
-			}
-			if r < m-1 {
-				e.in("ADDQ R10, R12")
-			}
-		}
-		e.in("ADDQ $%d, DX", 64*w)
-		e.in("ADDQ $%d, R13", 2*bits*w)
-		e.in("MOVQ sm+64(FP), R14")
-		e.in("ADDQ $%d, R14", 128*w)
-		e.in("MOVQ R14, sm+64(FP)")
-		e.in("SUBQ $%d, R11", 16*w)
-		e.in("JMP %s", lbl)
-	}
-	e.label("done")
-	e.in("VZEROUPPER")
-	e.in("RET")
+		},
+		next: func() { e.in("ADDQ $4, R14") },
+		end: func(w int) {
+			e.in("MOVQ sm+64(FP), R14")
+			e.in("ADDQ $%d, R14", 128*w)
+			e.in("MOVQ R14, sm+64(FP)")
+		}})
 }

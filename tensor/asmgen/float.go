@@ -613,7 +613,17 @@ func qkName(src, isa string, m int) string {
 // as kernF32Zm<M> from zero over a panel of type src, row t of the result
 // stored at c + t·ldc bytes.
 func genQKZ(e *emitter, src string, m int) {
-	e.text(qkName(src, "Z", m), qkSig, 40)
+	qkHeadZ(e, qkName(src, "Z", m), qkSig, 40, m)
+	panelLoopZOf(e, m, src)
+	qkTailZ(e, m)
+}
+
+// qkHeadZ starts a score kernel of M rows over a panel (name, Go signature
+// sig with args bytes of arguments, the first five p, xp, k, c, ldc): the
+// arguments in SI, DI, CX, DX, BX, the accumulators Z0..Z<M−1> zeroed, and
+// a jump to done when k is 0.
+func qkHeadZ(e *emitter, name, sig string, args, m int) {
+	e.text(name, sig, args)
 	e.in("MOVQ p+0(FP), SI")
 	e.in("MOVQ xp+8(FP), DI")
 	e.in("MOVQ k+16(FP), CX")
@@ -624,7 +634,11 @@ func genQKZ(e *emitter, src string, m int) {
 	}
 	e.in("TESTQ CX, CX")
 	e.in("JZ done")
-	panelLoopZOf(e, m, src)
+}
+
+// qkTailZ ends a score kernel of M rows: at done, row t of the result
+// stored at c + t·ldc bytes.
+func qkTailZ(e *emitter, m int) {
 	e.label("done")
 	for t := 0; t < m; t++ {
 		e.in("VMOVUPS Z%d, (DX)", t)
@@ -700,8 +714,34 @@ func pvRow(r int) string {
 // += p[r][i]·v_i[c] for the slots i < n in order (v_i ldv bytes apart, of
 // type src), a multiply then an add: 64 columns at a time, then 16.
 func genPVZ(e *emitter, src string, m int) {
-	e.text(fmt.Sprintf("pv%sZm%d", src, m), pvSig, 64)
 	es := map[string]int{"F32": 4, "F16": 2, "BF16": 2}[src]
+	genPVZWith(e, m, pvHooks{name: fmt.Sprintf("pv%sZm%d", src, m), sig: pvSig, args: 64, colBytes: 16 * es,
+		load: func(j int, z string) { pvLoad(e, src, 16*j, z) }})
+}
+
+// pvHooks makes pvF32Zm<M>'s loop read other value types: the kernel's
+// name, Go signature and argument bytes (the first eight pvSig's), the
+// bytes of 16 columns of a value row, and what it does before a column
+// group's slots (start), to load columns 16j … 16j+15 of the current slot
+// as float32 into register z (load), after each slot (next) and after a
+// group of 16·w columns (end). Nil hooks do nothing.
+type pvHooks struct {
+	name, sig string
+	args      int
+	colBytes  int
+	start     func()
+	load      func(j int, z string)
+	next      func()
+	end       func(w int)
+}
+
+func genPVZWith(e *emitter, m int, h pvHooks) {
+	call := func(f func()) {
+		if f != nil {
+			f()
+		}
+	}
+	e.text(h.name, h.sig, h.args)
 	e.in("MOVQ ldp+8(FP), BX")
 	e.in("MOVQ v+16(FP), R13")
 	e.in("MOVQ ldv+24(FP), R9")
@@ -733,13 +773,14 @@ func genPVZ(e *emitter, src string, m int) {
 			e.in("LEAQ (SI)(BX*2), R8")
 			e.in("ADDQ BX, R8")
 		}
+		call(h.start)
 		e.in("MOVQ R13, DI")
 		e.in("MOVQ AX, CX")
 		e.in("TESTQ CX, CX")
 		e.in("JZ s%d", w)
 		e.label(fmt.Sprintf("l%d", w))
 		for j := 0; j < w; j++ {
-			pvLoad(e, src, 16*j, fmt.Sprintf("Z%d", 24+j))
+			h.load(j, fmt.Sprintf("Z%d", 24+j))
 		}
 		ti := 0
 		for r := 0; r < m; r++ {
@@ -755,6 +796,7 @@ func genPVZ(e *emitter, src string, m int) {
 		if m > 3 {
 			e.in("ADDQ $4, R8")
 		}
+		call(h.next)
 		e.in("ADDQ R9, DI")
 		e.in("DECQ CX")
 		e.in("JNZ l%d", w)
@@ -769,7 +811,10 @@ func genPVZ(e *emitter, src string, m int) {
 			}
 		}
 		e.in("ADDQ $%d, DX", 64*w)
-		e.in("ADDQ $%d, R13", 16*w*es)
+		e.in("ADDQ $%d, R13", w*h.colBytes)
+		if h.end != nil {
+			h.end(w)
+		}
 		e.in("SUBQ $%d, R11", 16*w)
 		e.in("JMP %s", lbl)
 	}
@@ -1199,13 +1244,25 @@ func genScaleBytes(e *emitter) {
 func panelLoopZOf(e *emitter, m int, src string) {
 	e.label("loop")
 	loadAs(e, src, "SI", 0, "Z31")
-	ntmp := 31 - m
+	panelProductsZ(e, m, 31-m)
+	panelStepZ(e, m, 16*map[string]int{"F32": 4, "F16": 2, "BF16": 2}[src])
+}
+
+// panelProductsZ adds the products of the panel row in Z31 with the M
+// query values at DI (broadcast) to the accumulators Z0..Z<M−1>, a product
+// (into one of ntmp temporaries from Z<M> on) then a sum.
+func panelProductsZ(e *emitter, m, ntmp int) {
 	for t := 0; t < m; t++ {
 		tmp := m + t%ntmp
 		e.in("VMULPS.BCST %d(DI), Z31, Z%d", 4*t, tmp)
 		e.in("VADDPS Z%d, Z%d, Z%d", tmp, t, t)
 	}
-	e.in("ADDQ $%d, SI", 16*map[string]int{"F32": 4, "F16": 2, "BF16": 2}[src])
+}
+
+// panelStepZ ends a panel loop's step: SI on by rowBytes, DI by the M
+// query values, and back to loop while CX counts down.
+func panelStepZ(e *emitter, m, rowBytes int) {
+	e.in("ADDQ $%d, SI", rowBytes)
 	e.in("ADDQ $%d, DI", 4*m)
 	e.in("DECQ CX")
 	e.in("JNZ loop")
