@@ -283,11 +283,15 @@ func TestBenchLongContext(t *testing.T) {
 // TestBenchSweep: --sweep-batch runs the engine at a fixed KV memory. In
 // 256 KiB (two requests of 64 + 16 tokens: 5 blocks, 108,800 B each) a
 // batch of 4 cannot run together: requests wait or are preempted; in 8
-// MiB all four decode together and none is preempted. Every request
-// generates its tokens either way. (Not checked, because they hang on
-// scheduler timing: whether a request submitted while a step runs is seen
-// waiting at its end, and how many tokens one step generates in 256 KiB,
-// where requests that finish free room for others in the same step.)
+// MiB none is preempted and more than one decodes at a time. Every
+// request generates its tokens either way. (Not checked, because they
+// hang on scheduler timing: whether a request submitted while a step runs
+// is seen waiting at its end, how many tokens one step generates in 256
+// KiB, where requests that finish free room for others in the same step,
+// and whether all four decode together in 8 MiB: the requests are
+// submitted one after another while the engine runs, and on a loaded
+// machine the first can finish its 16 tokens before the fourth arrives —
+// seen once in CI, 7 Dec, a peak of 3.)
 func TestBenchSweep(t *testing.T) {
 	s := storiesFiles(t)
 	base := []string{"bench", "-m", s.gguf, "--prompt", "64", "--gen", "16", "--reps", "1", "--contexts", "", "--batch", "", "--bandwidth-mib", "0", "--sweep-batch", "1,4"}
@@ -311,7 +315,7 @@ func TestBenchSweep(t *testing.T) {
 	if p := tight.Sweep.Points[1]; p.PeakWaiting == 0 && p.Preemptions == 0 {
 		t.Errorf("256 KiB, batch 4: %+v", p)
 	}
-	if p := ample.Sweep.Points[1]; p.PeakRunning != 4 || p.Preemptions != 0 || p.RequestsPreempted != 0 {
+	if p := ample.Sweep.Points[1]; p.PeakRunning < 2 || p.Preemptions != 0 || p.RequestsPreempted != 0 {
 		t.Errorf("8 MiB, batch 4: %+v", p)
 	}
 	// A policy rides along; the text names it.
