@@ -13,8 +13,7 @@ import (
 // it, instead of a panel or rows decoded to float32 in memory first. The
 // results are those of decoding first, bit for bit: the *Go twins below do
 // exactly that (ScalePanel, ScaleLevelRows or ScaleLevels, then AttnScores
-// or AttnPV), and
-// they run where there is no fused kernel (below AVX-512).
+// or AttnPV), and they run where there is no fused kernel (below AVX-512).
 
 // HalfPairs decodes the 16 {f16 scale, f16 minimum} pairs in meta (64
 // bytes, a pair a little-endian uint32 with the scale in its low half: the
@@ -56,14 +55,21 @@ func AttnScoresQ(s []float32, lds int, levels []byte, bits int, sm *[2 * AttnLan
 		mu = &shift[:d][0]
 	}
 	if k := qkQKern(bits, mu != nil); k != nil {
-		mr := attnMR()
-		for t0 := 0; t0 < rows; t0 += mr {
-			g := min(mr, rows-t0)
-			k[g](&levels[0], &qp[t0*d], d, &s[t0*lds], 4*lds, &sm[0], mu)
-		}
+		runQK(k, s, lds, levels, qp, rows, d, &sm[0], mu)
 		return
 	}
 	attnScoresQGo(s, lds, levels, bits, sm, shift, qp, rows, d, tmp)
+}
+
+// runQK runs a fused score kernel family (indexed by rows) over the rows
+// of qp in groups of attnMR, as attnScores runs the float ones; a and b
+// are the kernels' two scale operands.
+func runQK(k []qkQFunc, s []float32, lds int, levels []byte, qp []float32, rows, d int, a, b *float32) {
+	mr := attnMR()
+	for t0 := 0; t0 < rows; t0 += mr {
+		g := min(mr, rows-t0)
+		k[g](&levels[0], &qp[t0*d], d, &s[t0*lds], 4*lds, a, b)
+	}
 }
 
 // attnScoresQGo is the twin of the fused score kernels: the panel decoded,
@@ -88,11 +94,7 @@ func AttnScoresQC(s []float32, lds int, levels []byte, bits int, sc, mn []float3
 	_ = qp[rows*d-1]
 	sc, mn = sc[:d], mn[:d]
 	if k := qkCKern(bits); k != nil {
-		mr := attnMR()
-		for t0 := 0; t0 < rows; t0 += mr {
-			g := min(mr, rows-t0)
-			k[g](&levels[0], &qp[t0*d], d, &s[t0*lds], 4*lds, &sc[0], &mn[0])
-		}
+		runQK(k, s, lds, levels, qp, rows, d, &sc[0], &mn[0])
 		return
 	}
 	attnScoresQCGo(s, lds, levels, bits, sc, mn, qp, rows, d, tmp)

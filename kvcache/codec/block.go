@@ -131,7 +131,7 @@ func decodeLevels(p []byte, bits int, s, m float32, out []float32) {
 // getRows is Get for cnt slots, the per-channel metadata decoded once.
 func (c *kiviKeys) getRows(src []byte, n, d, i0, cnt int, out []float32) {
 	var sc, mn [maxStackDim]float32
-	c.scales(src, n, d, &sc, &mn)
+	c.scales(src, n, d, sc[:], mn[:])
 	for i := range cnt {
 		e, L := panelSlot(n, d, i0+i)
 		o := out[i*d : (i+1)*d]

@@ -46,9 +46,9 @@ func (c *kiviKeys) metas(b []byte, n, d int) []byte {
 	return b[n*rb : n*rb+4*d]
 }
 
-// scales decodes a block's per-channel scales and minimums into sc and mn
-// (d ≤ maxStackDim).
-func (c *kiviKeys) scales(b []byte, n, d int, sc, mn *[maxStackDim]float32) {
+// scales decodes a block's per-channel scales and minimums into sc[:d]
+// and mn[:d].
+func (c *kiviKeys) scales(b []byte, n, d int, sc, mn []float32) {
 	unmetas(c.metas(b, n, d), sc[:d], mn[:d])
 }
 

@@ -428,7 +428,7 @@ func (c *kiviKeys) DecodeKeyPanel(src []byte, n, d, i0 int, out []float32) bool 
 		return false
 	}
 	var sc, mn [maxStackDim]float32
-	c.scales(src, n, d, &sc, &mn)
+	c.scales(src, n, d, sc[:], mn[:])
 	lo, hi := i0*d*c.bits/8, (i0+tensor.AttnLanes)*d*c.bits/8
 	tensor.ScaleLevelRows(out, src[lo:hi], c.bits, sc[:d], mn[:d])
 	return true
@@ -457,6 +457,6 @@ func (c *kiviKeys) ChannelPanel(src []byte, n, d, i0 int, sc, mn []float32) ([]b
 	if !fullGroup(n, d, i0) || d > maxStackDim || len(sc) < d || len(mn) < d {
 		return nil, 0, false
 	}
-	unmetas(c.metas(src, n, d), sc[:d], mn[:d])
+	c.scales(src, n, d, sc, mn)
 	return src[i0*d*c.bits/8 : (i0+tensor.AttnLanes)*d*c.bits/8], c.bits, true
 }
