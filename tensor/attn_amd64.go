@@ -228,6 +228,43 @@ func qkCKern(bits int) []qkQFunc {
 	return nil
 }
 
+type qkDFunc func(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+// The dot-product score kernels (attndot.go), AVX-512 with VNNI and VBMI:
+// qkD[bits 8, 4] indexed by rows (1..DotMR).
+var qkD = [2][]qkDFunc{
+	{nil, qkD8Zm1, qkD8Zm2, qkD8Zm3, qkD8Zm4, qkD8Zm5, qkD8Zm6, qkD8Zm7, qkD8Zm8, qkD8Zm9, qkD8Zm10, qkD8Zm11, qkD8Zm12},
+	{nil, qkD4Zm1, qkD4Zm2, qkD4Zm3, qkD4Zm4, qkD4Zm5, qkD4Zm6, qkD4Zm7, qkD4Zm8, qkD4Zm9, qkD4Zm10, qkD4Zm11, qkD4Zm12},
+}
+
+// qkDKern returns the dot-product score kernels for levels of bits bits
+// over rows of d values (8 bits: d a multiple of 4; 4 bits: of 8), or nil.
+func qkDKern(bits, d int) []qkDFunc {
+	if level != levelAVX512 || !cpuVNNI || !cpuVBMI {
+		return nil
+	}
+	switch {
+	case bits == 8 && d%4 == 0:
+		return qkD[0]
+	case bits == 4 && d%8 == 0:
+		return qkD[1]
+	}
+	return nil
+}
+
+type pvDFunc func(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+// The dot-product weighted-sum kernels (attndot.go) indexed by rows
+// (1..DotMR).
+var pvD = []pvDFunc{nil, pvD8Zm1, pvD8Zm2, pvD8Zm3, pvD8Zm4, pvD8Zm5, pvD8Zm6, pvD8Zm7, pvD8Zm8, pvD8Zm9, pvD8Zm10, pvD8Zm11, pvD8Zm12}
+
+func pvDKern() []pvDFunc {
+	if level != levelAVX512 || !cpuVNNI || !cpuVBMI {
+		return nil
+	}
+	return pvD
+}
+
 // halfPairsLanes runs halfPairsZ or halfPairsY (direct calls: sm stays
 // where the caller has it) and reports whether it did.
 func halfPairsLanes(sm *[2 * AttnLanes]float32, meta *byte) bool {

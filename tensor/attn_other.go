@@ -41,4 +41,12 @@ func pvQKern(bits int) []pvQFunc { return nil }
 
 func qkCKern(bits int) []qkQFunc { return nil }
 
+type qkDFunc func(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+func qkDKern(bits, d int) []qkDFunc { return nil }
+
+type pvDFunc func(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+func pvDKern() []pvDFunc { return nil }
+
 func halfPairsLanes(sm *[2 * AttnLanes]float32, meta *byte) bool { return false }

@@ -21,11 +21,13 @@ func (l kernelLevel) String() string { return levelNames[l] }
 var (
 	// cpuLevel is the best level this CPU (and build) supports; cpuVNNI
 	// reports AVX-512 VNNI (VPDPBUSD), used by the integer kernels at
-	// levelAVX512, and cpuGFNI AVX-512 GFNI (VGF2P8AFFINEQB, Q4_0's panel
-	// kernel).
+	// levelAVX512, cpuGFNI AVX-512 GFNI (VGF2P8AFFINEQB, Q4_0's panel
+	// kernel), and cpuVBMI AVX-512 VBMI (VPERMB, VPERMI2B: the dot-product
+	// score kernels' level transposes).
 	cpuLevel kernelLevel
 	cpuVNNI  bool
 	cpuGFNI  bool
+	cpuVBMI  bool
 
 	// level is the level in use (cpuLevel unless lowered by SetKernels).
 	level kernelLevel

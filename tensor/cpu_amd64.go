@@ -12,6 +12,7 @@ func init() {
 			cpuLevel = levelAVX512
 			cpuVNNI = x.HasAVX512VNNI
 			cpuGFNI = x.HasAVX512GFNI
+			cpuVBMI = x.HasAVX512VBMI
 		}
 	}
 	level = cpuLevel

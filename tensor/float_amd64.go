@@ -163,3 +163,10 @@ func prefetch(p unsafe.Pointer, ld, rows, n int) {
 		prefetchRows(p, ld, rows, n)
 	}
 }
+
+// Prefetch asks for the bytes of b (into L2), a 64-byte line at a time.
+func Prefetch(b []byte) {
+	if len(b) > 0 {
+		prefetch(unsafe.Pointer(&b[0]), 0, 1, len(b))
+	}
+}

@@ -25,3 +25,6 @@ func swigluLanes(dst, gate, up []float32) { swigluGo(dst, gate, up) }
 func quantActRow(int, []float32, []byte, int, int, int32) bool { return false }
 
 func prefetch(unsafe.Pointer, int, int, int) {}
+
+// Prefetch asks for the bytes of b; a no-op without the assembly kernels.
+func Prefetch(b []byte) {}

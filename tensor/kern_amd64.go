@@ -1008,6 +1008,114 @@ func pvQ2Zm5(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, 
 func pvQ2Zm6(p *float32, ldp int, v *byte, ldv int, n int, o *float32, ldo int, cols int, sm *float32)
 
 //go:noescape
+func qkD8Zm1(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD8Zm2(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD8Zm3(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD8Zm4(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD8Zm5(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD8Zm6(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD8Zm7(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD8Zm8(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD8Zm9(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD8Zm10(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD8Zm11(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD8Zm12(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm1(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm2(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm3(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm4(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm5(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm6(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm7(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm8(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm9(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm10(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm11(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func qkD4Zm12(p *byte, xp *byte, k int, c *float32, ldc int, sm *float32, cst *float32)
+
+//go:noescape
+func pvD8Zm1(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD8Zm2(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD8Zm3(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD8Zm4(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD8Zm5(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD8Zm6(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD8Zm7(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD8Zm8(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD8Zm9(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD8Zm10(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD8Zm11(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD8Zm12(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
 func actQ32Z(x *float32, dst *byte, nb, stride int, negCorr int32) uint32
 
 //go:noescape

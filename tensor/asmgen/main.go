@@ -77,6 +77,7 @@ func main() {
 	genAttnExp(e)
 	genAttn(e)
 	genAttnQ(e)
+	genAttnDot(e)
 	genActQuant(e)
 	genPrefetch(e)
 	genQuantKernels(e)
