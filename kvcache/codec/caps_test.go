@@ -44,7 +44,8 @@ func TestCapabilities(t *testing.T) {
 	levels := map[string]bool{} // the codecs that gave levels in place, and how
 	defer func() {
 		want := []string{"q8/keys LevelPanel", "q4/keys LevelPanel", "q8/keys/shifted LevelPanel", "q4/keys/shifted LevelPanel",
-			"kivi2/keys ChannelPanel", "kivi4/keys ChannelPanel", "q8/values LevelRows", "q4/values LevelRows", "kivi2/values LevelRows", "kivi4/values LevelRows"}
+			"kivi2/keys ChannelPanel", "kivi4/keys ChannelPanel", "q8/values LevelRows", "q4/values LevelRows", "kivi2/values LevelRows", "kivi4/values LevelRows",
+			"q8dot/keys LevelPanel", "q4dot/keys LevelPanel", "q8dot/keys/shifted LevelPanel", "q4dot/keys/shifted LevelPanel", "q8dot/values LevelRows", "q4dot/values LevelRows"}
 		for _, w := range want {
 			if !levels[w] {
 				t.Errorf("%s: not claimed (attention reads those levels in place)", w)

@@ -20,6 +20,9 @@
 //	      (q8, q4 keys: the levels in groups of 16 slots, each [d][16];
 //	      Q8Keys, Q4Keys)
 //	q4    payload [n][d/2]byte, then meta [n]              4 + 32/d
+//	q8dot, q4dot: q8, q4 (the same blocks) that attention reads by
+//	      integer dot products (Codec.IntDot): q8dot keys and values, q4dot
+//	      keys (its values are q4's)
 //	kivi2/kivi4 (Values): payload [n][⌈d·b/8⌉]byte, then meta [n][⌈d/g⌉],
 //	      g = min(G, d) channels per group                 b + 32/g
 //	kivi2/kivi4 (Keys): payload [n][⌈d·b/8⌉]byte, then meta [d] (one per
@@ -158,6 +161,14 @@ type Capabilities interface {
 	// when the codec quantizes values per token in rows (q8, q4, KIVI
 	// values) with every 16 channels inside one group.
 	LevelRows(src []byte, n, d, i0, cnt int, sm []float32) (levels []byte, bits, ld int, ok bool)
+	// IntDot reports whether attention reads the codec's levels by integer
+	// dot products instead of the decoded values' float arithmetic: keys'
+	// LevelPanel panels against the query rounded to int8 per row
+	// (tensor.AttnScoresDot: q8dot, q4dot keys), values' LevelRows rows
+	// against the weights rounded to int8 per row and panel
+	// (tensor.AttnPVDot: q8dot values). Faster, and not bit for bit what
+	// Get's values give.
+	IntDot() bool
 	// GetRows decodes slots i0 … i0+cnt−1 into out [cnt][d], each exactly as
 	// Get decodes it, with the per-codec work done once per call; false
 	// when the codec has no such path (the caller then calls Get).
@@ -211,6 +222,7 @@ func (defaults) LevelPanel(src []byte, n, d, i0 int, sm *[2 * tensor.AttnLanes]f
 func (defaults) ChannelPanel(src []byte, n, d, i0 int, sc, mn []float32) ([]byte, int, bool) {
 	return nil, 0, false
 }
+func (defaults) IntDot() bool { return false }
 func (defaults) LevelRows(src []byte, n, d, i0, cnt int, sm []float32) ([]byte, int, int, bool) {
 	return nil, 0, 0, false
 }
@@ -247,6 +259,8 @@ var parsers = []struct {
 	{"bf16", pair(BF16Keys, BF16)},
 	{"q8", pair(Q8Keys, Q8)},
 	{"q4", pair(Q4Keys, Q4)},
+	{"q8dot", pair(Q8DotKeys, Q8Dot)},
+	{"q4dot", pair(Q4DotKeys, Q4)},
 	{"kivi2", func(k Kind) (Codec, error) { return newKIVI(2, DefaultGroup, k) }},
 	{"kivi4", func(k Kind) (Codec, error) { return newKIVI(4, DefaultGroup, k) }},
 }
@@ -304,6 +318,11 @@ var (
 	q8 = &tokenQuant{name: "q8", bits: 8}
 	q4 = &tokenQuant{name: "q4", bits: 4}
 )
+
+// Q8Dot is Q8 (the same blocks) for attention that sums its values with
+// the weights rounded to int8 (IntDot; tensor.AttnPVDot): Parse("q8dot",
+// Values) returns it.
+var Q8Dot Codec = &tokenQuant{name: "q8dot", bits: 8, intDot: true}
 
 // NewKIVIValues returns KIVI's value codec: per token, groups of min(group,
 // d) channels, bits 2 or 4. group must keep groups byte-aligned (group·bits

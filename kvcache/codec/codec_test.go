@@ -549,6 +549,8 @@ func TestBitsPerValue(t *testing.T) {
 		"bf16/keys":    {16, 16, 16},
 		"q8/keys":      {12, 8.5, 8.25},
 		"q4/keys":      {8, 4.5, 4.25},
+		"q8dot/keys":   {12, 8.5, 8.25},
+		"q4dot/keys":   {8, 4.5, 4.25},
 		"kivi2/values": {6, 3, 3},
 		"kivi4/values": {8, 5, 5},
 		"kivi2/keys":   {4, 4, 4},
@@ -576,15 +578,26 @@ func TestBitsPerValue(t *testing.T) {
 // ---- Parse ------------------------------------------------------------------
 
 func TestParse(t *testing.T) {
-	bits := map[string]int{"f32": 32, "f16": 16, "bf16": 16, "q8": 8, "q4": 4, "kivi2": 2, "kivi4": 4}
+	bits := map[string]int{"f32": 32, "f16": 16, "bf16": 16, "q8": 8, "q4": 4, "q8dot": 8, "q4dot": 4, "kivi2": 2, "kivi4": 4}
 	for _, kind := range []Kind{Keys, Values} {
 		for _, name := range Names {
 			c, err := Parse(strings.ToUpper(name), kind)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Name() != name || c.Bits() != bits[name] {
+			// q8dot and q4dot differ from q8 and q4 in how attention
+			// reads them (IntDot): q8dot's keys and values, q4dot's keys;
+			// q4dot's values are q4's.
+			dot := name == "q8dot" || name == "q4dot" && kind == Keys
+			want := name
+			if name == "q4dot" && kind == Values {
+				want = "q4"
+			}
+			if c.Name() != want || c.Bits() != bits[name] {
 				t.Errorf("%s: Name %q Bits %d", name, c.Name(), c.Bits())
+			}
+			if c.IntDot() != dot || Shifted(c, make([]float32, 8)).IntDot() != c.IntDot() {
+				t.Errorf("%s/%s: IntDot %v", name, kind, c.IntDot())
 			}
 			_, grouped := c.(Grouped)
 			kiviKey := kind == Keys && strings.HasPrefix(name, "kivi")
@@ -598,7 +611,7 @@ func TestParse(t *testing.T) {
 	}
 	for _, bad := range []string{"", "q2", "int8", "kivi3", "fp16"} {
 		_, err := Parse(bad, Values)
-		if err == nil || !strings.Contains(err.Error(), "f32, f16, bf16, q8, q4, kivi2, kivi4") {
+		if err == nil || !strings.Contains(err.Error(), "f32, f16, bf16, q8, q4, q8dot, q4dot, kivi2, kivi4") {
 			t.Errorf("Parse(%q): %v", bad, err)
 		}
 	}

@@ -18,9 +18,10 @@ import (
 //	                       f16 scale, f16 min (x̂ = scale·u + min)
 type tokenQuant struct {
 	defaults
-	name  string
-	bits  int
-	group int // channels per group; 0 means d
+	name   string
+	bits   int
+	group  int  // channels per group; 0 means d
+	intDot bool // q8dot values: attention sums them with integer weights (IntDot)
 }
 
 // Shifted returns c storing x − mu instead of x, for a codec quantizing per
@@ -158,6 +159,7 @@ func dotF32(a, b []float32) float32 {
 }
 
 func (c *tokenQuant) Name() string   { return c.name }
+func (c *tokenQuant) IntDot() bool   { return c.intDot }
 func (c *tokenQuant) Bits() int      { return c.bits }
 func (c *tokenQuant) PerToken() bool { return true }
 func (c *tokenQuant) String() string { return fmt.Sprintf("%s(group %d)", c.name, c.group) }
