@@ -330,6 +330,16 @@ type tile struct {
 	ksm      [2 * tensor.AttnLanes]float32
 	ksc, kmn []float32 // [hd]
 	vsm      []float32 // [⌈hd/16⌉][2][16]
+
+	// The queries rounded to int8 for key codecs scored by integer dot
+	// products (Codec.IntDot), made when a panel first needs them:
+	// qd the rows (tensor.PackQueriesDot's layout), qcst their scales and
+	// the key shift's part; dotShift the shift qcst holds (nil: none).
+	qd       []byte    // [rows·hd]
+	qcst     []float32 // [rows][3]
+	dotReady bool
+	dotShift *float32
+	ws       [tensor.DotScratch]byte // tensor.AttnPVDot's scratch
 }
 
 var tiles = sync.Pool{New: func() any { return new(tile) }}
@@ -371,6 +381,7 @@ func (w *tile) setup(b *Batch, it *item) {
 		copy(w.q[t*G*hd:(t+1)*G*hd], b.Q[off:off+G*hd])
 	}
 	tensor.PackQueries(w.qp, w.q, w.rows, hd)
+	w.dotReady = false
 	// Each query's visible panels, by the positions of their slots (in
 	// any order): classify hides a panel only when every slot of it is.
 	w.p0, w.p1 = np, 0
@@ -505,12 +516,19 @@ func (b *Batch) last(q int32) int32 {
 // scorePanel fills panel p's columns col (rows ld apart) with the raw
 // scores of w.qp against its keys: read as levels in place when its slots
 // are one full group of a block whose key codec stores quantized keys in
-// panels (Codec.LevelPanel: q8, q4; Codec.ChannelPanel: KIVI), else as a
-// float panel (keys).
+// panels (Codec.LevelPanel: q8, q4; Codec.ChannelPanel: KIVI), by integer
+// dot products with the queries rounded to int8 when the codec asks for
+// that (Codec.IntDot: q8dot, q4dot; head sizes a multiple of 4), else as
+// a float panel (keys).
 func (w *tile) scorePanel(p *panel, col []float32, ld, hd int) {
 	if p.single {
 		s := &w.segs[p.seg]
 		if lv, bits, shift, ok := s.KC.LevelPanel(s.K, s.Cap, hd, p.i0, &w.ksm); ok {
+			if s.KC.IntDot() && hd%4 == 0 {
+				w.dotQueries(shift, hd)
+				tensor.AttnScoresDot(col, ld, lv, bits, &w.ksm, w.qd, w.qcst, w.rows, hd)
+				return
+			}
 			tensor.AttnScoresQ(col, ld, lv, bits, &w.ksm, shift, w.qp, w.rows, hd, w.kpan)
 			return
 		}
@@ -521,6 +539,23 @@ func (w *tile) scorePanel(p *panel, col []float32, ld, hd int) {
 	}
 	kp, kt := w.keys(p, hd)
 	tensor.AttnScoresOf(col, ld, kp, kt, w.qp, w.rows, hd)
+}
+
+// dotQueries makes w.qd and w.qcst for the tile's queries and the key
+// shift shift (nil: none), once a tile and again only when the shift
+// changes.
+func (w *tile) dotQueries(shift []float32, hd int) {
+	if !w.dotReady {
+		w.qd = grow(w.qd, w.rows*hd)
+		w.qcst = grow(w.qcst, 3*w.rows)
+		tensor.PackQueriesDot(w.qd, w.qcst, w.q, w.rows, hd)
+		w.dotReady, w.dotShift = true, nil
+		tensor.DotShifts(w.qcst, w.q, nil, w.rows, hd)
+	}
+	if sp := unsafe.SliceData(shift); sp != w.dotShift {
+		tensor.DotShifts(w.qcst, w.q, shift, w.rows, hd)
+		w.dotShift = sp
+	}
 }
 
 // keys returns panel p's keys as a [hd][16] score panel and the type of its
@@ -577,6 +612,32 @@ func (w *tile) values(p *panel, hd int) ([]byte, tensor.DType, int) {
 		})
 	}
 	return f32Bytes(w.dec), tensor.F32, 4 * hd
+}
+
+// prefetchAhead is how many panels ahead of the one being read attention
+// asks for a panel's keys or values: the blocks of a head are apart in the
+// pool, so the hardware's stream prefetch starts over at each.
+const prefetchAhead = 4
+
+// prefetch asks for the bytes of panel pi's keys (values: its values),
+// when pi is a panel within one segment: the share of the segment's block
+// its slots hold.
+func (w *tile) prefetch(pi int, values bool) {
+	if pi >= w.p1 {
+		return
+	}
+	p := &w.panels[pi]
+	if !p.single {
+		return
+	}
+	s := &w.segs[p.seg]
+	x := s.K
+	if values {
+		x = s.V
+	}
+	n := len(x) / max(s.Cap, 1)
+	lo := p.i0 * n
+	tensor.Prefetch(x[lo:min(len(x), lo+tensor.AttnLanes*n)])
 }
 
 // scores fills panel pi's columns of w.s (pi in [p0, p1)) with the raw
@@ -660,7 +721,7 @@ func (w *tile) weighted(b *Batch, pi int) {
 	var v []byte
 	var vt tensor.DType
 	var ldv, bits int
-	levels := false
+	levels, dot := false, false
 	for t0 := 0; t0 < w.nq; {
 		if w.vis[t0*np+pi] == visNone {
 			t0++
@@ -673,11 +734,16 @@ func (w *tile) weighted(b *Batch, pi int) {
 		if v == nil && p.single { // levels in place (Codec.LevelRows)
 			s := &w.segs[p.seg]
 			v, bits, ldv, levels = s.VC.LevelRows(s.V, s.Cap, hd, p.i0, p.n, w.vsm)
+			// A full panel of 8-bit rows of a codec summed by integer dot
+			// products (Codec.IntDot: q8dot values, one scale a slot).
+			dot = levels && s.VC.IntDot() && bits == 8 && p.n == tensor.AttnLanes && hd%tensor.AttnLanes == 0
 		}
 		if v == nil {
 			v, vt, ldv = w.values(p, hd)
 		}
-		if levels {
+		if dot {
+			tensor.AttnPVDot(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, ldv, (*[2 * tensor.AttnLanes]float32)(w.vsm), (t1-t0)*G, hd, w.ws[:])
+		} else if levels {
 			tensor.AttnPVQ(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, bits, ldv, w.vsm, p.n, (t1-t0)*G, hd, w.dec)
 		} else {
 			tensor.AttnPV(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, vt, ldv, p.n, (t1-t0)*G, hd)
@@ -699,6 +765,7 @@ func (w *tile) weighted(b *Batch, pi int) {
 func (w *tile) probs(b *Batch) {
 	const L = tensor.AttnLanes
 	for pi := w.p0; pi < w.p1; pi++ {
+		w.prefetch(pi+prefetchAhead, false)
 		w.scores(b, pi)
 	}
 	ld, G := w.ld, b.G
@@ -786,6 +853,7 @@ func (w *tile) exact(b *Batch, it *item) {
 	hd, G := b.HeadDim, b.G
 	clear(w.o[:w.rows*hd])
 	for pi := w.p0; pi < w.p1; pi++ {
+		w.prefetch(pi+prefetchAhead, true)
 		w.weighted(b, pi)
 	}
 	stride := b.Heads * G * hd
@@ -814,6 +882,8 @@ func (w *tile) online(b *Batch, it *item, sc *Scratch) {
 	}
 	clear(w.o[:w.rows*hd])
 	for pi := w.p0; pi < w.p1; pi++ {
+		w.prefetch(pi+prefetchAhead, false)
+		w.prefetch(pi+prefetchAhead, true)
 		if !w.scores(b, pi) {
 			continue
 		}

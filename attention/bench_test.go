@@ -19,7 +19,7 @@ import (
 func BenchmarkDecode(b *testing.B) {
 	const heads, G, hd = 1, 8, 128
 	rng := rand.New(rand.NewPCG(1, 1))
-	for _, cn := range []string{"f32", "f16", "q8", "q4", "kivi4", "kivi2"} {
+	for _, cn := range []string{"f32", "f16", "q8", "q4", "q8dot", "q4dot", "kivi4", "kivi2"} {
 		kc, _ := codec.Parse(cn, codec.Keys)
 		vc, _ := codec.Parse(cn, codec.Values)
 		for _, ctx := range []int{1 << 10, 1 << 12, 1 << 14, 1 << 16} {
@@ -110,7 +110,7 @@ func BenchmarkPrefill(b *testing.B) {
 func BenchmarkDecodeGQA(b *testing.B) {
 	const heads, G, hd = 4, 8, 64
 	rng := rand.New(rand.NewPCG(3, 3))
-	for _, cn := range []string{"f32", "f16", "q8", "q4", "kivi2"} {
+	for _, cn := range []string{"f32", "f16", "q8", "q4", "q8dot", "q4dot", "kivi2"} {
 		kc, _ := codec.Parse(cn, codec.Keys)
 		vc, _ := codec.Parse(cn, codec.Values)
 		for _, ctx := range []int{512, 2048, 16384} {
@@ -214,7 +214,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 	}
 	out := make([]float32, len(q))
 	pos := make([]int32, chunk)
-	for _, cn := range []string{"f16", "q8", "q4", "kivi2"} {
+	for _, cn := range []string{"f16", "q8", "q4", "q8dot", "q4dot", "kivi2"} {
 		kc, _ := codec.Parse(cn, codec.Keys)
 		vc, _ := codec.Parse(cn, codec.Values)
 		pool, err := kvcache.NewPool(kvcache.PoolConfig{Layout: kvcache.Layout{Layers: layers, KVHeads: heads, HeadDim: hd},
