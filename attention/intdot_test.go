@@ -19,11 +19,15 @@ import (
 // the outputs are seen to differ from the exact query's attention, so the
 // test cannot pass by scoring the keys the float way. With a soft cap
 // (not invariant to a score's constant part) the shift's part counts.
+// q8dot values are summed with weights rounded to int8 per panel: there
+// the outputs must stay within that rounding's bound (a/2 per level, a =
+// the panel's largest weight × value scale / 127) and differ from the
+// exact sum.
 func TestIntDotCodecs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(81, 82))
 	const heads, G, tokens, B = 2, 4, 304, 16
 	for _, kn := range []string{"q8dot", "q4dot"} {
-		for _, vn := range []string{"f16", "q8"} {
+		for _, vn := range []string{"f16", "q8", "q8dot"} {
 			for _, hd := range []int{64, 8, 12, 6} {
 				for _, shifted := range []bool{false, true} {
 					softcap := float32(0)
@@ -55,7 +59,11 @@ func TestIntDotCodecs(t *testing.T) {
 							t.Fatal(err)
 						}
 						keys, vals := make([][][]float64, heads), make([][][]float64, heads)
+						// q8dot values: each slot's scale and levels.
+						vdot := vc.IntDot() && hd%16 == 0
+						vscale, vlev := make([][]float64, heads), make([][][]float64, heads)
 						row := make([]float32, hd)
+						sm := make([]float32, 2*16*((hd+15)/16))
 						for h := range heads {
 							for _, s := range seq.Segments(0, h) {
 								if s.N%B != 0 || s.Cap != B {
@@ -66,6 +74,20 @@ func TestIntDotCodecs(t *testing.T) {
 									keys[h] = append(keys[h], f64(row))
 									s.VC.Get(s.V, s.Cap, hd, i, row)
 									vals[h] = append(vals[h], f64(row))
+								}
+								if vdot {
+									lv, bits, ld, ok := s.VC.LevelRows(s.V, s.Cap, hd, 0, 16, sm)
+									if !ok || bits != 8 {
+										t.Fatalf("%s values: no 8-bit level rows", vn)
+									}
+									for i := range 16 {
+										vscale[h] = append(vscale[h], float64(sm[i]))
+										u := make([]float64, hd)
+										for c := range hd {
+											u[c] = float64(lv[i*ld+c])
+										}
+										vlev[h] = append(vlev[h], u)
+									}
 								}
 							}
 						}
@@ -79,7 +101,7 @@ func TestIntDotCodecs(t *testing.T) {
 									Segs: func(h int) []kvcache.Segment { return seq.Segments(0, h) }, SplitMin: splitMin, SplitChunk: 100}
 								var sc Scratch
 								b.Run(&sc)
-								worst, moved := 0.0, 0.0
+								worst, moved, pvMoved := 0.0, 0.0, 0.0
 								for ti, p := range qpos {
 									for h := range heads {
 										var mu []float32
@@ -90,13 +112,28 @@ func TestIntDotCodecs(t *testing.T) {
 											off := ti*stride + (h*G+j)*hd
 											qr := q[off : off+hd]
 											norm := math.Sqrt(float64(hd))
-											want := naiveScored(capped(dotScores(qr, keys[h], mu), norm, softcap), vals[h], pos, p, norm)
+											want, prob := naiveScored(capped(dotScores(qr, keys[h], mu), norm, softcap), vals[h], pos, p, norm)
+											tol := make([]float64, hd)
+											if vdot {
+												for p0 := 0; p0 < len(prob); p0 += 16 {
+													a := 0.0
+													for i := p0; i < p0+16; i++ {
+														a = math.Max(a, prob[i]*vscale[h][i]/127)
+													}
+													for c := range hd {
+														for i := p0; i < p0+16; i++ {
+															tol[c] += a / 2 * vlev[h][i][c] * 1.01
+														}
+													}
+												}
+											}
 											var exact []float64
 											if hd%4 == 0 {
-												exact = naiveScored(capped(exactScores(qr, keys[h]), norm, softcap), vals[h], pos, p, norm)
+												exact, _ = naiveScored(capped(exactScores(qr, keys[h]), norm, softcap), vals[h], pos, p, norm)
 											}
 											for c := range want {
-												worst = math.Max(worst, math.Abs(want[c]-float64(out[off+c])))
+												worst = math.Max(worst, math.Abs(want[c]-float64(out[off+c]))-tol[c])
+												pvMoved = math.Max(pvMoved, math.Abs(want[c]-float64(out[off+c])))
 												if exact != nil {
 													moved = math.Max(moved, math.Abs(exact[c]-float64(out[off+c])))
 												}
@@ -106,6 +143,9 @@ func TestIntDotCodecs(t *testing.T) {
 								}
 								if worst > 2e-5 {
 									t.Errorf("queries %v split %d: max |Δ| %.3g from the rounded queries' attention", qpos, splitMin, worst)
+								}
+								if vdot && pvMoved < 1e-4 {
+									t.Errorf("queries %v split %d: within %.3g of the exact weighted sum: the weights were not rounded", qpos, splitMin, pvMoved)
 								}
 								if hd%4 == 0 && moved < 1e-4 {
 									t.Errorf("queries %v split %d: within %.3g of the exact queries' attention: the queries were not rounded", qpos, splitMin, moved)
@@ -179,8 +219,8 @@ func exactScores(q []float32, keys [][]float64) []float64 {
 }
 
 // naiveScored is naive with the raw scores q·k given.
-func naiveScored(scores []float64, vals [][]float64, pos []int32, qpos int32, norm float64) []float64 {
-	out := make([]float64, len(vals[0]))
+func naiveScored(scores []float64, vals [][]float64, pos []int32, qpos int32, norm float64) (out, prob []float64) {
+	out = make([]float64, len(vals[0]))
 	mx := math.Inf(-1)
 	for i, s := range scores {
 		if pos[i] <= qpos {
@@ -196,11 +236,12 @@ func naiveScored(scores []float64, vals [][]float64, pos []int32, qpos int32, no
 		}
 	}
 	for i, v := range vals {
+		w[i] /= sum
 		for c := range out {
-			out[c] += w[i] / sum * v[c]
+			out[c] += w[i] * v[c]
 		}
 	}
-	return out
+	return out, w
 }
 
 func randVec(rng *rand.Rand, n int) []float32 {
