@@ -53,18 +53,28 @@ const metaBits = 32
 // Codecs lists every codec, in order of decreasing size.
 func Codecs() []Codec { return []Codec{F32, F16, BF16, Q8, Q4, KIVI2, KIVI4} }
 
-// ParseCodec returns the codec called name (exactly one of Codecs()).
+// sameBlocks names the kvcache codecs that store another's blocks and
+// differ only in how attention reads them (q8dot, q4dot: integer dot
+// products): their sizes are that codec's.
+var sameBlocks = map[string]Codec{"q8dot": Q8, "q4dot": Q4}
+
+// ParseCodec returns the codec called name (exactly one of Codecs(), or a
+// kvcache codec with another's blocks, as that one: q8dot as q8, q4dot as
+// q4).
 func ParseCodec(name string) (Codec, error) {
 	for _, c := range Codecs() {
 		if string(c) == name {
 			return c, nil
 		}
 	}
+	if c, ok := sameBlocks[name]; ok {
+		return c, nil
+	}
 	names := make([]string, 0, 7)
 	for _, c := range Codecs() {
 		names = append(names, string(c))
 	}
-	return "", fmt.Errorf("unknown KV codec %q (known: %s)", name, strings.Join(names, ", "))
+	return "", fmt.Errorf("unknown KV codec %q (known: %s; q8dot and q4dot size as q8 and q4)", name, strings.Join(names, ", "))
 }
 
 // Residual is the number of tokens per sequence this codec keeps in f16

@@ -9,6 +9,7 @@ import (
 	"github.com/kvlm/kvlm/convert"
 	"github.com/kvlm/kvlm/gguf"
 	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/tensor"
 )
 
@@ -187,6 +188,19 @@ func TestCodecBits(t *testing.T) {
 		if got, err := ParseCodec(string(c)); err != nil || got != c {
 			t.Errorf("ParseCodec(%s) = %v, %v", c, got, err)
 		}
+	}
+	// Every kvcache codec is sized: q8dot and q4dot store q8's and q4's
+	// blocks.
+	for _, n := range codec.Names {
+		if _, err := ParseCodec(n); err != nil {
+			t.Errorf("kvcache codec %s: %v", n, err)
+		}
+	}
+	if a, _ := ParseCodec("q8dot"); a != Q8 {
+		t.Errorf("q8dot sized as %s", a)
+	}
+	if a, _ := ParseCodec("q4dot"); a != Q4 {
+		t.Errorf("q4dot sized as %s", a)
 	}
 	for _, bad := range []string{"", "fp16", "F16", "int8", "q2", "kivi"} {
 		if _, err := ParseCodec(bad); err == nil || !strings.Contains(err.Error(), "f32, f16, bf16, q8, q4, kivi2, kivi4") {

@@ -317,7 +317,7 @@ KV codecs: f32 f16 bf16 q8 q4 kivi2 kivi4.`,
 	f.StringVarP(&modelPath, "model", "m", "", "model file: GGUF or llama2.c checkpoint")
 	f.StringVar(&batchList, "batch", "1", "batch sizes, comma-separated")
 	f.StringVar(&seqList, "seq", "", "tokens per sequence, comma-separated (default: the model's context, else 4096)")
-	f.StringVar(&kvType, "kv-type", "f16", "codec of keys and values: f32 f16 bf16 q8 q4 kivi2 kivi4")
+	f.StringVar(&kvType, "kv-type", "f16", "codec of keys and values: f32 f16 bf16 q8 q4 kivi2 kivi4 (q8dot and q4dot size as q8 and q4)")
 	f.StringVar(&kvTypeK, "kv-type-k", "", "codec of keys (overrides --kv-type)")
 	f.StringVar(&kvTypeV, "kv-type-v", "", "codec of values (overrides --kv-type)")
 	f.StringVar(&weightsType, "weights-type", "", "type the weights are sized in: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, ... (default: f16 for presets, the stored size for files)")

@@ -206,7 +206,7 @@ func TestKVCalcBadInput(t *testing.T) {
 		want string
 	}{
 		{"unknown preset", []string{"--preset", "gpt5"}, "known: llama2-7b, llama2-13b"},
-		{"unknown codec", []string{"--preset", "llama2-7b", "--kv-type", "int8"}, "unknown KV codec \"int8\" (known: f32, f16, bf16, q8, q4, kivi2, kivi4)"},
+		{"unknown codec", []string{"--preset", "llama2-7b", "--kv-type", "int8"}, "unknown KV codec \"int8\" (known: f32, f16, bf16, q8, q4, kivi2, kivi4; q8dot and q4dot size as q8 and q4)"},
 		{"unknown K codec", []string{"--preset", "llama2-7b", "--kv-type-k", "q2"}, "unknown KV codec"},
 		{"unknown V codec", []string{"--preset", "llama2-7b", "--kv-type-v", ""}, "unknown KV codec"},
 		{"batch zero", []string{"--preset", "llama2-7b", "--batch", "0"}, "--batch: 0 must be positive"},
