@@ -734,15 +734,16 @@ func (w *tile) weighted(b *Batch, pi int) {
 		if v == nil && p.single { // levels in place (Codec.LevelRows)
 			s := &w.segs[p.seg]
 			v, bits, ldv, levels = s.VC.LevelRows(s.V, s.Cap, hd, p.i0, p.n, w.vsm)
-			// A full panel of 8-bit rows of a codec summed by integer dot
-			// products (Codec.IntDot: q8dot values, one scale a slot).
-			dot = levels && s.VC.IntDot() && bits == 8 && p.n == tensor.AttnLanes && hd%tensor.AttnLanes == 0
+			// A full panel of 8- or 4-bit rows of a codec summed by integer
+			// dot products (Codec.IntDot: q8dot, q4dot values, one scale a
+			// slot).
+			dot = levels && s.VC.IntDot() && (bits == 8 || bits == 4) && p.n == tensor.AttnLanes && hd%tensor.AttnLanes == 0
 		}
 		if v == nil {
 			v, vt, ldv = w.values(p, hd)
 		}
 		if dot {
-			tensor.AttnPVDot(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, ldv, (*[2 * tensor.AttnLanes]float32)(w.vsm), (t1-t0)*G, hd, w.ws[:])
+			tensor.AttnPVDot(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, bits, ldv, (*[2 * tensor.AttnLanes]float32)(w.vsm), (t1-t0)*G, hd, w.ws[:])
 		} else if levels {
 			tensor.AttnPVQ(w.o[t0*G*hd:], hd, col[t0*G*ld:], ld, v, bits, ldv, w.vsm, p.n, (t1-t0)*G, hd, w.dec)
 		} else {

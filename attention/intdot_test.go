@@ -19,7 +19,8 @@ import (
 // the outputs are seen to differ from the exact query's attention, so the
 // test cannot pass by scoring the keys the float way. With a soft cap
 // (not invariant to a score's constant part) the shift's part counts.
-// q8dot values are summed with weights rounded to int8 per panel: there
+// q8dot and q4dot values are summed with weights rounded to int8 per
+// panel: there
 // the outputs must stay within that rounding's bound (a/2 per level, a =
 // the panel's largest weight × value scale / 127) and differ from the
 // exact sum.
@@ -27,7 +28,7 @@ func TestIntDotCodecs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(81, 82))
 	const heads, G, tokens, B = 2, 4, 304, 16
 	for _, kn := range []string{"q8dot", "q4dot"} {
-		for _, vn := range []string{"f16", "q8", "q8dot"} {
+		for _, vn := range []string{"f16", "q8", "q8dot", "q4dot"} {
 			for _, hd := range []int{64, 8, 12, 6} {
 				for _, shifted := range []bool{false, true} {
 					softcap := float32(0)
@@ -77,14 +78,18 @@ func TestIntDotCodecs(t *testing.T) {
 								}
 								if vdot {
 									lv, bits, ld, ok := s.VC.LevelRows(s.V, s.Cap, hd, 0, 16, sm)
-									if !ok || bits != 8 {
-										t.Fatalf("%s values: no 8-bit level rows", vn)
+									if !ok || bits != 8 && bits != 4 {
+										t.Fatalf("%s values: no 8- or 4-bit level rows", vn)
 									}
 									for i := range 16 {
 										vscale[h] = append(vscale[h], float64(sm[i]))
 										u := make([]float64, hd)
 										for c := range hd {
-											u[c] = float64(lv[i*ld+c])
+											if bits == 8 {
+												u[c] = float64(lv[i*ld+c])
+											} else {
+												u[c] = float64(lv[i*ld+c/2] >> (4 * (c % 2)) & 15)
+											}
 										}
 										vlev[h] = append(vlev[h], u)
 									}

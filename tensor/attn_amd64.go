@@ -254,15 +254,21 @@ func qkDKern(bits, d int) []qkDFunc {
 
 type pvDFunc func(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
 
-// The dot-product weighted-sum kernels (attndot.go) indexed by rows
-// (1..DotMR).
-var pvD = []pvDFunc{nil, pvD8Zm1, pvD8Zm2, pvD8Zm3, pvD8Zm4, pvD8Zm5, pvD8Zm6, pvD8Zm7, pvD8Zm8, pvD8Zm9, pvD8Zm10, pvD8Zm11, pvD8Zm12}
+// The dot-product weighted-sum kernels (attndot.go): pvD[bits 8, 4]
+// indexed by rows (1..DotMR).
+var pvD = [2][]pvDFunc{
+	{nil, pvD8Zm1, pvD8Zm2, pvD8Zm3, pvD8Zm4, pvD8Zm5, pvD8Zm6, pvD8Zm7, pvD8Zm8, pvD8Zm9, pvD8Zm10, pvD8Zm11, pvD8Zm12},
+	{nil, pvD4Zm1, pvD4Zm2, pvD4Zm3, pvD4Zm4, pvD4Zm5, pvD4Zm6, pvD4Zm7, pvD4Zm8, pvD4Zm9, pvD4Zm10, pvD4Zm11, pvD4Zm12},
+}
 
-func pvDKern() []pvDFunc {
+func pvDKern(bits int) []pvDFunc {
 	if level != levelAVX512 || !cpuVNNI || !cpuVBMI {
 		return nil
 	}
-	return pvD
+	if bits == 8 {
+		return pvD[0]
+	}
+	return pvD[1]
 }
 
 // halfPairsLanes runs halfPairsZ or halfPairsY (direct calls: sm stays

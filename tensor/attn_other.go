@@ -47,6 +47,6 @@ func qkDKern(bits, d int) []qkDFunc { return nil }
 
 type pvDFunc func(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
 
-func pvDKern() []pvDFunc { return nil }
+func pvDKern(bits int) []pvDFunc { return nil }
 
 func halfPairsLanes(sm *[2 * AttnLanes]float32, meta *byte) bool { return false }

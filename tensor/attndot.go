@@ -141,8 +141,9 @@ func attnScoresDotGo(s []float32, lds int, levels []byte, bits int, sm *[2 * Att
 // DotScratch is the bytes AttnPVDot needs for its ws argument.
 const DotScratch = DotMR * (AttnLanes + 8)
 
-// AttnPVDot is AttnPVQ over 16 rows of 8-bit value levels (q8dot values)
-// by integer dot products: each weight row p_r is rounded to int8 against
+// AttnPVDot is AttnPVQ over 16 rows of 8- or 4-bit value levels (q8dot,
+// q4dot values; 4 bits: channel 2j in the low nibble of byte j) by
+// integer dot products: each weight row p_r is rounded to int8 against
 // the slots' scales (w_i = p_ri·sm[i], W = max(max_i w_i, FLT_MIN), levels
 // round(w_i·(127/W)), scale a = W/127) and the levels' products summed in
 // int32, so that
@@ -153,10 +154,13 @@ const DotScratch = DotMR * (AttnLanes + 8)
 // and sum rounded to float32). Row i of the values, ldv bytes after row
 // i−1, holds d levels (d a multiple of 16); slot i decodes as
 // sm[i]·u + sm[16+i], the same for every channel (one scale a slot: q8's
-// per-token groups). The error against the decoded values' weighted sum
+// and q4's per-token groups). The error against the decoded values' weighted sum
 // is at most a/2·Σ_i u_ic a column, but for float32's rounding. ws is
 // scratch of DotScratch bytes.
-func AttnPVDot(o []float32, ldo int, p []float32, ldp int, v []byte, ldv int, sm *[2 * AttnLanes]float32, rows, d int, ws []byte) {
+func AttnPVDot(o []float32, ldo int, p []float32, ldp int, v []byte, bits, ldv int, sm *[2 * AttnLanes]float32, rows, d int, ws []byte) {
+	if bits != 8 && bits != 4 {
+		panic(fmt.Sprintf("tensor: AttnPVDot over levels of %d bits", bits))
+	}
 	if d%AttnLanes != 0 {
 		panic(fmt.Sprintf("tensor: AttnPVDot over rows of %d values (want a multiple of 16)", d))
 	}
@@ -165,13 +169,13 @@ func AttnPVDot(o []float32, ldo int, p []float32, ldp int, v []byte, ldv int, sm
 	}
 	_ = o[(rows-1)*ldo+d-1]
 	_ = p[(rows-1)*ldp+AttnLanes-1]
-	_ = v[(AttnLanes-1)*ldv+d-1]
+	_ = v[(AttnLanes-1)*ldv+d*bits/8-1]
 	_ = ws[DotScratch-1]
-	k := pvDKern()
+	k := pvDKern(bits)
 	for g0 := 0; g0 < rows; g0 += DotMR {
 		g := min(DotMR, rows-g0)
 		if k == nil {
-			attnPVDotGo(o[g0*ldo:], ldo, p[g0*ldp:], ldp, v, ldv, sm, g, d)
+			attnPVDotGo(o[g0*ldo:], ldo, p[g0*ldp:], ldp, v, bits, ldv, sm, g, d)
 			continue
 		}
 		k[g](&p[g0*ldp], 4*ldp, &v[0], ldv, &o[g0*ldo], 4*ldo, d, &sm[0], &ws[0])
@@ -179,7 +183,7 @@ func AttnPVDot(o []float32, ldo int, p []float32, ldp int, v []byte, ldv int, sm
 }
 
 // attnPVDotGo is the twin of the dot-product weighted-sum kernels.
-func attnPVDotGo(o []float32, ldo int, p []float32, ldp int, v []byte, ldv int, sm *[2 * AttnLanes]float32, rows, d int) {
+func attnPVDotGo(o []float32, ldo int, p []float32, ldp int, v []byte, bits, ldv int, sm *[2 * AttnLanes]float32, rows, d int) {
 	const L = AttnLanes
 	var l [L]int32
 	for r := range rows {
@@ -204,7 +208,11 @@ func attnPVDotGo(o []float32, ldo int, p []float32, ldp int, v []byte, ldv int, 
 		for c := range d {
 			var acc int32
 			for i := range L {
-				acc += int32(v[i*ldv+c]) * l[i]
+				u := v[i*ldv+c*bits/8]
+				if bits == 4 {
+					u = u >> (4 * (c & 1)) & 15
+				}
+				acc += int32(u) * l[i]
 			}
 			x := float32(float32(acc) * a)
 			x = float32(x + mm)

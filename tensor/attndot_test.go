@@ -127,8 +127,8 @@ func exactScore(q []float32, u []byte, bits int, sm *[32]float32, shift []float3
 	return s
 }
 
-// TestAttnPVDot: the dot-product weighted sum of 16 rows of 8-bit value
-// levels equals, at every kernel level and bit for bit, the documented
+// TestAttnPVDot: the dot-product weighted sum of 16 rows of 8- or 4-bit
+// value levels equals, at every kernel level and bit for bit, the documented
 // formula evaluated here (the weights rounded against the slots' scales,
 // the integer sums in int64, the minimums' part summed as the stated
 // tree); and it stays within the rounded weights' bound (a/2 per level) of
@@ -136,51 +136,59 @@ func exactScore(q []float32, u []byte, bits int, sm *[32]float32, shift []float3
 // (hidden slots), a row of zeros and tiny weights are among them.
 func TestAttnPVDot(t *testing.T) {
 	r := rand.New(rand.NewPCG(73, 74))
-	for _, d := range []int{16, 64, 128} {
-		for _, rows := range dotRows {
-			ldv := d + 16*r.IntN(2)
-			var sm [32]float32
-			v := randQuant(r, &sm, 16*ldv)
-			ldp, ldo := 16+16*r.IntN(2), d+16*r.IntN(2)
-			p := make([]float32, rows*ldp)
-			for i := range rows {
-				for j := range 16 {
-					if r.IntN(4) > 0 {
-						p[i*ldp+j] = float32(math.Exp(-8 * r.Float64()))
+	for _, bits := range []int{8, 4} {
+		for _, d := range []int{16, 64, 128} {
+			for _, rows := range dotRows {
+				ldv := d*bits/8 + 16*r.IntN(2)
+				var sm [32]float32
+				v := randQuant(r, &sm, 16*ldv)
+				lv := func(j, c int) byte { // slot j's level of channel c
+					if bits == 8 {
+						return v[j*ldv+c]
 					}
+					return v[j*ldv+c/2] >> (4 * (c % 2)) & 15
 				}
-			}
-			if rows > 1 {
-				clear(p[ldp : 2*ldp]) // a row of zeros
-			}
-			if rows > 2 {
-				for j := range 16 {
-					p[2*ldp+j] = float32(1e-30 * r.Float64()) // tiny weights
-				}
-			}
-			o0 := randF32(r, rows*ldo)
-			want, bound := pvDotReference(o0, ldo, p, ldp, v, ldv, &sm, rows, d)
-			t.Run(fmt.Sprintf("d=%d/rows=%d", d, rows), func(t *testing.T) {
-				forEachLevel(t, func(t *testing.T) {
-					o := append([]float32(nil), o0...)
-					AttnPVDot(o, ldo, p, ldp, v, ldv, &sm, rows, d, make([]byte, DotScratch))
-					for i := range rows {
-						for c := range d {
-							got := o[i*ldo+c]
-							if w := want[i*ldo+c]; !sameBits(got, w) {
-								t.Fatalf("o[%d][%d] = %g, want %g", i, c, got, w)
-							}
-							exact := float64(o0[i*ldo+c])
-							for j := range 16 {
-								exact += float64(p[i*ldp+j]) * float64(float32(sm[j]*float32(v[j*ldv+c]))+sm[16+j])
-							}
-							if e := math.Abs(float64(got) - exact); e > bound[i*ldo+c] {
-								t.Fatalf("o[%d][%d] = %g, %g from the decoded values' %g (bound %g)", i, c, got, e, exact, bound[i*ldo+c])
-							}
+				ldp, ldo := 16+16*r.IntN(2), d+16*r.IntN(2)
+				p := make([]float32, rows*ldp)
+				for i := range rows {
+					for j := range 16 {
+						if r.IntN(4) > 0 {
+							p[i*ldp+j] = float32(math.Exp(-8 * r.Float64()))
 						}
 					}
+				}
+				if rows > 1 {
+					clear(p[ldp : 2*ldp]) // a row of zeros
+				}
+				if rows > 2 {
+					for j := range 16 {
+						p[2*ldp+j] = float32(1e-30 * r.Float64()) // tiny weights
+					}
+				}
+				o0 := randF32(r, rows*ldo)
+				want, bound := pvDotReference(o0, ldo, p, ldp, lv, &sm, rows, d)
+				t.Run(fmt.Sprintf("%dbit/d=%d/rows=%d", bits, d, rows), func(t *testing.T) {
+					forEachLevel(t, func(t *testing.T) {
+						o := append([]float32(nil), o0...)
+						AttnPVDot(o, ldo, p, ldp, v, bits, ldv, &sm, rows, d, make([]byte, DotScratch))
+						for i := range rows {
+							for c := range d {
+								got := o[i*ldo+c]
+								if w := want[i*ldo+c]; !sameBits(got, w) {
+									t.Fatalf("o[%d][%d] = %g, want %g", i, c, got, w)
+								}
+								exact := float64(o0[i*ldo+c])
+								for j := range 16 {
+									exact += float64(p[i*ldp+j]) * float64(float32(sm[j]*float32(lv(j, c)))+sm[16+j])
+								}
+								if e := math.Abs(float64(got) - exact); e > bound[i*ldo+c] {
+									t.Fatalf("o[%d][%d] = %g, %g from the decoded values' %g (bound %g)", i, c, got, e, exact, bound[i*ldo+c])
+								}
+							}
+						}
+					})
 				})
-			})
+			}
 		}
 	}
 }
@@ -188,7 +196,7 @@ func TestAttnPVDot(t *testing.T) {
 // pvDotReference evaluates AttnPVDot's formula and the bound on its
 // distance from the decoded values' weighted sum: a/2 per level, plus
 // float32's rounding of the products, the scale and the sums.
-func pvDotReference(o0 []float32, ldo int, p []float32, ldp int, v []byte, ldv int, sm *[32]float32, rows, d int) (want []float32, bound []float64) {
+func pvDotReference(o0 []float32, ldo int, p []float32, ldp int, lv func(j, c int) byte, sm *[32]float32, rows, d int) (want []float32, bound []float64) {
 	want, bound = append([]float32(nil), o0...), make([]float64, len(o0))
 	for i := range rows {
 		var w [16]float32
@@ -214,8 +222,8 @@ func pvDotReference(o0 []float32, ldo int, p []float32, ldp int, v []byte, ldv i
 		for c := range d {
 			var acc, us int64
 			for j := range 16 {
-				acc += int64(v[j*ldv+c]) * l[j]
-				us += int64(v[j*ldv+c])
+				acc += int64(lv(j, c)) * l[j]
+				us += int64(lv(j, c))
 			}
 			x := float32(acc) * a
 			want[i*ldo+c] = o0[i*ldo+c] + (x + mm)
@@ -269,7 +277,7 @@ func BenchmarkAttnDot(b *testing.B) {
 	})
 	b.Run("pv/dot", func(b *testing.B) {
 		for range b.N {
-			AttnPVDot(o, d, p, 16, u, d, &sm, rows, d, ws)
+			AttnPVDot(o, d, p, 16, u, 8, d, &sm, rows, d, ws)
 		}
 	})
 }

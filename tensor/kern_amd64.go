@@ -1116,6 +1116,42 @@ func pvD8Zm11(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols i
 func pvD8Zm12(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
 
 //go:noescape
+func pvD4Zm1(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD4Zm2(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD4Zm3(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD4Zm4(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD4Zm5(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD4Zm6(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD4Zm7(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD4Zm8(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD4Zm9(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD4Zm10(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD4Zm11(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
+func pvD4Zm12(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)
+
+//go:noescape
 func actQ32Z(x *float32, dst *byte, nb, stride int, negCorr int32) uint32
 
 //go:noescape

@@ -21,8 +21,7 @@
 //	      Q8Keys, Q4Keys)
 //	q4    payload [n][d/2]byte, then meta [n]              4 + 32/d
 //	q8dot, q4dot: q8, q4 (the same blocks) that attention reads by
-//	      integer dot products (Codec.IntDot): q8dot keys and values, q4dot
-//	      keys (its values are q4's)
+//	      integer dot products (Codec.IntDot), keys and values
 //	kivi2/kivi4 (Values): payload [n][⌈d·b/8⌉]byte, then meta [n][⌈d/g⌉],
 //	      g = min(G, d) channels per group                 b + 32/g
 //	kivi2/kivi4 (Keys): payload [n][⌈d·b/8⌉]byte, then meta [d] (one per
@@ -166,8 +165,8 @@ type Capabilities interface {
 	// LevelPanel panels against the query rounded to int8 per row
 	// (tensor.AttnScoresDot: q8dot, q4dot keys), values' LevelRows rows
 	// against the weights rounded to int8 per row and panel
-	// (tensor.AttnPVDot: q8dot values). Faster, and not bit for bit what
-	// Get's values give.
+	// (tensor.AttnPVDot: q8dot, q4dot values). Faster, and not bit for bit
+	// what Get's values give.
 	IntDot() bool
 	// GetRows decodes slots i0 … i0+cnt−1 into out [cnt][d], each exactly as
 	// Get decodes it, with the per-codec work done once per call; false
@@ -260,7 +259,7 @@ var parsers = []struct {
 	{"q8", pair(Q8Keys, Q8)},
 	{"q4", pair(Q4Keys, Q4)},
 	{"q8dot", pair(Q8DotKeys, Q8Dot)},
-	{"q4dot", pair(Q4DotKeys, Q4)},
+	{"q4dot", pair(Q4DotKeys, Q4Dot)},
 	{"kivi2", func(k Kind) (Codec, error) { return newKIVI(2, DefaultGroup, k) }},
 	{"kivi4", func(k Kind) (Codec, error) { return newKIVI(4, DefaultGroup, k) }},
 }
@@ -319,10 +318,13 @@ var (
 	q4 = &tokenQuant{name: "q4", bits: 4}
 )
 
-// Q8Dot is Q8 (the same blocks) for attention that sums its values with
-// the weights rounded to int8 (IntDot; tensor.AttnPVDot): Parse("q8dot",
-// Values) returns it.
-var Q8Dot Codec = &tokenQuant{name: "q8dot", bits: 8, intDot: true}
+// Q8Dot and Q4Dot are Q8 and Q4 (the same blocks) for attention that sums
+// their values with the weights rounded to int8 (IntDot;
+// tensor.AttnPVDot): Parse("q8dot" | "q4dot", Values) returns them.
+var (
+	Q8Dot Codec = &tokenQuant{name: "q8dot", bits: 8, intDot: true}
+	Q4Dot Codec = &tokenQuant{name: "q4dot", bits: 4, intDot: true}
+)
 
 // NewKIVIValues returns KIVI's value codec: per token, groups of min(group,
 // d) channels, bits 2 or 4. group must keep groups byte-aligned (group·bits

@@ -21,7 +21,7 @@ type tokenQuant struct {
 	name   string
 	bits   int
 	group  int  // channels per group; 0 means d
-	intDot bool // q8dot values: attention sums them with integer weights (IntDot)
+	intDot bool // q8dot, q4dot values: attention sums them with integer weights (IntDot)
 }
 
 // Shifted returns c storing x − mu instead of x, for a codec quantizing per

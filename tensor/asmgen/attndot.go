@@ -39,8 +39,17 @@ func genAttnDot(e *emitter) {
 			genQKDZ(e, bits, m)
 		}
 	}
-	for m := 1; m <= 12; m++ {
-		genPVDZ(e, m)
+	var p4 [64]byte // 4 bits: lane c, byte s: slot s's channel c, from its low (c even) or high nibbles
+	for c := range 16 {
+		for sl := range 4 {
+			p4[4*c+sl] = byte(32*(c%2) + 8*sl + c/2)
+		}
+	}
+	e.dataBytes("pvperm4", p4[:])
+	for _, bits := range []int{8, 4} {
+		for m := 1; m <= 12; m++ {
+			genPVDZ(e, bits, m)
+		}
 	}
 }
 
@@ -113,9 +122,10 @@ func genQKDZ(e *emitter, bits, m int) {
 
 const pvDSig = "(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, cols int, sm *float32, ws *byte)"
 
-// pvD8Zm<M>(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int,
-// cols int, sm *float32, ws *byte): the weighted sum of 16 rows of 8-bit
-// value levels (row i at v + i·ldv) for the M weight rows at p (ldp bytes
+// pvD<bits>Zm<M>(p *float32, ldp int, v *byte, ldv int, o *float32, ldo
+// int, cols int, sm *float32, ws *byte): the weighted sum of 16 rows of 8-
+// or 4-bit value levels (row i at v + i·ldv; 4 bits: channel 2j in the low
+// nibble of byte j) for the M weight rows at p (ldp bytes
 // apart), added to the M output rows at o (ldo bytes apart), over cols
 // columns (a multiple of 16); slot i decodes as sm[i]·u + sm[16+i]. Each
 // weight row is first rounded to int8 against its slots' scales: w_i =
@@ -123,10 +133,10 @@ const pvDSig = "(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, col
 // to ws + 16r, a = W/127 and mm = Σ_i p_i·sm[16+i] (summed as a tree: i
 // and i+8, then +4, +2, +1) to the floats at ws + 16M + 8r. Then 16
 // columns at a time: the slots' levels four at a time transposed
-// (VPERMB) and summed against the weights by VPDPBUSD, and o[r][c] +=
+// (VPERMB; 4 bits: their nibbles spread to bytes first) and summed against the weights by VPDPBUSD, and o[r][c] +=
 // float32(acc)·a + mm.
-func genPVDZ(e *emitter, m int) {
-	e.text(fmt.Sprintf("pvD8Zm%d", m), pvDSig, 72)
+func genPVDZ(e *emitter, bits, m int) {
+	e.text(fmt.Sprintf("pvD%dZm%d", bits, m), pvDSig, 72)
 	e.in("MOVQ p+0(FP), SI")
 	e.in("MOVQ ldp+8(FP), BX")
 	e.in("MOVQ sm+56(FP), AX")
@@ -172,7 +182,11 @@ func genPVDZ(e *emitter, m int) {
 	e.in("MOVQ cols+48(FP), R11")
 	e.in("LEAQ (R9)(R9*2), R12")
 	e.in("LEAQ (R9*4), R15")
-	e.in("VMOVDQU64 qdperm8<>(SB), Z31")
+	if bits == 8 {
+		e.in("VMOVDQU64 qdperm8<>(SB), Z31")
+	} else {
+		e.in("VMOVDQU64 pvperm4<>(SB), Z31")
+	}
 	e.in("TESTQ R11, R11")
 	e.in("JZ done")
 	e.label("loop")
@@ -181,10 +195,24 @@ func genPVDZ(e *emitter, m int) {
 	}
 	e.in("MOVQ R13, R14")
 	for q := range 4 {
-		e.in("VMOVDQU32 (R14), X24")
-		e.in("VINSERTI32X4 $1, (R14)(R9*1), Z24, Z24")
-		e.in("VINSERTI32X4 $2, (R14)(R9*2), Z24, Z24")
-		e.in("VINSERTI32X4 $3, (R14)(R12*1), Z24, Z24")
+		if bits == 8 {
+			e.in("VMOVDQU32 (R14), X24")
+			e.in("VINSERTI32X4 $1, (R14)(R9*1), Z24, Z24")
+			e.in("VINSERTI32X4 $2, (R14)(R9*2), Z24, Z24")
+			e.in("VINSERTI32X4 $3, (R14)(R12*1), Z24, Z24")
+		} else {
+			// The 8 bytes of 16 channels of each of the 4 slots: low
+			// nibbles in the low 32 bytes of Z24, high nibbles above.
+			e.in("VMOVQ (R14), X24")
+			e.in("VPINSRQ $1, (R14)(R9*1), X24, X24")
+			e.in("VMOVQ (R14)(R9*2), X25")
+			e.in("VPINSRQ $1, (R14)(R12*1), X25, X25")
+			e.in("VINSERTI32X4 $1, X25, Y24, Y24")
+			e.in("VPSRLW $4, Y24, Y25")
+			e.in("VPANDD.BCST qmask0F<>(SB), Y24, Y24")
+			e.in("VPANDD.BCST qmask0F<>(SB), Y25, Y25")
+			e.in("VINSERTI64X4 $1, Y25, Z24, Z24")
+		}
 		e.in("VPERMB Z24, Z31, Z24")
 		for r := range m {
 			e.in("VPDPBUSD.BCST %d(DI), Z24, Z%d", 16*r+4*q, r)
@@ -204,7 +232,7 @@ func genPVDZ(e *emitter, m int) {
 			e.in("ADDQ R10, R8")
 		}
 	}
-	e.in("ADDQ $16, R13")
+	e.in("ADDQ $%d, R13", 2*bits)
 	e.in("ADDQ $64, DX")
 	e.in("SUBQ $16, R11")
 	e.in("JNZ loop")
