@@ -518,13 +518,14 @@ func (b *Batch) last(q int32) int32 {
 // are one full group of a block whose key codec stores quantized keys in
 // panels (Codec.LevelPanel: q8, q4; Codec.ChannelPanel: KIVI), by integer
 // dot products with the queries rounded to int8 when the codec asks for
-// that (Codec.IntDot: q8dot, q4dot; head sizes a multiple of 4), else as
+// that (Codec.IntDot: q8dot, q4dot; head sizes a multiple of 4 up to
+// tensor.DotMaxHead), else as
 // a float panel (keys).
 func (w *tile) scorePanel(p *panel, col []float32, ld, hd int) {
 	if p.single {
 		s := &w.segs[p.seg]
 		if lv, bits, shift, ok := s.KC.LevelPanel(s.K, s.Cap, hd, p.i0, &w.ksm); ok {
-			if s.KC.IntDot() && hd%4 == 0 {
+			if s.KC.IntDot() && hd%4 == 0 && hd <= tensor.DotMaxHead {
 				w.dotQueries(shift, hd)
 				tensor.AttnScoresDot(col, ld, lv, bits, &w.ksm, w.qd, w.qcst, w.rows, hd)
 				return

@@ -20,6 +20,10 @@ import (
 // kernels' accumulators).
 const DotMR = 12
 
+// DotMaxHead is the largest head size AttnScoresDot takes: its int32 sums
+// stay below 2²⁴, exact in float32.
+const DotMaxHead = 512
+
 // PackQueriesDot rounds the query rows q [rows][d] (d a multiple of 4) to
 // int8 for AttnScoresDot: qd (len ≥ rows·d) receives them in groups of
 // DotMR rows (the last group the rest), each group stored [d/4][g][4] (four
@@ -92,8 +96,8 @@ func AttnScoresDot(s []float32, lds int, levels []byte, bits int, sm *[2 * AttnL
 	if bits != 8 && bits != 4 {
 		panic(fmt.Sprintf("tensor: AttnScoresDot over levels of %d bits", bits))
 	}
-	if d%4 != 0 || d > 512 {
-		panic(fmt.Sprintf("tensor: AttnScoresDot over rows of %d values (want a multiple of 4, at most 512)", d))
+	if d%4 != 0 || d > DotMaxHead {
+		panic(fmt.Sprintf("tensor: AttnScoresDot over rows of %d values (want a multiple of 4, at most %d)", d, DotMaxHead))
 	}
 	if rows == 0 || d == 0 {
 		return
