@@ -349,6 +349,13 @@ func checkLevels(dst []float32, u []byte, bits int) {
 	}
 }
 
+// packedLevel is level e of levels of bits bits (8, 4 or 2) packed low
+// bits first: bits e·bits … of u.
+func packedLevel(u []byte, bits, e int) byte {
+	pos := e * bits
+	return u[pos>>3] >> (pos & 7) & (1<<bits - 1)
+}
+
 // scaleCount is the scales that n values take, per as scaleLevelsGo.
 func scaleCount(n, per int) int {
 	if per == 0 {
@@ -362,8 +369,7 @@ func scaleCount(n, per int) int {
 // a scale per row of 16).
 func scaleLevelsGo(dst []float32, u []byte, bits int, s, m []float32, per int) {
 	for j := range dst {
-		pos := j * bits
-		v := u[pos>>3] >> (pos & 7) & (1<<bits - 1)
+		v := packedLevel(u, bits, j)
 		k := 0
 		if per > 0 {
 			k = j / per
@@ -405,12 +411,7 @@ func scalePanelGo(dst []float32, u []byte, sm *[2 * AttnLanes]float32, shift []f
 	for c := range d {
 		o := dst[c*AttnLanes : (c+1)*AttnLanes]
 		for j := range o {
-			var v byte
-			if bits == 8 {
-				v = u[c*AttnLanes+j]
-			} else {
-				v = u[c*AttnLanes/2+j>>1] >> (4 * (j & 1)) & 15
-			}
+			v := packedLevel(u, bits, c*AttnLanes+j)
 			o[j] = float32(sm[j]*float32(v)) + sm[AttnLanes+j]
 		}
 		if shift != nil {

@@ -46,19 +46,16 @@ func PackQueriesDot(qd []byte, cst []float32, q []float32, rows, d int) {
 		g0 := r / DotMR * DotMR
 		g := min(DotMR, rows-g0)
 		base := g0*d + 4*(r-g0)
+		var inv float32 // a row of zeros rounds to zeros
+		if amax != 0 {
+			inv = 127 / amax
+		}
 		var sum int32
-		if amax == 0 {
-			for c := range d {
-				qd[base+c/4*4*g+c%4] = 0
-			}
-		} else {
-			inv := 127 / amax
-			for c, v := range x {
-				i := int32(math.Round(float64(v * inv)))
-				i = max(-127, min(127, i))
-				qd[base+c/4*4*g+c%4] = byte(int8(i))
-				sum += i
-			}
+		for c, v := range x {
+			i := int32(math.Round(float64(v * inv)))
+			i = max(-127, min(127, i))
+			qd[base+c/4*4*g+c%4] = byte(int8(i))
+			sum += i
 		}
 		a := amax / 127
 		cst[3*r], cst[3*r+1] = a, a*float32(sum)
@@ -125,12 +122,7 @@ func attnScoresDotGo(s []float32, lds int, levels []byte, bits int, sm *[2 * Att
 		for j := range AttnLanes {
 			var acc int32
 			for ch := range d {
-				var u byte
-				if bits == 8 {
-					u = levels[ch*AttnLanes+j]
-				} else {
-					u = levels[ch*AttnLanes/2+j/2] >> (4 * (j & 1)) & 15
-				}
+				u := packedLevel(levels, bits, ch*AttnLanes+j)
 				acc += int32(u) * int32(int8(qd[ch/4*4*g+4*r+ch%4]))
 			}
 			t := float32(float32(acc) * sm[j])
@@ -158,9 +150,9 @@ const DotScratch = DotMR * (AttnLanes + 8)
 // and sum rounded to float32). Row i of the values, ldv bytes after row
 // i−1, holds d levels (d a multiple of 16); slot i decodes as
 // sm[i]·u + sm[16+i], the same for every channel (one scale a slot: q8's
-// and q4's per-token groups). The error against the decoded values' weighted sum
-// is at most a/2·Σ_i u_ic a column, but for float32's rounding. ws is
-// scratch of DotScratch bytes.
+// and q4's per-token groups). The error against the decoded values'
+// weighted sum is at most a/2·Σ_i u_ic a column, but for float32's
+// rounding. ws is scratch of DotScratch bytes.
 func AttnPVDot(o []float32, ldo int, p []float32, ldp int, v []byte, bits, ldv int, sm *[2 * AttnLanes]float32, rows, d int, ws []byte) {
 	if bits != 8 && bits != 4 {
 		panic(fmt.Sprintf("tensor: AttnPVDot over levels of %d bits", bits))
@@ -212,11 +204,7 @@ func attnPVDotGo(o []float32, ldo int, p []float32, ldp int, v []byte, bits, ldv
 		for c := range d {
 			var acc int32
 			for i := range L {
-				u := v[i*ldv+c*bits/8]
-				if bits == 4 {
-					u = u >> (4 * (c & 1)) & 15
-				}
-				acc += int32(u) * l[i]
+				acc += int32(packedLevel(v[i*ldv:], bits, c)) * l[i]
 			}
 			x := float32(float32(acc) * a)
 			x = float32(x + mm)
