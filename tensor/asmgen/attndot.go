@@ -81,9 +81,7 @@ func genQKDZ(e *emitter, bits, m int) {
 		e.in("VMOVDQU64 qdperm4b<>(SB), Z29")
 		e.label("loop")
 		e.in("VMOVDQU64 (SI), Z31")
-		e.in("VPSRLW $4, Z31, Z30")
-		e.in("VPANDD.BCST qmask0F<>(SB), Z31, Z31")
-		e.in("VPANDD.BCST qmask0F<>(SB), Z30, Z30")
+		nibbles(e, "Z", 31, 30, ".BCST qmask0F<>(SB)")
 		e.in("VMOVDQA64 Z28, Z27")
 		e.in("VPERMI2B Z30, Z31, Z27")
 		e.in("VMOVDQA64 Z29, Z26")
@@ -125,16 +123,16 @@ const pvDSig = "(p *float32, ldp int, v *byte, ldv int, o *float32, ldo int, col
 // pvD<bits>Zm<M>(p *float32, ldp int, v *byte, ldv int, o *float32, ldo
 // int, cols int, sm *float32, ws *byte): the weighted sum of 16 rows of 8-
 // or 4-bit value levels (row i at v + i·ldv; 4 bits: channel 2j in the low
-// nibble of byte j) for the M weight rows at p (ldp bytes
-// apart), added to the M output rows at o (ldo bytes apart), over cols
+// nibble of byte j) for the M weight rows at p (ldp bytes apart), added to
+// the M output rows at o (ldo bytes apart), over cols
 // columns (a multiple of 16); slot i decodes as sm[i]·u + sm[16+i]. Each
 // weight row is first rounded to int8 against its slots' scales: w_i =
 // p_i·sm[i], W = max(max_i w_i, FLT_MIN), the levels round(w_i·(127/W))
 // to ws + 16r, a = W/127 and mm = Σ_i p_i·sm[16+i] (summed as a tree: i
 // and i+8, then +4, +2, +1) to the floats at ws + 16M + 8r. Then 16
-// columns at a time: the slots' levels four at a time transposed
-// (VPERMB; 4 bits: their nibbles spread to bytes first) and summed against the weights by VPDPBUSD, and o[r][c] +=
-// float32(acc)·a + mm.
+// columns at a time: the slots' levels four at a time transposed (VPERMB;
+// 4 bits: their nibbles spread to bytes first) and summed against the
+// weights by VPDPBUSD, and o[r][c] += float32(acc)·a + mm.
 func genPVDZ(e *emitter, bits, m int) {
 	e.text(fmt.Sprintf("pvD%dZm%d", bits, m), pvDSig, 72)
 	e.in("MOVQ p+0(FP), SI")
@@ -208,9 +206,7 @@ func genPVDZ(e *emitter, bits, m int) {
 			e.in("VMOVQ (R14)(R9*2), X25")
 			e.in("VPINSRQ $1, (R14)(R12*1), X25, X25")
 			e.in("VINSERTI32X4 $1, X25, Y24, Y24")
-			e.in("VPSRLW $4, Y24, Y25")
-			e.in("VPANDD.BCST qmask0F<>(SB), Y24, Y24")
-			e.in("VPANDD.BCST qmask0F<>(SB), Y25, Y25")
+			nibbles(e, "Y", 24, 25, ".BCST qmask0F<>(SB)")
 			e.in("VINSERTI64X4 $1, Y25, Z24, Z24")
 		}
 		e.in("VPERMB Z24, Z31, Z24")

@@ -50,10 +50,17 @@ func genAttnQ(e *emitter) {
 // memory operand to broadcast).
 func spreadZ(e *emitter, base string, off int, r []int, mask string) {
 	e.in("VMOVQ %d(%s), X%d", off, base, r[0])
-	e.in("VPSRLW $4, X%d, X%d", r[0], r[1])
-	e.in("VPANDD%s, X%d, X%d", mask, r[0], r[0])
-	e.in("VPANDD%s, X%d, X%d", mask, r[1], r[1])
+	nibbles(e, "X", r[0], r[1], mask)
 	e.in("VPUNPCKLBW X%d, X%d, X%d", r[1], r[0], r[0])
+}
+
+// nibbles splits the bytes of register <w><lo> (w: X, Y or Z) into their
+// low nibbles, left in <w><lo>, and their high nibbles, into <w><hi>;
+// mask is the nibble mask's operand (as spreadZ's).
+func nibbles(e *emitter, w string, lo, hi int, mask string) {
+	e.in("VPSRLW $4, %s%d, %s%d", w, lo, w, hi)
+	e.in("VPANDD%s, %s%d, %s%d", mask, w, lo, w, lo)
+	e.in("VPANDD%s, %s%d, %s%d", mask, w, hi, w, hi)
 }
 
 // levelsDW puts the 16 levels of bits 2 or 4 at off(base) (packed low bits
