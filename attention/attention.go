@@ -334,7 +334,8 @@ type tile struct {
 	// The queries rounded to int8 for key codecs scored by integer dot
 	// products (Codec.IntDot), made when a panel first needs them:
 	// qd the rows (tensor.PackQueriesDot's layout), qcst their scales and
-	// the key shift's part; dotShift the shift qcst holds (nil: none).
+	// the key shift's part; dotShift the shift qcst holds (nil: none),
+	// once dotReady.
 	qd       []byte    // [rows·hd]
 	qcst     []float32 // [rows][3]
 	dotReady bool
@@ -550,13 +551,12 @@ func (w *tile) dotQueries(shift []float32, hd int) {
 		w.qd = grow(w.qd, w.rows*hd)
 		w.qcst = grow(w.qcst, 3*w.rows)
 		tensor.PackQueriesDot(w.qd, w.qcst, w.q, w.rows, hd)
-		w.dotReady, w.dotShift = true, nil
-		tensor.DotShifts(w.qcst, w.q, nil, w.rows, hd)
 	}
-	if sp := unsafe.SliceData(shift); sp != w.dotShift {
+	if sp := unsafe.SliceData(shift); !w.dotReady || sp != w.dotShift {
 		tensor.DotShifts(w.qcst, w.q, shift, w.rows, hd)
 		w.dotShift = sp
 	}
+	w.dotReady = true
 }
 
 // keys returns panel p's keys as a [hd][16] score panel and the type of its

@@ -214,8 +214,8 @@ func (c keyPanels) KeyPanel(src []byte, n, d, i0 int) ([]byte, tensor.DType, boo
 // instead of decoding rows and transposing them.
 type quantPanels struct {
 	defaults
-	tq  *tokenQuant // Q8 or Q4: the quantizer, the metadata, the block size
-	dot bool        // q8dot, q4dot: attention scores the panels by integer dot products (IntDot)
+	tq     *tokenQuant // Q8 or Q4: the quantizer, the metadata, the block size
+	intDot bool        // q8dot, q4dot: attention scores the panels by integer dot products (IntDot)
 }
 
 // Q8Keys and Q4Keys are the q8 and q4 codecs of keys, in panels;
@@ -231,17 +231,17 @@ var (
 // query rounded to int8 (IntDot; tensor.AttnScoresDot): Parse("q8dot" |
 // "q4dot", Keys) returns them (and Q8, Q4 for values).
 var (
-	Q8DotKeys Codec = quantPanels{tq: q8, dot: true}
-	Q4DotKeys Codec = quantPanels{tq: q4, dot: true}
+	Q8DotKeys Codec = quantPanels{tq: q8, intDot: true}
+	Q4DotKeys Codec = quantPanels{tq: q4, intDot: true}
 )
 
 func (c quantPanels) Name() string {
-	if c.dot {
+	if c.intDot {
 		return c.tq.name + "dot"
 	}
 	return c.tq.name
 }
-func (c quantPanels) IntDot() bool                  { return c.dot }
+func (c quantPanels) IntDot() bool                  { return c.intDot }
 func (c quantPanels) Bits() int                     { return c.tq.bits }
 func (c quantPanels) BlockBytes(n, d int) int       { return c.tq.BlockBytes(n, d) }
 func (c quantPanels) BitsPerValue(n, d int) float64 { return bitsPerValue(c, n, d) }
