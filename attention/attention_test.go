@@ -15,17 +15,30 @@ import (
 // value rows: scores, softmax, weighted sum, over the keys whose position is
 // at most qpos. It also returns the probabilities.
 func naive(q []float64, keys, vals [][]float64, pos []int32, qpos int32, norm float64) (out, prob []float64) {
-	prob = make([]float64, len(keys))
-	out = make([]float64, len(q))
-	mx := math.Inf(-1)
+	return naiveScored(rawScores(q, keys), vals, pos, qpos, norm)
+}
+
+// rawScores is q·k for every key, each summed in order.
+func rawScores(q []float64, keys [][]float64) []float64 {
+	s := make([]float64, len(keys))
 	for i, k := range keys {
+		for j := range q {
+			s[i] += q[j] * k[j]
+		}
+	}
+	return s
+}
+
+// naiveScored is naive with the raw scores q·k given (attention over a
+// codec that scores otherwise, or with a soft cap applied to them).
+func naiveScored(scores []float64, vals [][]float64, pos []int32, qpos int32, norm float64) (out, prob []float64) {
+	prob = make([]float64, len(scores))
+	out = make([]float64, len(vals[0]))
+	mx := math.Inf(-1)
+	for i, d := range scores {
 		if pos[i] > qpos {
 			prob[i] = math.Inf(-1)
 			continue
-		}
-		d := 0.0
-		for j := range q {
-			d += q[j] * k[j]
 		}
 		prob[i] = d / norm
 		mx = math.Max(mx, prob[i])

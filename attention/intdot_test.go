@@ -134,7 +134,7 @@ func TestIntDotCodecs(t *testing.T) {
 											}
 											var exact []float64
 											if hd%4 == 0 {
-												exact, _ = naiveScored(capped(exactScores(qr, keys[h]), norm, softcap), vals[h], pos, p, norm)
+												exact, _ = naiveScored(capped(rawScores(f64(qr), keys[h]), norm, softcap), vals[h], pos, p, norm)
 											}
 											for c := range want {
 												worst = math.Max(worst, math.Abs(want[c]-float64(out[off+c]))-tol[c])
@@ -210,43 +210,6 @@ func capped(s []float64, norm float64, softcap float32) []float64 {
 		}
 	}
 	return s
-}
-
-// exactScores is q·k in float64 for every key.
-func exactScores(q []float32, keys [][]float64) []float64 {
-	s := make([]float64, len(keys))
-	for i, k := range keys {
-		for c, v := range q {
-			s[i] += float64(v) * k[c]
-		}
-	}
-	return s
-}
-
-// naiveScored is naive with the raw scores q·k given.
-func naiveScored(scores []float64, vals [][]float64, pos []int32, qpos int32, norm float64) (out, prob []float64) {
-	out = make([]float64, len(vals[0]))
-	mx := math.Inf(-1)
-	for i, s := range scores {
-		if pos[i] <= qpos {
-			mx = math.Max(mx, s/norm)
-		}
-	}
-	var sum float64
-	w := make([]float64, len(scores))
-	for i, s := range scores {
-		if pos[i] <= qpos {
-			w[i] = math.Exp(s/norm - mx)
-			sum += w[i]
-		}
-	}
-	for i, v := range vals {
-		w[i] /= sum
-		for c := range out {
-			out[c] += w[i] * v[c]
-		}
-	}
-	return out, w
 }
 
 func randVec(rng *rand.Rand, n int) []float32 {
