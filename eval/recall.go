@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync/atomic"
 	"time"
 
+	"github.com/kvlm/kvlm/kvcache"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/policy"
 )
@@ -118,9 +120,13 @@ const (
 )
 
 // RecallAnswer runs s through m under pc and kv with protocol proto and
-// decodes len(s.Answer) tokens greedily. It returns them and the cache's
-// bytes after the compression.
+// decodes len(s.Answer) tokens greedily, the whole prompt computed in a
+// pool of its own. It returns them and the cache's bytes after the
+// compression.
 func RecallAnswer(m *model.Model, s RecallSample, pc policy.Config, kv model.KVOptions, proto string) ([]int, int64, error) {
+	if _, err := protoPrompt(s, proto); err != nil {
+		return nil, 0, err
+	}
 	opt := kv
 	opt.Tokens = max(len(s.Prompt)+len(s.Answer), 1)
 	seq, err := m.NewStandaloneSequence(opt)
@@ -128,13 +134,32 @@ func RecallAnswer(m *model.Model, s RecallSample, pc policy.Config, kv model.KVO
 		return nil, 0, err
 	}
 	defer seq.Close()
-	pre := s.Prompt
+	return recallRun(seq, s, pc, proto)
+}
+
+// protoPrompt is the part of s's prompt that is compressed under proto.
+func protoPrompt(s RecallSample, proto string) ([]int, error) {
 	switch proto {
 	case ProtoAware:
+		return s.Prompt, nil
 	case ProtoAgnostic:
-		pre = s.Prompt[:s.Question]
-	default:
-		return nil, 0, fmt.Errorf("recall: unknown protocol %q", proto)
+		return s.Prompt[:s.Question], nil
+	}
+	return nil, fmt.Errorf("recall: unknown protocol %q", proto)
+}
+
+// recallRun is RecallAnswer on seq, which holds the first seq.Pos()
+// tokens of the prompt already (taken from a prefix cache): it runs the
+// rest of the compressed part under pc as the prompt the policy sees, then
+// the rest of the prompt and the answer.
+func recallRun(seq *model.Sequence, s RecallSample, pc policy.Config, proto string) ([]int, int64, error) {
+	pre, err := protoPrompt(s, proto)
+	if err != nil {
+		return nil, 0, err
+	}
+	from := seq.Pos()
+	if from >= len(pre) {
+		return nil, 0, fmt.Errorf("recall: %d of the %d prompt tokens to compress are cached: the last must run", from, len(pre))
 	}
 	if pc.Method != "" && pc.Method != "full" {
 		st, err := policy.New(pc, seq)
@@ -142,9 +167,9 @@ func RecallAnswer(m *model.Model, s RecallSample, pc policy.Config, kv model.KVO
 			return nil, 0, err
 		}
 		seq.SetPolicy(st)
-		seq.Prompt(len(pre))
+		seq.Prompt(len(pre) - from)
 	}
-	logits, err := seq.Forward(pre, false)
+	logits, err := seq.Forward(pre[from:], false)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -167,6 +192,78 @@ func RecallAnswer(m *model.Model, s RecallSample, pc policy.Config, kv model.KVO
 	return out, kvb, nil
 }
 
+// recallPrefix is one sample's whole prompt computed once, without a
+// policy, in a pool of its own, its full blocks registered for reuse.
+// Each method's run then starts from the cached blocks it may take
+// (policy.Config.ComputedTail: none for a method that reads every prompt
+// query or changes the prefill — h2o, expected, pyramidinfer —, the
+// blocks before the observation window for SnapKV's family, all but the
+// last block for the rest and the full cache) and computes the rest, as
+// the engine's prefix cache does. The query-agnostic protocol reuses the
+// same blocks: its compressed part is a prefix of the prompt. Pools whose
+// keys wait in a KIVI residual keep no prefix: every run there computes
+// its whole prompt. TestComputedTail shows a method's compressed result
+// is then a whole prefill's; TestRecallShared that a sweep's cells are.
+type recallPrefix struct {
+	m      *model.Model
+	pool   *kvcache.Pool
+	kv     model.KVOptions
+	reused int // prompt tokens the runs took from the cache
+	ran    int // prompt tokens the runs computed
+}
+
+// newRecallPrefix computes s's prompt in a pool of codec kv with room for
+// it and one run beside it.
+func newRecallPrefix(m *model.Model, s RecallSample, kv model.KVOptions) (*recallPrefix, error) {
+	opt := kv
+	opt.Tokens, opt.MemBytes = 0, 2*poolHeadroom(m)
+	pool, err := m.NewPool(opt)
+	if err != nil {
+		return nil, err
+	}
+	c := pool.NewSequence()
+	defer c.Free()
+	seq, err := m.NewSequence(c)
+	if err != nil {
+		return nil, err
+	}
+	seq.LCKVPasses = kv.LCKVPasses
+	if _, err := seq.Forward(s.Prompt, false); err != nil {
+		return nil, err
+	}
+	c.RegisterPrefix(s.Prompt, 0)
+	return &recallPrefix{m: m, pool: pool, kv: kv}, nil
+}
+
+// answer is RecallAnswer's result for s under pc and proto, from the
+// cached blocks pc's method may reuse.
+func (p *recallPrefix) answer(s RecallSample, pc policy.Config, proto string) ([]int, int64, error) {
+	pre, err := protoPrompt(s, proto)
+	if err != nil {
+		return nil, 0, err
+	}
+	tail := 1 // the full cache: any prefix
+	if pc.Method != "" && pc.Method != "full" {
+		nc, err := pc.Normalize()
+		if err != nil {
+			return nil, 0, err
+		}
+		tail = nc.ComputedTail(len(pre))
+	}
+	c := p.pool.NewSequence()
+	k := c.MatchPrefix(pre[:len(pre)-tail+1], 0)
+	p.reused += k
+	p.ran += len(s.Prompt) - k
+	seq, err := p.m.NewSequence(c)
+	if err != nil {
+		c.Free()
+		return nil, 0, err
+	}
+	defer seq.Close()
+	seq.LCKVPasses = p.kv.LCKVPasses
+	return recallRun(seq, s, pc, proto)
+}
+
 // RecallConfig chooses what a recall sweep measures.
 type RecallConfig struct {
 	Model    string    `json:"model"`
@@ -186,6 +283,11 @@ type RecallConfig struct {
 	Quick     bool       `json:"quick"`
 	Workers   int        `json:"workers,omitempty"` // cells at a time
 	Progress  Progress   `json:"-"`
+	// whole computes every run's whole prompt in a pool of its own
+	// (RecallAnswer) instead of from a prompt computed once per sample
+	// (recallPrefix): the reference TestRecallShared holds the shared
+	// runs to.
+	whole bool
 }
 
 // DefaultRecall is the full suite; quick is CI's: the full cache and one
@@ -263,6 +365,10 @@ type RecallResults struct {
 	Command string `json:"command,omitempty"`
 	Commit  string `json:"commit,omitempty"`
 	Dirty   bool   `json:"dirty,omitempty"`
+	// PromptReuse is the share of the runs' prompt tokens taken from the
+	// sample's prompt computed once (recallPrefix); 0 in runs saved
+	// before that.
+	PromptReuse float64 `json:"prompt_reuse,omitempty"`
 	// Confusion says the cells count their confused parts
 	// (PartsConfused); runs saved before that have none.
 	Confusion bool `json:"confusion,omitempty"`
@@ -375,62 +481,46 @@ func RecallSweep(m *model.Model, name string, v *RecallVocab, cfg RecallConfig) 
 		}
 	}
 	cells := make([]RecallCell, len(variants)*len(groups))
-	var jobs []job
 	for vi, va := range variants {
 		for gi, g := range groups {
-			ci := vi*len(groups) + gi
-			cell := &cells[ci]
-			*cell = RecallCell{Model: name, Method: va.method, Ratio: va.ratio, Codec: va.codec, Schedule: va.sched,
+			cells[vi*len(groups)+gi] = RecallCell{Model: name, Method: va.method, Ratio: va.ratio, Codec: va.codec, Schedule: va.sched,
 				Protocol: va.proto, Task: g.task, Context: g.ctx, Depth: g.depth, Chance: g.chance}
-			w := int64(len(g.samples)) * int64(g.ctx)
-			jobs = append(jobs, job{w, fmt.Sprintf("%s %g %s %s %s %s %d", va.method, va.ratio, va.codec, va.sched, va.proto, g.task, g.ctx), func() error {
-				start := time.Now()
-				var kv model.KVOptions
-				if va.codec != "f32" {
-					var err error
-					if kv, err = kvCodec(va.codec); err != nil {
-						return err
-					}
-					kv.MemBytes = poolHeadroom(m)
+		}
+	}
+	// A job is a group under one codec (f32: the full cache): every
+	// variant of that codec runs the group's samples in seed order, each
+	// sample's prompt computed once for all of them (recallPrefix) unless
+	// cfg.whole. A cell stops by its own count (recallStop), so it sees
+	// the samples a job of its own would.
+	var codecs []string
+	for _, va := range variants {
+		if !slices.Contains(codecs, va.codec) {
+			codecs = append(codecs, va.codec)
+		}
+	}
+	var jobs []job
+	var reused, ran atomic.Int64
+	for _, kc := range codecs {
+		var kv model.KVOptions
+		if kc != "f32" {
+			var err error
+			if kv, err = kvCodec(kc); err != nil {
+				return nil, err
+			}
+			kv.MemBytes = poolHeadroom(m)
+		}
+		for gi, g := range groups {
+			var run []*recallRunning
+			for vi, va := range variants {
+				if va.codec == kc {
+					run = append(run, &recallRunning{cell: &cells[vi*len(groups)+gi], method: va.method, ratio: va.ratio, sched: va.sched})
 				}
-				var kvb float64
-				for _, s := range g.samples {
-					n := len(s.Prompt)
-					if va.proto == ProtoAgnostic {
-						n = s.Question
-					}
-					pc, err := recallConfig(va.method, va.ratio, n, va.sched)
-					if err == nil && cell.Policy == "" {
-						if nc, e := pc.Normalize(); e == nil {
-							cell.Policy = nc.String()
-						}
-					}
-					var got []int
-					var b int64
-					if err == nil {
-						got, b, err = RecallAnswer(m, s, pc, kv, va.proto)
-					}
-					if err != nil {
-						cell.Error = err.Error()
-						return nil
-					}
-					all, right := Score(s, got)
-					cell.N++
-					if all {
-						cell.Correct++
-					}
-					cell.Parts += len(s.Parts)
-					cell.PartsOK += right
-					cell.PartsConfused += Confused(s, got)
-					kvb += float64(b)
-					if recallStop(cell.Correct, cell.N, len(g.samples), cfg.Margin) {
-						break
-					}
-				}
-				cell.Acc = float64(cell.Correct) / float64(cell.N)
-				cell.Lo, cell.Hi = Wilson(cell.Correct, cell.N, Z95)
-				cell.KVBytes = kvb / float64(cell.N)
-				cell.Seconds = time.Since(start).Seconds()
+			}
+			w := int64(len(g.samples)) * int64(g.ctx) * int64(len(run))
+			jobs = append(jobs, job{w, fmt.Sprintf("%s %s %d %g", kc, g.task, g.ctx, g.depth), func() error {
+				r, n := recallGroup(m, g.samples, run, kv, cfg)
+				reused.Add(r)
+				ran.Add(n)
 				return nil
 			}})
 		}
@@ -445,5 +535,107 @@ func RecallSweep(m *model.Model, name string, v *RecallVocab, cfg RecallConfig) 
 	if err := runJobs(jobs, max(1, cfg.Workers), cfg.Progress); err != nil {
 		return nil, err
 	}
-	return &RecallResults{Config: cfg, Cells: cells, Wall: time.Since(t0).Seconds(), Confusion: true}, nil
+	res := &RecallResults{Config: cfg, Cells: cells, Wall: time.Since(t0).Seconds(), Confusion: true}
+	if t := reused.Load() + ran.Load(); t > 0 {
+		res.PromptReuse = float64(reused.Load()) / float64(t)
+	}
+	return res, nil
+}
+
+// recallRunning is a cell being measured: its variant and its running
+// totals.
+type recallRunning struct {
+	cell          *RecallCell
+	method, sched string
+	ratio         float64
+	done          bool
+	kvBytes       float64       // summed over the samples run
+	took          time.Duration // its runs and its share of the shared prompts
+}
+
+// recallGroup runs the cells of run (all of one codec, kv) on samples,
+// in order, each until its stop (recallStop) or an error (the cell's
+// Error); then sets their rates, intervals, bytes and seconds. It returns
+// the prompt tokens the runs took from the shared prompts and those they
+// computed.
+func recallGroup(m *model.Model, samples []RecallSample, run []*recallRunning, kv model.KVOptions, cfg RecallConfig) (reused, ran int64) {
+	for _, s := range samples {
+		var live []*recallRunning
+		for _, r := range run {
+			if !r.done {
+				live = append(live, r)
+			}
+		}
+		if len(live) == 0 {
+			break
+		}
+		t0 := time.Now()
+		var pre *recallPrefix
+		if !cfg.whole {
+			var err error
+			if pre, err = newRecallPrefix(m, s, kv); err != nil {
+				for _, r := range live {
+					r.cell.Error, r.done = err.Error(), true
+				}
+				break
+			}
+		}
+		share := time.Since(t0) / time.Duration(len(live))
+		for _, r := range live {
+			t1 := time.Now()
+			cell := r.cell
+			n := len(s.Prompt)
+			if cell.Protocol == ProtoAgnostic {
+				n = s.Question
+			}
+			pc, err := recallConfig(r.method, r.ratio, n, r.sched)
+			if err == nil && cell.Policy == "" {
+				if nc, e := pc.Normalize(); e == nil {
+					cell.Policy = nc.String()
+				}
+			}
+			var got []int
+			var b int64
+			if err == nil {
+				if pre != nil {
+					got, b, err = pre.answer(s, pc, cell.Protocol)
+				} else {
+					got, b, err = RecallAnswer(m, s, pc, kv, cell.Protocol)
+				}
+			}
+			r.took += time.Since(t1) + share
+			if pre == nil && err == nil {
+				ran += int64(len(s.Prompt))
+			}
+			if err != nil {
+				cell.Error, r.done = err.Error(), true
+				continue
+			}
+			all, right := Score(s, got)
+			cell.N++
+			if all {
+				cell.Correct++
+			}
+			cell.Parts += len(s.Parts)
+			cell.PartsOK += right
+			cell.PartsConfused += Confused(s, got)
+			r.kvBytes += float64(b)
+			r.done = recallStop(cell.Correct, cell.N, len(samples), cfg.Margin)
+		}
+		if pre != nil {
+			reused += int64(pre.reused)
+			ran += int64(pre.ran)
+		}
+	}
+	for _, r := range run {
+		cell := r.cell
+		if cell.Error != "" {
+			continue // reported as n/a
+		}
+		cell.Acc = float64(cell.Correct) / float64(cell.N)
+		cell.Lo, cell.Hi = Wilson(cell.Correct, cell.N, Z95)
+		cell.KVBytes = r.kvBytes / float64(cell.N)
+		cell.Seconds = r.took.Seconds()
+	}
+	return reused, ran
 }

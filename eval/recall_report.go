@@ -271,6 +271,9 @@ func WriteRecallSection(r *RecallResults, figs []Figure, info ReportInfo) string
 	p("A sample is correct when greedy decoding produces every part of its answer exactly (multi-value, multi-query, cwe: all parts). ")
 	p("Protocols: %s. Schedules: %s (prefill: compressed once after the prompt; decode: also at every later step). Codecs: %s.\n\n",
 		strings.Join(cfg.Protocols, ", "), strings.Join(cfg.Schedules, ", "), strings.Join(cfg.Codecs, ", "))
+	if r.PromptReuse > 0 {
+		p("Each sample's prompt was computed once per codec and its blocks reused by every method's run as the engine's prefix cache reuses them (a method computes at least the part it reads the queries of: its observation window, or the whole prompt for h2o, expected and pyramidinfer; none in KIVI pools): %.0f%% of the runs' prompt tokens came from it. The answers are those of whole prefills (TestRecallShared).\n\n", 100*r.PromptReuse)
+	}
 
 	for _, model := range models {
 		if len(models) > 1 {

@@ -2,7 +2,6 @@ package eval
 
 import (
 	"fmt"
-	"github.com/kvlm/kvlm/kvcache/codec"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/kvlm/kvlm/engine"
 	"github.com/kvlm/kvlm/internal/shared"
+	"github.com/kvlm/kvlm/kvcache/codec"
 	"github.com/kvlm/kvlm/model"
 	"github.com/kvlm/kvlm/policy"
 	"github.com/kvlm/kvlm/tokenizer"
@@ -693,4 +693,120 @@ func TestAggregateRecall(t *testing.T) {
 			t.Errorf("interval [%g, %g] no wider than the pooled one [%g, %g]", a.Lo, a.Hi, plo, phi)
 		}
 	})
+}
+
+// TestRecallShared checks the sweep's shared prompts (recallPrefix): every
+// method under both schedules and protocols, in f32, f16, q4 and KIVI-2,
+// answers from a sample's prompt computed once what it answers from its
+// whole prompt computed alone (the same tokens and cache bytes); the
+// cached blocks are taken where the method allows (all but the last
+// block for a window, none for H2O, none in a KIVI pool); and a sweep's
+// cells on the recall model are the same either way.
+func TestRecallShared(t *testing.T) {
+	m, _, v := recallVocab(t)
+	spec := DefaultRecallSpec()
+	var samples []RecallSample
+	for _, task := range []string{TaskMultiKey, TaskVarTrack} {
+		s, err := v.Sample(spec, task, 256, -1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		samples = append(samples, s)
+	}
+	for _, cd := range []string{"f32", "f16", "q4", "kivi2"} {
+		var kv model.KVOptions
+		if cd != "f32" {
+			var err error
+			if kv, err = kvCodec(cd); err != nil {
+				t.Fatal(err)
+			}
+			kv.MemBytes = poolHeadroom(m)
+		}
+		for si, s := range samples {
+			pre, err := newRecallPrefix(m, s, kv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, meth := range policy.Methods {
+				scheds := []string{SchedPrefill, SchedDecode}
+				if mode, _ := MethodMode(meth); mode == modeSchedule {
+					scheds = []string{SchedOwn}
+				}
+				for _, sched := range scheds {
+					for _, proto := range []string{ProtoAware, ProtoAgnostic} {
+						name := fmt.Sprintf("%s/%d/%s/%s/%s", cd, si, meth, sched, proto)
+						n := len(s.Prompt)
+						if proto == ProtoAgnostic {
+							n = s.Question
+						}
+						pc, err := recallConfig(meth, 0.25, n, sched)
+						if err != nil {
+							t.Fatalf("%s: %v", name, err)
+						}
+						want, wb, werr := RecallAnswer(m, s, pc, kv, proto)
+						r0 := pre.reused
+						got, gb, gerr := pre.answer(s, pc, proto)
+						took := pre.reused - r0
+						if (werr != nil) != (gerr != nil) {
+							t.Fatalf("%s: whole prompt: %v; shared: %v", name, werr, gerr)
+						}
+						if werr != nil {
+							continue // refused alike (grouped KIVI keys)
+						}
+						if !slices.Equal(got, want) || gb != wb {
+							t.Errorf("%s: shared prompt answers %v in %d bytes, the whole prompt %v in %d", name, got, gb, want, wb)
+						}
+						switch {
+						case cd == "kivi2" && took != 0:
+							t.Errorf("%s: %d tokens taken from a KIVI pool", name, took)
+						case cd != "kivi2" && (meth == "full" || meth == "window") && took != (n-1)/16*16:
+							t.Errorf("%s: %d tokens taken from the shared prompt, want %d", name, took, (n-1)/16*16)
+						case (meth == "h2o" || meth == "pyramidinfer") && took != 0:
+							t.Errorf("%s: %d tokens taken from the shared prompt, want none", name, took)
+						}
+					}
+				}
+			}
+		}
+	}
+
+	// A sweep on the recall model (it answers most samples), every method,
+	// both protocols: the same cells from shared and from whole prompts.
+	rm, _, err := engine.Load("../train/recall/phase10/model.gguf", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rm.Close()
+	rv, err := NewRecallVocab(v.tok, filepath.Dir(shared.Path(t, "data/"+HeldOutFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultRecall(false)
+	cfg.Tasks, cfg.Contexts, cfg.N, cfg.Ratios, cfg.Codecs, cfg.Schedules = []string{TaskMultiKey, TaskNeedle}, []int{512}, 3, []float64{0.25}, []string{"f16"}, []string{SchedPrefill}
+	cfg.Depths, cfg.Methods = []float64{0.3}, append([]string{"full"}, slices.DeleteFunc(slices.Clone(policy.Methods), func(s string) bool { return s == "full" })...)
+	whole := cfg
+	whole.whole = true
+	a, err := RecallSweep(rm, "m", rv, whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := RecallSweep(rm, "m", rv, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.PromptReuse != 0 || b.PromptReuse < 0.5 {
+		t.Errorf("prompt reuse: whole %.3f, shared %.3f", a.PromptReuse, b.PromptReuse)
+	}
+	right := 0
+	for i := range a.Cells {
+		x, y := a.Cells[i], b.Cells[i]
+		x.Seconds, y.Seconds = 0, 0
+		if x != y {
+			t.Errorf("cell %d: whole prompts %+v\nshared %+v", i, x, y)
+		}
+		right += x.Correct
+	}
+	if right == 0 {
+		t.Error("the recall model answered nothing: the comparison shows little")
+	}
 }

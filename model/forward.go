@@ -186,17 +186,7 @@ type KVOptions struct {
 // NewStandaloneSequence starts a sequence over a private block pool sized
 // for the whole context. Close frees it.
 func (m *Model) NewStandaloneSequence(opt KVOptions) (*Sequence, error) {
-	if opt.BlockTokens == 0 {
-		opt.BlockTokens = kvcache.DefaultBlockTokens
-	}
-	cfg := kvcache.PoolConfig{Layout: m.KVLayout(), BlockTokens: opt.BlockTokens, K: opt.K, V: opt.V, MemBytes: opt.MemBytes, KeyShift: opt.KeyShift}
-	if opt.MemBytes == 0 {
-		cfg.Tokens = opt.Tokens
-		if cfg.Tokens == 0 {
-			cfg.Tokens = m.CtxLen
-		}
-	}
-	pool, err := kvcache.NewPool(cfg)
+	pool, err := m.NewPool(opt)
 	if err != nil {
 		return nil, err
 	}
@@ -210,6 +200,24 @@ func (m *Model) NewStandaloneSequence(opt KVOptions) (*Sequence, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// NewPool makes a block pool for the model's KV layout as opt says (its
+// codecs, key shift and block size; MemBytes bytes, else Tokens tokens,
+// else the model's context). NewStandaloneSequence runs one sequence in
+// such a pool; several sequences in one share its prefix cache.
+func (m *Model) NewPool(opt KVOptions) (*kvcache.Pool, error) {
+	if opt.BlockTokens == 0 {
+		opt.BlockTokens = kvcache.DefaultBlockTokens
+	}
+	cfg := kvcache.PoolConfig{Layout: m.KVLayout(), BlockTokens: opt.BlockTokens, K: opt.K, V: opt.V, MemBytes: opt.MemBytes, KeyShift: opt.KeyShift}
+	if opt.MemBytes == 0 {
+		cfg.Tokens = opt.Tokens
+		if cfg.Tokens == 0 {
+			cfg.Tokens = m.CtxLen
+		}
+	}
+	return kvcache.NewPool(cfg)
 }
 
 // Close releases the sequence's cache.
