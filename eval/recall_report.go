@@ -371,16 +371,30 @@ func WriteRecallSection(r *RecallResults, figs []Figure, info ReportInfo) string
 			if !hasWin {
 				p(" The window baseline was not in this run.")
 			}
-			p("\n\n| task | protocol | %s | %s | chance |\n|---|---|---|---|---|\n", ranked[0], win)
+			// The contexts pooled ("all"), then each on its own when
+			// there are several.
+			ctxs := []string{"all"}
+			byCtx := map[string][]RecallAgg{"all": aggs}
+			if len(cfg.Contexts) > 1 {
+				p(" Pooled over the contexts (all), then at each context.")
+				for _, c := range cfg.Contexts {
+					k := strconv.Itoa(c)
+					ctxs = append(ctxs, k)
+					byCtx[k] = AggregateRecall(slices.DeleteFunc(slices.Clone(r.Cells), func(x RecallCell) bool { return x.Context != c }))
+				}
+			}
+			p("\n\n| task | protocol | context | %s | %s | chance |\n|---|---|---|---|---|---|\n", ranked[0], win)
 			for _, t := range cfg.Tasks {
 				for _, pr := range cfg.Protocols {
-					best := findAgg(aggs, model, ranked[0], 0.25, codec, sched, pr, t)
-					w := findAgg(aggs, model, win, 0.25, codec, sched, pr, t)
-					ch := 0.0
-					if best != nil {
-						ch = best.Chance
+					for _, c := range ctxs {
+						best := findAgg(byCtx[c], model, ranked[0], 0.25, codec, sched, pr, t)
+						w := findAgg(byCtx[c], model, win, 0.25, codec, sched, pr, t)
+						ch := 0.0
+						if best != nil {
+							ch = best.Chance
+						}
+						p("| %s | %s | %s | %s | %s | %.3g%% |\n", t, pr, c, pct(best), pct(w), 100*ch)
 					}
-					p("| %s | %s | %s | %s | %.3g%% |\n", t, pr, pct(best), pct(w), 100*ch)
 				}
 			}
 			p("\n")

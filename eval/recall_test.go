@@ -810,3 +810,37 @@ func TestRecallShared(t *testing.T) {
 		t.Error("the recall model answered nothing: the comparison shows little")
 	}
 }
+
+// TestRecallBestByContext checks the ratio-0.25 best-against-window table
+// gives, besides the contexts pooled, each context's own rates.
+func TestRecallBestByContext(t *testing.T) {
+	cfg := DefaultRecall(false)
+	cfg.Tasks, cfg.Protocols, cfg.Contexts, cfg.Codecs, cfg.Schedules = []string{TaskMultiKey}, []string{ProtoAware}, []int{512, 1024}, []string{"f16"}, []string{SchedPrefill}
+	cfg.Methods, cfg.Ratios = []string{"full", "keydiff", "window"}, []float64{0.25}
+	r := &RecallResults{Config: cfg}
+	for _, c := range []struct {
+		method  string
+		ctx     int
+		correct int
+	}{{"full", 512, 40}, {"full", 1024, 40}, {"keydiff", 512, 38}, {"keydiff", 1024, 20}, {"window", 512, 10}, {"window", 1024, 0}} {
+		ratio, codec, sched := 0.25, "f16", SchedPrefill
+		if c.method == "full" {
+			ratio, codec, sched = 1, "f32", "-"
+		}
+		r.Cells = append(r.Cells, RecallCell{Model: "m", Method: c.method, Ratio: ratio, Codec: codec, Schedule: sched, Protocol: ProtoAware,
+			Task: TaskMultiKey, Context: c.ctx, Depth: -1, N: 40, Correct: c.correct, Chance: 1e-4, KVBytes: 1000})
+	}
+	s := WriteRecallSection(r, nil, ReportInfo{})
+	for _, row := range []string{
+		"| niah_multikey | query-aware | all | 72.5 [", // (95 + 50) / 2
+		"| niah_multikey | query-aware | 512 | 95.0 [",
+		"| niah_multikey | query-aware | 1024 | 50.0 [",
+	} {
+		if !strings.Contains(s, row) {
+			t.Errorf("no row %q in\n%s", row, s[strings.Index(s, "window-only"):])
+		}
+	}
+	if !strings.Contains(s, "| 512 | 95.0 [83.5, 98.6] | 25.0 [") || !strings.Contains(s, "| 1024 | 50.0 [35.2, 64.8] | 0.0 [") {
+		t.Errorf("the window's rates by context are missing:\n%s", s[strings.Index(s, "window-only"):])
+	}
+}
