@@ -124,9 +124,6 @@ const (
 // pool of its own. It returns them and the cache's bytes after the
 // compression.
 func RecallAnswer(m *model.Model, s RecallSample, pc policy.Config, kv model.KVOptions, proto string) ([]int, int64, error) {
-	if _, err := protoPrompt(s, proto); err != nil {
-		return nil, 0, err
-	}
 	opt := kv
 	opt.Tokens = max(len(s.Prompt)+len(s.Answer), 1)
 	seq, err := m.NewStandaloneSequence(opt)

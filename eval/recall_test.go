@@ -783,7 +783,7 @@ func TestRecallShared(t *testing.T) {
 	}
 	cfg := DefaultRecall(false)
 	cfg.Tasks, cfg.Contexts, cfg.N, cfg.Ratios, cfg.Codecs, cfg.Schedules = []string{TaskMultiKey, TaskNeedle}, []int{512}, 3, []float64{0.25}, []string{"f16"}, []string{SchedPrefill}
-	cfg.Depths, cfg.Methods = []float64{0.3}, append([]string{"full"}, slices.DeleteFunc(slices.Clone(policy.Methods), func(s string) bool { return s == "full" })...)
+	cfg.Depths = []float64{0.3} // Methods nil: the full cache and every registered method
 	whole := cfg
 	whole.whole = true
 	a, err := RecallSweep(rm, "m", rv, whole)
